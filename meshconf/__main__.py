@@ -1,0 +1,3 @@
+from meshconf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""The ``meshconf`` command line: argument parsing and dispatch to one module per verb."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from meshconf.cli import show, validate
+from meshconf.cli.common import EXIT_USAGE
+
+_VERBS = (validate, show)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshconf",
+        description="Validate and inspect declarative N-D parallel device-mesh configs.",
+    )
+    subparsers = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb in _VERBS:
+        verb.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except BrokenPipeError:  # e.g. `meshconf show ... | head`
+        sys.stderr.close()
+        return EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""Options and helpers shared by the verbs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--world-size", type=positive_int, metavar="N",
+        help="world size to check against, when the config has none (must agree if it has one)",
+    )
+    parser.add_argument(
+        "--key", metavar="K", help="dotted key of the meshconf block inside a larger file"
+    )
+    parser.add_argument(
+        "-o", "--override", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+        help="override a value before validation (repeatable): degrees.tp=4, +key=v, ~key",
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def usage_error(message: str) -> int:
+    print(f"meshconf: error: {message}", file=sys.stderr)
+    return EXIT_USAGE

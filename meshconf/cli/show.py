@@ -1,0 +1,137 @@
+"""``meshconf show PATH``: every domain's dims, strides, groups and node locality for a rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from meshconf.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    add_source_options,
+    non_negative_int,
+    usage_error,
+)
+from meshconf.config import MeshConfig
+from meshconf.errors import ConfigError, SourceError, WorldSizeUnknownError
+from meshconf.layout import DomainLayout, process_group_count
+from meshconf.loading import load_config
+
+_SHOWN_RANKS = 8
+
+
+def _dim_entry(layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None) -> dict[str, Any]:
+    dim = layout.dim(name)
+    return {
+        "name": dim.name,
+        "size": dim.size,
+        "stride": dim.stride,
+        "num_groups": layout.num_groups(name),
+        "group": layout.group(rank, name).ranks(),
+        "crosses_nodes": None if gpus_per_node is None else layout.crosses_nodes(name, gpus_per_node),
+    }
+
+
+def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str, Any]:
+    """The data of ``show --format json``."""
+    layouts = config.layouts
+    return {
+        "world_size": config.resolved_world_size,
+        "gpus_per_node": config.gpus_per_node,
+        "rank": rank,
+        "domains": {
+            domain: {
+                "dims": [
+                    _dim_entry(layouts[domain], name, rank, config.gpus_per_node)
+                    for name in layouts[domain].dim_names
+                ]
+            }
+            for domain in domains
+        },
+        "coordinates": {domain: layouts[domain].coordinate(rank) for domain in domains},
+        "process_groups_per_rank": process_group_count(list(layouts.values()), rank),
+    }
+
+
+def _ranks_text(group: list[int]) -> str:
+    if len(group) <= _SHOWN_RANKS:
+        return ", ".join(map(str, group))
+    head = ", ".join(map(str, group[:3]))
+    return f"{head}, ..., {group[-1]} ({len(group)} ranks)"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
+    rank = report["rank"]
+    nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
+    print(f"world_size {report['world_size']}{nodes}; showing rank {rank}")
+    degrees = config.resolved_degrees
+    print("degrees: " + " ".join(f"{name}={value}" for name, value in degrees.items()))
+    sizes = config.dim_sizes
+    derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
+    print("derived: " + " ".join(derived))
+    for domain, body in report["domains"].items():
+        dims = body["dims"]
+        shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in dims)
+        print(f"\ndomain {domain} [{shape}]")
+        width = max(len("dim"), *(len(dim["name"]) for dim in dims))
+        print(f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  crosses nodes  "
+              f"group of rank {rank}")
+        for dim in dims:
+            print(
+                f"  {dim['name']:<{width}}  {dim['size']:>7}  {dim['stride']:>7}  "
+                f"{dim['num_groups']:>7}  {_yes_no(dim['crosses_nodes']):<13}  "
+                f"{_ranks_text(dim['group'])}"
+            )
+        coordinate = " ".join(f"{k}={v}" for k, v in report["coordinates"][domain].items())
+        print(f"  coordinate of rank {rank}: {coordinate}")
+    print(
+        f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
+        "of more than one rank across all domains"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
+    except ConfigError as error:
+        for diagnostic in error.diagnostics:
+            print(diagnostic.render())
+        return EXIT_INVALID
+    except SourceError as error:
+        return usage_error(str(error))
+    try:
+        layouts = config.layouts
+    except WorldSizeUnknownError as error:
+        return usage_error(f"{args.path}: {error}")
+    domains = list(layouts) if args.domain is None else [args.domain]
+    if args.domain is not None and args.domain not in layouts:
+        return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
+    world_size = config.resolved_world_size
+    assert world_size is not None
+    if args.rank >= world_size:
+        return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    report = build_report(config, args.rank, domains)
+    if args.format == "json":
+        print(json.dumps(report))
+    else:
+        report_text(config, report)
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show",
+        help="show each domain's dims, strides, groups and node locality",
+        description="Show, for one rank, every domain's dims with size, stride, number of "
+        "groups, the rank's group and whether groups cross node boundaries.",
+    )
+    parser.add_argument("path", metavar="PATH")
+    parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")
+    parser.add_argument("--domain", metavar="D", help="show only this domain")
+    add_source_options(parser)
+    parser.set_defaults(run=run)

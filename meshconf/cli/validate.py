@@ -1,0 +1,131 @@
+"""``meshconf validate PATH...``: check configs; one located line per problem."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options
+from meshconf.config import MeshConfig
+from meshconf.errors import ConfigError, Diagnostic, SourceError
+from meshconf.loading import load_config
+
+
+@dataclass
+class FileResult:
+    path: str
+    config: MeshConfig | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+    source_error: str | None = None
+    world_size_given: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.source_error is not None:
+            return EXIT_USAGE
+        return EXIT_INVALID if self.diagnostics else EXIT_OK
+
+
+@dataclass
+class Results:
+    files: list[FileResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((result.exit_code for result in self.files), default=EXIT_OK)
+
+
+def check(paths: list[str], args: argparse.Namespace) -> Results:
+    results = Results()
+    for path in paths:
+        result = FileResult(path, world_size_given=args.world_size is not None)
+        try:
+            result.config = load_config(
+                path, args.overrides, args.key, world_size=args.world_size
+            )
+        except ConfigError as error:
+            result.diagnostics = error.diagnostics
+        except SourceError as error:
+            result.source_error = str(error)
+        results.files.append(result)
+    return results
+
+
+def _world_size_note(result: FileResult) -> str:
+    config = result.config
+    assert config is not None
+    world_size = config.resolved_world_size
+    if world_size is None:
+        return "world size unknown"
+    if config.world_size is None:
+        return f"world_size {world_size}, the product of the degrees"
+    if result.world_size_given and "world_size" not in config.model_fields_set:
+        return f"world_size {world_size} from --world-size"
+    return f"world_size {world_size}"
+
+
+def report_text(results: Results) -> None:
+    for result in results.files:
+        if result.source_error is not None:
+            print(f"meshconf: error: {result.source_error}", file=sys.stderr)
+        elif result.diagnostics:
+            for diagnostic in result.diagnostics:
+                print(diagnostic.render())
+        else:
+            assert result.config is not None
+            pending = result.config.pending_checks
+            if not pending:
+                print(f"{result.path}: ok ({_world_size_note(result)})")
+                continue
+            print(
+                f"{result.path}: ok so far; {len(pending)} checks wait for the world size "
+                "(set world_size or pass --world-size):"
+            )
+            for check in pending:
+                print(f"  {check}")
+
+
+def _diagnostic_json(diagnostic: Diagnostic) -> dict[str, Any]:
+    return {
+        "key": diagnostic.key,
+        "message": diagnostic.message,
+        "line": diagnostic.line,
+        "column": diagnostic.column,
+        "override": diagnostic.override,
+        "text": diagnostic.render(),
+    }
+
+
+def report_json(results: Results) -> None:
+    files = []
+    for result in results.files:
+        entry: dict[str, Any] = {"path": result.path, "valid": result.exit_code == EXIT_OK}
+        if result.source_error is not None:
+            entry["error"] = result.source_error
+        entry["errors"] = [_diagnostic_json(d) for d in result.diagnostics]
+        if result.config is not None:
+            entry["world_size"] = result.config.resolved_world_size
+            entry["pending_checks"] = list(result.config.pending_checks)
+        files.append(entry)
+    print(json.dumps({"valid": results.exit_code == EXIT_OK, "files": files}, indent=2))
+
+
+def run(args: argparse.Namespace) -> int:
+    results = check(args.paths, args)
+    (report_json if args.format == "json" else report_text)(results)
+    return results.exit_code
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "validate",
+        help="check configs against every rule",
+        description="Check each config against every rule. Exit 0 if all are valid, 1 if "
+        "any is invalid, 2 if one cannot be read.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH")
+    add_source_options(parser)
+    parser.set_defaults(run=run)

@@ -1,0 +1,335 @@
+"""The configuration models: strict, frozen pydantic v2 models with every rule attached.
+
+Field validators check types and ranges with messages written for people (``expected an
+integer, got the string '010'``); one model validator then runs the formula rules of
+:mod:`meshconf.rules` and places each problem on the field it concerns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from meshconf.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS, default_dp_shard
+from meshconf.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS, MAX_NAME_LENGTH, NAME_PATTERN
+from meshconf.errors import WorldSizeUnknownError, describe_value
+from meshconf.layout import DomainLayout
+from meshconf.rules import Analysis, MeshSpec, analyze
+
+# Strings that PyYAML's YAML 1.1 resolver would have turned into numbers or booleans; the
+# loader keeps them as strings so that they can be refused here with the reason.
+_YAML11_TRAPS = (
+    (re.compile(r"[-+]?0[0-9_]+"), "a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal"),
+    (re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+"), "YAML 1.1 reads it as a base-60 number"),
+    (re.compile(r"[-+]?[0-9][0-9_]*_[0-9_]*"), "YAML 1.1 reads '_' in numbers as nothing"),
+    (re.compile(r"[-+]?0b[01_]+"), "YAML 1.1 reads it as a binary number"),
+    (re.compile(r"[-+]?[0-9]+"), "a quoted number is a string"),
+    (re.compile(r"(?i:y|yes|n|no|on|off)"), "YAML 1.1 reads it as a boolean"),
+)
+MAX_GPUS_PER_NODE = 4096
+
+
+def _yaml_trap_hint(value: Any) -> str:
+    if isinstance(value, str):
+        for pattern, reason in _YAML11_TRAPS:
+            if pattern.fullmatch(value):
+                return f" ({reason}; write the integer you mean, unquoted)"
+    return ""
+
+
+def _integer(
+    value: Any,
+    *,
+    minimum: int,
+    auto: bool,
+    maximum: int = MAX_WORLD_SIZE,
+    limit: str = "the most ranks torch can number",
+) -> int:
+    expected = f"an integer >= {minimum}" + (" or -1 (fill the remaining ranks)" if auto else "")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError(
+            "integer_type",
+            "expected {expected}, got {got}{hint}",
+            {"expected": expected, "got": describe_value(value), "hint": _yaml_trap_hint(value)},
+        )
+    if auto and value == AUTO:
+        return value
+    if value < minimum:
+        raise PydanticCustomError(
+            "integer_range", "expected {expected}, got {value}", {"expected": expected, "value": value}
+        )
+    if value > maximum:
+        raise PydanticCustomError(
+            "integer_range",
+            "{value} is larger than {maximum}, {limit}",
+            {"value": value, "maximum": maximum, "limit": limit},
+        )
+    return value
+
+
+def _world_factor(value: Any) -> int:
+    return _integer(value, minimum=1, auto=True)
+
+
+def _positive(value: Any) -> int:
+    return _integer(value, minimum=1, auto=False)
+
+
+def _gpus_per_node(value: Any) -> int:
+    return _integer(
+        value, minimum=1, auto=False, maximum=MAX_GPUS_PER_NODE, limit="more than any node holds"
+    )
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError(
+            "name_type", "expected a name, got {got}", {"got": describe_value(value)}
+        )
+    if len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
+        raise PydanticCustomError(
+            "name_pattern",
+            "{value!r} is not a valid name: use letters, digits and '_', not starting with a digit",
+            {"value": value[:MAX_NAME_LENGTH]},
+        )
+    return value
+
+
+def _formula_text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise PydanticCustomError(
+            "formula_type", "expected a formula such as 'dp_shard * cp', got {got}",
+            {"got": describe_value(value)},
+        )
+    return str(value)
+
+
+def _dim_list(value: Any) -> Any:
+    if isinstance(value, str):
+        raise PydanticCustomError(
+            "dims_type",
+            "expected a list of dim names, outer to inner, such as [pp, fsdp, tp], got {got}",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
+WorldFactor = Annotated[int, BeforeValidator(_world_factor)]
+Positive = Annotated[int, BeforeValidator(_positive)]
+GpusPerNode = Annotated[int, BeforeValidator(_gpus_per_node)]
+Name = Annotated[str, BeforeValidator(_name)]
+FormulaText = Annotated[str, BeforeValidator(_formula_text)]
+DimList = Annotated[tuple[Name, ...], BeforeValidator(_dim_list)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class Degrees(_Strict):
+    """Parallel degrees. World factors may be -1 (at most one): fill the remaining ranks."""
+
+    pp: WorldFactor = Field(1, description="Pipeline-parallel stages.")
+    dp_replicate: WorldFactor = Field(1, description="Data-parallel replicas (DDP, or HSDP's outer dim).")
+    dp_shard: WorldFactor = Field(
+        AUTO, description="Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1."
+    )
+    cp: WorldFactor = Field(1, description="Context-parallel ranks (sequence split).")
+    tp: WorldFactor = Field(1, description="Tensor-parallel ranks.")
+    ep: Positive = Field(1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp.")
+    etp: Positive = Field(1, description="Expert tensor-parallel ranks: 1 or tp.")
+
+    _dp_shard_defaulted: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _default_dp_shard(cls, data: Any, handler: Any) -> Degrees:
+        defaulted = isinstance(data, dict) and "dp_shard" not in data
+        if defaulted:
+            data = {**data, "dp_shard": default_dp_shard(data)}
+        degrees: Degrees = handler(data)
+        degrees._dp_shard_defaulted = defaulted or degrees._dp_shard_defaulted
+        return degrees
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """The degrees the user wrote (dp_shard's computed default excluded)."""
+        written = set(self.model_fields_set)
+        if self._dp_shard_defaulted:
+            written.discard("dp_shard")
+        return frozenset(written)
+
+    @property
+    def auto(self) -> str | None:
+        return next((name for name in WORLD_FACTORS if getattr(self, name) == AUTO), None)
+
+
+class RuntimeOptions(_Strict):
+    """How DistributedContext picks device, backend and timeouts."""
+
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: cuda when GPUs exist, else cpu.")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on cuda, gloo on cpu.")
+    timeout_s: Positive = Field(1800, description="Timeout of every process group, in seconds.")
+
+    @model_validator(mode="after")
+    def _backend_fits_device(self) -> RuntimeOptions:
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ValidationError.from_exception_data(
+                "RuntimeOptions",
+                [InitErrorDetails(
+                    type=PydanticCustomError("backend_device", "nccl needs device cuda (or auto), not cpu"),
+                    loc=("backend",), input=self.backend,
+                )],
+            )
+        return self
+
+
+class MeshConfig(_Strict):
+    """A validated N-D parallel mesh: world size, degrees, derived dims and domains."""
+
+    world_size: Positive | None = Field(
+        None, description="Total ranks. May be omitted: then WORLD_SIZE at runtime or --world-size."
+    )
+    gpus_per_node: GpusPerNode | None = Field(
+        None, description="Ranks per node; enables the crosses-nodes report."
+    )
+    degrees: Degrees = Field(default_factory=Degrees)
+    derived: dict[Name, FormulaText] = Field(
+        default_factory=dict,
+        description="Extra or redefined derived dims: formulas over degrees and earlier derived dims.",
+    )
+    domains: dict[Name, DimList] | None = Field(
+        None, description="Named global meshes, dims outer to inner. Replaces the default set."
+    )
+    runtime: RuntimeOptions = Field(default_factory=RuntimeOptions)
+
+    _analysis: Analysis = PrivateAttr(default_factory=Analysis)
+
+    @model_validator(mode="after")
+    def _check_formulas(self) -> MeshConfig:
+        if self.domains is not None and not self.domains:
+            raise ValidationError.from_exception_data(
+                "MeshConfig",
+                [InitErrorDetails(
+                    type=PydanticCustomError("domains_empty", "needs at least one domain (or leave it out for the defaults)"),
+                    loc=("domains",), input={},
+                )],
+            )
+        analysis = analyze(self.spec())
+        if analysis.problems:
+            raise ValidationError.from_exception_data(
+                "MeshConfig",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("mesh_rule", "{message}", {"message": problem.message}),
+                        loc=problem.path,
+                        input=None,
+                    )
+                    for problem in analysis.problems
+                ],
+            )
+        self._analysis = analysis
+        return self
+
+    def spec(self) -> MeshSpec:
+        """The plain values the rules check."""
+        return MeshSpec(
+            world_size=self.world_size,
+            degrees=self.degrees.model_dump(),
+            explicit_degrees=self.degrees.explicit,
+            derived=self.effective_derived,
+            user_derived=frozenset(self.derived),
+            domains=self.effective_domains,
+            user_domains=self.domains is not None,
+        )
+
+    @property
+    def effective_derived(self) -> dict[str, str]:
+        """The default derived formulas, updated with the config's own."""
+        return {**DEFAULT_DERIVED, **self.derived}
+
+    @property
+    def effective_domains(self) -> dict[str, tuple[str, ...]]:
+        return dict(DEFAULT_DOMAINS if self.domains is None else self.domains)
+
+    @property
+    def resolved_world_size(self) -> int | None:
+        """world_size as given, or implied by degrees with no -1; None if still unknown."""
+        return self._analysis.world_size
+
+    @property
+    def pending_checks(self) -> tuple[str, ...]:
+        """Checks that could not run because the world size is unknown."""
+        return tuple(self._analysis.pending)
+
+    def _require_world(self) -> Analysis:
+        if self._analysis.world_size is None:
+            raise WorldSizeUnknownError(
+                f"world_size is unknown: degrees.{self.degrees.auto} is -1; set world_size, "
+                "pass --world-size, or call with_world_size(n)"
+            )
+        return self._analysis
+
+    @property
+    def resolved_degrees(self) -> dict[str, int]:
+        """Every degree with -1 filled in."""
+        degrees = self._require_world().degrees
+        assert degrees is not None
+        return dict(degrees)
+
+    @property
+    def dim_sizes(self) -> dict[str, int]:
+        """Size of every degree and derived dim."""
+        return dict(self._require_world().sizes)
+
+    @property
+    def layouts(self) -> dict[str, DomainLayout]:
+        """The rank layout of every domain, by name."""
+        return dict(self._require_world().layouts)
+
+    def layout(self, domain: str) -> DomainLayout:
+        layouts = self._require_world().layouts
+        if domain not in layouts:
+            raise KeyError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
+        return layouts[domain]
+
+    def with_world_size(self, world_size: int) -> MeshConfig:
+        """This config at a given world size (validated again); an error if it sets another."""
+        if self.world_size is not None and self.world_size != world_size:
+            raise ValidationError.from_exception_data(
+                "MeshConfig",
+                [InitErrorDetails(
+                    type=PydanticCustomError(
+                        "world_size_conflict", "the config says {mine}, but the world size is {given}",
+                        {"mine": self.world_size, "given": world_size},
+                    ),
+                    loc=("world_size",), input=world_size,
+                )],
+            )
+        data = self.model_dump(exclude_unset=True)
+        if self.degrees._dp_shard_defaulted:
+            data.get("degrees", {}).pop("dp_shard", None)
+        data["world_size"] = world_size
+        return MeshConfig.model_validate(data)
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the canonical JSON of the config: equal configs, equal fingerprints."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)

@@ -1,0 +1,29 @@
+"""The default derived dims and domains, and the names users may give their own."""
+
+from __future__ import annotations
+
+import re
+
+DATALOADING = "dataloading"
+DENSE = "dense"
+SPARSE = "sparse"
+LOSS = "loss"
+
+#: Formulas for the derived dims every config has unless it redefines them.
+DEFAULT_DERIVED: dict[str, str] = {
+    "batch": "dp_replicate * dp_shard",
+    "fsdp": "dp_shard * cp",
+    "loss": "dp_replicate * dp_shard * cp",
+    "efsdp": "dp_shard * cp * tp / (ep * etp)",
+}
+
+#: Dims of each default domain, outer to inner.
+DEFAULT_DOMAINS: dict[str, tuple[str, ...]] = {
+    DATALOADING: ("pp", "batch", "cp", "tp"),
+    DENSE: ("pp", "dp_replicate", "fsdp", "tp"),
+    SPARSE: ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+    LOSS: ("pp", "loss", "tp"),
+}
+
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_NAME_LENGTH = 64

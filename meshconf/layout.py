@@ -1,0 +1,274 @@
+"""Rank layouts of mesh domains: pure integer arithmetic, no torch, no enumeration.
+
+A domain lays the ranks ``0 .. world_size - 1`` out over named dims. Each dim is a list of
+*modes* ``(size, stride)``, outer to inner: a rank's coordinate along a mode is
+``rank // stride % size``. A plain dim has one mode; a dim placed partly inside and partly
+across nodes has several. The modes of all dims together must form a complete mixed-radix
+numbering of the world (sorted by stride, each stride is the product of the smaller sizes),
+which makes the map from coordinates to ranks a bijection.
+
+Every query below costs O(number of modes). Only listing the members of a group costs
+O(group size), since that is the size of the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+
+@dataclass(frozen=True, order=True)
+class Mode:
+    """One mixed-radix digit of the rank: ``size`` values, ``stride`` ranks apart."""
+
+    size: int
+    stride: int
+
+
+def _merge_contiguous(modes: Sequence[Mode]) -> tuple[Mode, ...]:
+    """Drop size-1 modes and fuse an outer mode into the inner one it continues."""
+    merged: list[Mode] = []
+    for mode in modes:
+        if mode.size == 1:
+            continue
+        if merged and merged[-1].stride == mode.stride * mode.size:
+            outer = merged.pop()
+            mode = Mode(outer.size * mode.size, mode.stride)
+        merged.append(mode)
+    return tuple(merged)
+
+
+def canonical_modes(modes: Sequence[Mode]) -> tuple[Mode, ...]:
+    """Modes that enumerate the same ranks in the same order are equal after this."""
+    return _merge_contiguous(modes)
+
+
+def group_identity(modes: Sequence[Mode]) -> tuple[Mode, ...]:
+    """Modes that give the same *set* of ranks (any order) are equal after this."""
+    return _merge_contiguous(sorted(modes, key=lambda mode: -mode.stride))
+
+
+@dataclass(frozen=True)
+class DimLayout:
+    """A named dim of a domain and its modes, outer to inner."""
+
+    name: str
+    modes: tuple[Mode, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(mode.size for mode in self.modes)
+
+    @property
+    def stride(self) -> int:
+        """The stride of the innermost mode: the distance between neighbours in a group."""
+        return self.modes[-1].stride
+
+    @property
+    def max_offset(self) -> int:
+        """Distance from the first to the last rank of any one group."""
+        return sum((mode.size - 1) * mode.stride for mode in self.modes)
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """The ranks ``base + sum(c_i * stride_i)`` for every coordinate ``c`` over ``modes``.
+
+    Ranks are listed row-major over the modes (the last mode varies fastest), which is the
+    order of local ranks in the corresponding 1-D or N-D mesh.
+    """
+
+    base: int
+    modes: tuple[Mode, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(mode.size for mode in self.modes)
+
+    def __iter__(self) -> Iterator[int]:
+        ranks = [self.base]
+        for mode in self.modes:
+            ranks = [rank + index * mode.stride for rank in ranks for index in range(mode.size)]
+        return iter(ranks)
+
+    def ranks(self) -> list[int]:
+        return list(self)
+
+    @property
+    def identity(self) -> tuple[int, tuple[Mode, ...]]:
+        """Equal for two groups exactly when they hold the same set of ranks."""
+        return (self.base, group_identity(self.modes))
+
+
+class LayoutError(ValueError):
+    """A layout that is not a bijection, or a query outside it."""
+
+
+@dataclass(frozen=True)
+class DomainLayout:
+    """The ranks of a world laid out over a domain's named dims."""
+
+    name: str
+    world_size: int
+    dims: tuple[DimLayout, ...]
+
+    def __post_init__(self) -> None:
+        names = [dim.name for dim in self.dims]
+        if len(set(names)) != len(names):
+            raise LayoutError(f"domain {self.name!r} repeats a dim: {names}")
+        expected_stride = 1
+        for mode in sorted((m for d in self.dims for m in d.modes if m.size > 1),
+                           key=lambda m: m.stride):
+            if mode.stride != expected_stride:
+                raise LayoutError(
+                    f"domain {self.name!r}: the modes do not number the ranks one to one "
+                    f"(a mode has stride {mode.stride}, {expected_stride} was expected)"
+                )
+            expected_stride *= mode.size
+        if expected_stride != self.world_size:
+            raise LayoutError(
+                f"domain {self.name!r}: the dims cover {expected_stride} ranks, "
+                f"not world_size {self.world_size}"
+            )
+
+    @classmethod
+    def row_major(
+        cls, name: str, sizes: Sequence[tuple[str, int]], world_size: int | None = None
+    ) -> DomainLayout:
+        """Unflatten the world into ``sizes`` (outer to inner), the last dim varying fastest."""
+        dims: list[DimLayout] = []
+        stride = 1
+        for dim_name, size in reversed(sizes):
+            dims.append(DimLayout(dim_name, (Mode(size, stride),)))
+            stride *= size
+        total = stride if world_size is None else world_size
+        return cls(name, total, tuple(reversed(dims)))
+
+    @cached_property
+    def _by_name(self) -> dict[str, DimLayout]:
+        return {dim.name: dim for dim in self.dims}
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        return tuple(dim.name for dim in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(dim.size for dim in self.dims)
+
+    def dim(self, name: str) -> DimLayout:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise LayoutError(
+                f"domain {self.name!r} has no dim {name!r}; its dims are {list(self.dim_names)}"
+            ) from None
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside the world [0, {self.world_size})")
+
+    def coordinate(self, rank: int) -> dict[str, int]:
+        """The rank's index along every dim of the domain."""
+        self._check_rank(rank)
+        coordinate: dict[str, int] = {}
+        for dim in self.dims:
+            index = 0
+            for mode in dim.modes:
+                index = index * mode.size + rank // mode.stride % mode.size
+            coordinate[dim.name] = index
+        return coordinate
+
+    def rank_at(self, coordinate: Mapping[str, int]) -> int:
+        """The rank at a coordinate that gives an index for every dim."""
+        missing = [name for name in self.dim_names if name not in coordinate]
+        unknown = [name for name in coordinate if name not in self._by_name]
+        if missing or unknown:
+            raise LayoutError(
+                f"a coordinate of domain {self.name!r} needs exactly the dims "
+                f"{list(self.dim_names)}; missing {missing}, unknown {unknown}"
+            )
+        rank = 0
+        for dim in self.dims:
+            index = coordinate[dim.name]
+            if not 0 <= index < dim.size:
+                raise LayoutError(f"index {index} of dim {dim.name!r} is outside [0, {dim.size})")
+            for mode in reversed(dim.modes):
+                rank += index % mode.size * mode.stride
+                index //= mode.size
+        return rank
+
+    def _modes_of(self, dims: str | Sequence[str]) -> tuple[Mode, ...]:
+        names = [dims] if isinstance(dims, str) else list(dims)
+        if len(set(names)) != len(names):
+            raise LayoutError(f"dims {names} repeat a name")
+        return tuple(mode for name in names for mode in self.dim(name).modes)
+
+    def group(self, rank: int, dims: str | Sequence[str]) -> RankGroup:
+        """The ranks that share every coordinate with ``rank`` except along ``dims``.
+
+        With several dims, the ranks are ordered as a mesh over ``dims`` in the given order.
+        """
+        self._check_rank(rank)
+        modes = self._modes_of(dims)
+        base = rank - sum(rank // mode.stride % mode.size * mode.stride for mode in modes)
+        return RankGroup(base, modes)
+
+    def num_groups(self, dims: str | Sequence[str]) -> int:
+        """How many disjoint groups ``dims`` split the world into."""
+        return self.world_size // math.prod(mode.size for mode in self._modes_of(dims))
+
+    def crosses_nodes(self, dims: str | Sequence[str], gpus_per_node: int) -> bool:
+        """Whether some group along ``dims`` holds ranks of more than one node.
+
+        Nodes hold consecutive ranks, ``gpus_per_node`` each. A group is ``b + offsets``
+        with ``b`` a rank whose coordinate along ``dims`` is zero; it stays in one node exactly
+        when ``b % gpus_per_node + max_offset < gpus_per_node``. The residues ``b % G`` that
+        occur are found digit by digit as a bit set of G bits, so no rank is enumerated.
+        """
+        if gpus_per_node < 1:
+            raise LayoutError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        inside = self._modes_of(dims)
+        max_offset = sum((mode.size - 1) * mode.stride for mode in inside)
+        if max_offset >= gpus_per_node:
+            return True
+        residues = _residues(
+            [mode for dim in self.dims for mode in dim.modes if mode not in inside],
+            gpus_per_node,
+        )
+        return residues.bit_length() - 1 + max_offset >= gpus_per_node
+
+
+def _residues(modes: Sequence[Mode], modulus: int) -> int:
+    """Bit set of ``sum(c_i * stride_i) % modulus`` over all coordinates ``c`` of ``modes``."""
+    full = (1 << modulus) - 1
+    reachable = 1
+    for mode in modes:
+        step = mode.stride % modulus
+        # c * step % modulus repeats with period modulus / gcd(step, modulus).
+        period = modulus // math.gcd(step, modulus) if step else 1
+        widened = 0
+        for index in range(min(mode.size, period)):
+            shift = index * step % modulus
+            widened |= ((reachable << shift) | (reachable >> (modulus - shift))) & full
+        reachable = widened
+        if reachable == full:
+            break
+    return reachable
+
+
+def process_group_count(layouts: Sequence[DomainLayout], rank: int) -> int:
+    """Distinct groups of more than one rank that ``rank`` joins over every dim of ``layouts``.
+
+    Two dims that hold the same set of ranks around ``rank`` (in any domain, in any order)
+    count once, so a dim spanning the whole world counts once however often it appears.
+    """
+    identities = {
+        layout.group(rank, dim.name).identity
+        for layout in layouts
+        for dim in layout.dims
+        if dim.size > 1
+    }
+    return len(identities)

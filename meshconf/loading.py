@@ -1,0 +1,211 @@
+"""``load_config``: from a file, a mapping or an OmegaConf node to a validated MeshConfig.
+
+Steps: read (YAML with key positions) -> apply overrides and resolve ``${...}`` (OmegaConf,
+only when used) -> pick the ``key`` block -> validate. Every problem comes back as a
+:class:`~meshconf.errors.Diagnostic` placed at ``file:line:column`` or on the override that
+set the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from meshconf.config import MeshConfig
+from meshconf.errors import ConfigError, Diagnostic, KeyPath, SourceError, describe_value
+from meshconf.overrides import InterpolationError, Override, apply, parse_key, parse_override
+from meshconf.rules import did_you_mean
+from meshconf.yaml_reader import Position, YamlError, decode, read_yaml
+
+
+@dataclass
+class _Source:
+    """Data read from somewhere, and what is needed to place errors in it."""
+
+    data: Any
+    name: str | None = None
+    positions: dict[KeyPath, Position] = field(default_factory=dict)
+    has_interpolation: bool = False
+    overrides: tuple[Override, ...] = ()
+    prefix: KeyPath = ()
+
+    def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
+        full = self.prefix + path
+        for override in reversed(self.overrides):
+            if full[: len(override.path)] == override.path:
+                return Diagnostic(full, message, override=override.text)
+        for length in range(len(full), -1, -1):
+            position = self.positions.get(full[:length])
+            if position is not None:
+                return Diagnostic(full, message, self.name, position.line, position.column)
+        return Diagnostic(full, message, self.name)
+
+    def fail(self, path: KeyPath, message: str) -> ConfigError:
+        return ConfigError([self.diagnostic(path, message)])
+
+
+def _has_interpolation(data: Any) -> bool:
+    if isinstance(data, str):
+        return "${" in data
+    if isinstance(data, Mapping):
+        return any(_has_interpolation(value) for value in data.values())
+    if isinstance(data, list | tuple):
+        return any(_has_interpolation(value) for value in data)
+    return False
+
+
+def _read(source: Any) -> _Source:
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        name = str(source)
+        try:
+            raw = path.read_bytes()
+        except IsADirectoryError:
+            raise SourceError(f"{name}: is a directory, not a config file") from None
+        except OSError as error:
+            raise SourceError(f"{name}: cannot read: {error.strerror or error}") from None
+        try:
+            document = read_yaml(decode(raw))
+        except YamlError as error:
+            position = error.position
+            raise ConfigError([
+                Diagnostic(error.path, error.message, name,
+                           position.line if position else None,
+                           position.column if position else None)
+            ]) from None
+        return _Source(document.data, name, document.positions, document.has_interpolation)
+    if "omegaconf" in sys.modules:
+        from omegaconf import Container
+
+        if isinstance(source, Container):
+            from meshconf.overrides import resolve
+
+            try:
+                return _Source(resolve(source))
+            except InterpolationError as error:
+                raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
+    if isinstance(source, Mapping):
+        data = copy.deepcopy(dict(source))
+        return _Source(data, has_interpolation=_has_interpolation(data))
+    raise SourceError(
+        f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
+        "OmegaConf DictConfig"
+    )
+
+
+def _safe_key(text: str) -> KeyPath:
+    try:
+        return parse_key(text) if text else ()
+    except ValueError:
+        return ()
+
+
+def _select(source: _Source, key: str | None) -> None:
+    if key is None:
+        return
+    path = parse_key_or_fail(key)
+    data = source.data
+    for depth, part in enumerate(path):
+        if not isinstance(data, Mapping) or part not in data:
+            keys = list(data) if isinstance(data, Mapping) else []
+            hint = did_you_mean(str(part), [str(k) for k in keys])
+            raise source.fail(path[:depth], f"no key {part!r} for --key {key}{hint}")
+        data = data[part]
+    source.data, source.prefix = data, path
+
+
+def parse_key_or_fail(key: str) -> KeyPath:
+    try:
+        return parse_key(key)
+    except ValueError as error:
+        raise SourceError(f"--key: {error}") from None
+
+
+def _model_at(path: KeyPath) -> type[BaseModel] | None:
+    """The model class that validates the mapping at ``path``, if any."""
+    model: type[BaseModel] = MeshConfig
+    for part in path:
+        info = model.model_fields.get(str(part))
+        annotation = info.annotation if info else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            return None
+    return model
+
+
+def _message(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
+    path: KeyPath = tuple(error["loc"])
+    kind = error["type"]
+    if path and path[-1] == "[key]":
+        return path[:-1], f"invalid key: {error['msg']}"
+    if kind == "extra_forbidden":
+        model = _model_at(path[:-1])
+        allowed = list(model.model_fields) if model else []
+        hint = did_you_mean(str(path[-1]), allowed)
+        where = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return path, f"unknown key {path[-1]!r}{hint}{where}"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return path, f"expected a mapping, got {describe_value(error['input'])}"
+    if kind in ("tuple_type", "list_type"):
+        return path, f"expected a list, got {describe_value(error['input'])}"
+    if kind == "literal_error":
+        expected = error.get("ctx", {}).get("expected", "")
+        got = error["input"]
+        options = [option.strip(" '") for option in expected.replace(" or ", ", ").split(",")]
+        hint = did_you_mean(got, options) if isinstance(got, str) else ""
+        return path, f"expected {expected}, got {describe_value(got)}{hint}"
+    return path, str(error["msg"])
+
+
+def _validate(source: _Source, world_size: int | None) -> MeshConfig:
+    if not isinstance(source.data, Mapping):
+        what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
+        raise source.fail((), f"expected a mapping of meshconf keys; the config is {what}")
+    try:
+        config = MeshConfig.model_validate(source.data)
+        return config if world_size is None else config.with_world_size(world_size)
+    except ValidationError as error:
+        diagnostics = []
+        for item in error.errors(include_url=False):
+            path, message = _message(item)
+            diagnostics.append(source.diagnostic(path, message))
+        raise ConfigError(diagnostics) from None
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | Any,
+    overrides: Sequence[str] = (),
+    key: str | None = None,
+    *,
+    world_size: int | None = None,
+) -> MeshConfig:
+    """Load and validate a mesh config.
+
+    ``source`` is a YAML file path, a mapping, or an OmegaConf ``DictConfig``. ``overrides``
+    are ``key=value`` strings applied to the whole document before ``key`` picks the meshconf
+    block out of a larger file. ``world_size`` supplies the world size when the config has
+    none (and must agree with it when it has one).
+
+    Raises :class:`~meshconf.errors.ConfigError` (one diagnostic per problem) for an invalid
+    config and :class:`~meshconf.errors.SourceError` when there is nothing to validate.
+    """
+    parsed = tuple(parse_override(text) for text in overrides)
+    source_data = _read(source)
+    source_data.overrides = parsed
+    if parsed or source_data.has_interpolation:
+        try:
+            source_data.data = apply(source_data.data, parsed)
+        except InterpolationError as error:
+            path = _safe_key(error.key)
+            diagnostic = source_data.diagnostic(path, error.message)
+            raise ConfigError([diagnostic]) from None
+    _select(source_data, key)
+    return _validate(source_data, world_size)

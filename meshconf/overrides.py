@@ -1,0 +1,142 @@
+"""Command-line overrides (``-o degrees.tp=4``) and ``${...}`` interpolation, via OmegaConf.
+
+Override grammar, as in Hydra:
+
+* ``key=value``   set a key (created if missing)
+* ``+key=value``  add a key that must not exist yet
+* ``++key=value`` set a key whether or not it exists
+* ``~key`` or ``~key=value``  delete a key (only if it has that value, when one is given)
+
+Keys are dotted paths with optional list indices: ``domains.dense[2]``. Values are read as
+YAML with the same rules as files (``4`` is an int, ``yes`` stays a string, ``[pp, tp]`` is a
+list). OmegaConf is imported only when a config has overrides or interpolations.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from meshconf.errors import KeyPath, SourceError, format_key
+from meshconf.yaml_reader import YamlError, parse_value
+
+_SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+)(?P<indices>(\[[0-9]+\])*)")
+_INDEX = re.compile(r"\[([0-9]+)\]")
+
+
+@dataclass(frozen=True)
+class Override:
+    text: str
+    action: Literal["set", "add", "force", "delete"]
+    path: KeyPath
+    value: Any = None
+    has_value: bool = True
+
+    @property
+    def key(self) -> str:
+        return format_key(self.path)
+
+
+def parse_key(text: str) -> KeyPath:
+    """``domains.dense[2]`` -> ``("domains", "dense", 2)``."""
+    path: list[str | int] = []
+    for segment in text.split("."):
+        match = _SEGMENT.fullmatch(segment)
+        if match is None:
+            raise ValueError(f"{text!r} is not a key path such as degrees.tp or domains.dense[2]")
+        name = match.group("name")
+        path.append(int(name) if name.isdigit() else name)
+        path.extend(int(index) for index in _INDEX.findall(match.group("indices")))
+    return tuple(path)
+
+
+def parse_override(text: str) -> Override:
+    body = text
+    action: Literal["set", "add", "force", "delete"] = "set"
+    for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
+        if body.startswith(prefix):
+            body, action = body[len(prefix):], name  # type: ignore[assignment]
+            break
+    key, equals, value_text = body.partition("=")
+    if not equals and action != "delete":
+        raise SourceError(f"override {text!r}: expected key=value, such as degrees.tp=4")
+    try:
+        path = parse_key(key.strip())
+        value = parse_value(value_text) if equals else None
+    except ValueError as error:
+        detail = error.message if isinstance(error, YamlError) else str(error)
+        raise SourceError(f"override {text!r}: {detail}") from None
+    return Override(text, action, path, value, bool(equals))
+
+
+def apply(data: Any, overrides: Sequence[Override]) -> Any:
+    """Apply overrides, then resolve interpolations; return plain containers."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    missing = object()
+    try:
+        config = OmegaConf.create(data)
+    except OmegaConfBaseException as error:
+        raise SourceError(f"cannot read the config as OmegaConf: {_first_line(error)}") from None
+    for override in overrides:
+        key = format_key(override.path)
+        try:
+            current = OmegaConf.select(config, key, default=missing, throw_on_missing=False)
+            if override.action == "add" and current is not missing:
+                raise SourceError(
+                    f"override {override.text!r}: {key} already exists; "
+                    f"use {key}=... or ++{key}=... to change it"
+                )
+            if override.action == "delete":
+                _delete(config, override, current is missing)
+                continue
+            OmegaConf.update(config, key, override.value, merge=False, force_add=True)
+        except OmegaConfBaseException as error:
+            raise SourceError(f"override {override.text!r}: {_first_line(error)}") from None
+    return resolve(config)
+
+
+def resolve(config: Any) -> Any:
+    """Plain containers from an OmegaConf node, interpolations resolved, errors located."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(config, resolve=True)
+    except OmegaConfBaseException as error:
+        raise InterpolationError(
+            getattr(error, "full_key", None) or "", f"cannot resolve: {_first_line(error)}"
+        ) from None
+
+
+class InterpolationError(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+def _delete(config: Any, override: Override, is_missing: bool) -> None:
+    from omegaconf import OmegaConf
+
+    if is_missing:
+        raise SourceError(f"override {override.text!r}: {override.key} does not exist")
+    parent = config
+    if len(override.path) > 1:
+        parent = OmegaConf.select(config, format_key(override.path[:-1]))
+    last = override.path[-1]
+    if override.has_value and parent[last] != override.value:
+        raise SourceError(
+            f"override {override.text!r}: {override.key} is {parent[last]!r}, not {override.value!r}"
+        )
+    if isinstance(last, int):
+        parent.pop(last)
+    else:
+        del parent[last]
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,308 @@
+"""Every formula rule of a mesh configuration, each a function of its own.
+
+The rules work on plain values (:class:`MeshSpec`), know nothing of pydantic or files, and
+report :class:`~meshconf.errors.Problem` objects placed on the key they concern, with the
+arithmetic written out. A rule that needs the world size while none is known is not run;
+its description goes to :attr:`Analysis.pending` instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from meshconf import formulas
+from meshconf.degrees import (
+    AUTO,
+    DEGREE_NAMES,
+    MAX_WORLD_SIZE,
+    WORLD_FACTORS,
+    auto_factor,
+    product_text,
+    world_product,
+)
+from meshconf.errors import KeyPath, Problem
+from meshconf.layout import DomainLayout, Mode, canonical_modes
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """The inputs of the rules, as plain values."""
+
+    world_size: int | None
+    degrees: Mapping[str, int]
+    explicit_degrees: frozenset[str]
+    derived: Mapping[str, str]
+    user_derived: frozenset[str]
+    domains: Mapping[str, tuple[str, ...]]
+    user_domains: bool
+
+
+@dataclass
+class Analysis:
+    """What the rules found, and the values they computed on the way."""
+
+    world_size: int | None = None
+    world_size_from_degrees: bool = False
+    degrees: dict[str, int] | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+    layouts: dict[str, DomainLayout] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    waiting_for_world: bool = False
+
+    def fail(self, path: KeyPath, message: str) -> None:
+        self.problems.append(Problem(path, message))
+
+    def wait(self, check: str) -> None:
+        """Note a check that cannot run until the world size is known."""
+        if self.waiting_for_world:
+            self.pending.append(check)
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_single_auto(spec: MeshSpec, result: Analysis) -> None:
+    """At most one world factor may be -1."""
+    autos = [name for name in WORLD_FACTORS if spec.degrees[name] == AUTO]
+    for name in autos[1:]:
+        result.fail(
+            ("degrees", name),
+            f"only one degree may be -1 (fill the remaining ranks), but {' and '.join(autos)} "
+            "all are",
+        )
+
+
+def resolve_world(spec: MeshSpec, result: Analysis) -> None:
+    """World factors multiply to world_size; a -1 factor is whatever divides out exactly."""
+    degrees = dict(spec.degrees)
+    auto = auto_factor(degrees)
+    if spec.world_size is None:
+        if auto is None:
+            implied = world_product(degrees)
+            if implied > MAX_WORLD_SIZE:
+                result.fail(
+                    ("degrees",),
+                    f"{product_text(degrees, WORLD_FACTORS)} = {implied} is more ranks than "
+                    f"torch can number ({MAX_WORLD_SIZE})",
+                )
+                return
+            result.world_size, result.world_size_from_degrees = implied, True
+            result.degrees = degrees
+        else:
+            result.waiting_for_world = True
+            result.wait(f"degrees.{auto}: fill -1 from world_size")
+        return
+    result.world_size = spec.world_size
+    if auto is None:
+        product = world_product(degrees)
+        if product != spec.world_size:
+            explicit = [name for name in WORLD_FACTORS if name in spec.explicit_degrees]
+            path: KeyPath = ("degrees", explicit[-1]) if explicit else ("world_size",)
+            result.fail(
+                path,
+                f"{product_text(degrees, WORLD_FACTORS)} = {product} "
+                f"!= world_size {spec.world_size}",
+            )
+            return
+    else:
+        others = tuple(name for name in WORLD_FACTORS if name != auto)
+        divisor = math.prod(degrees[name] for name in others)
+        if spec.world_size % divisor:
+            implicit = "" if auto in spec.explicit_degrees else f" ({auto} defaults to -1)"
+            result.fail(
+                ("degrees", auto),
+                f"-1 cannot fill the remaining ranks{implicit}: world_size {spec.world_size} "
+                f"is not divisible by {product_text(degrees, others)} = {divisor}",
+            )
+            return
+        degrees[auto] = spec.world_size // divisor
+    result.degrees = degrees
+
+
+def check_etp(spec: MeshSpec, result: Analysis) -> None:
+    """Expert tensor parallelism is either off or the same as tp."""
+    etp = spec.degrees["etp"]
+    tp = result.degrees["tp"] if result.degrees else spec.degrees["tp"]
+    if tp == AUTO:
+        if etp != 1:
+            result.wait("degrees.etp: etp is 1 or tp")
+        return
+    if etp not in (1, tp):
+        result.fail(("degrees", "etp"), f"etp({etp}) must be 1 or equal to tp({tp})")
+
+
+def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
+    """Experts borrow their ranks from dp_shard * cp * tp: ep * etp must divide it."""
+    if result.degrees is None:
+        if spec.degrees["ep"] * spec.degrees["etp"] > 1:
+            result.wait("degrees.ep: ep * etp divides dp_shard * cp * tp")
+        return
+    degrees = result.degrees
+    borrowed = degrees["ep"] * degrees["etp"]
+    lender = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+    if lender % borrowed:
+        result.fail(
+            ("degrees", "ep"),
+            f"ep({degrees['ep']}) * etp({degrees['etp']}) = {borrowed} must divide "
+            f"dp_shard({degrees['dp_shard']}) * cp({degrees['cp']}) * tp({degrees['tp']}) "
+            f"= {lender}: experts borrow their ranks from those dims",
+        )
+
+
+def check_derived(spec: MeshSpec, result: Analysis) -> None:
+    """Derived dims: a name of their own, a formula over degrees and earlier derived dims,
+    exact division, and a size >= 1."""
+    known: dict[str, int] = dict(result.degrees) if result.degrees else {
+        name: value for name, value in spec.degrees.items() if value != AUTO
+    }
+    defined: list[str] = list(DEGREE_NAMES)
+    all_names = list(DEGREE_NAMES) + list(spec.derived)
+    for name, text in spec.derived.items():
+        path: KeyPath = ("derived", name)
+        is_user = name in spec.user_derived
+        if name in DEGREE_NAMES:
+            result.fail(path, f"{name!r} is a degree; a derived dim needs a name of its own")
+            continue
+        try:
+            expr = formulas.parse(text)
+        except formulas.FormulaError as error:
+            result.fail(path, f"{text!r}: {error}")
+            continue
+        usable = True
+        for used in dict.fromkeys(formulas.names(expr)):
+            if used == name:
+                result.fail(path, f"{text!r} uses {name!r} itself")
+                usable = False
+            elif used in all_names and used not in defined:
+                result.fail(
+                    path,
+                    f"{text!r} uses {used!r}, which is defined after {name!r}; a formula may "
+                    "use degrees and derived dims defined before it",
+                )
+                usable = False
+            elif used not in all_names:
+                result.fail(
+                    path,
+                    f"{text!r} uses unknown name {used!r}{did_you_mean(used, all_names)}",
+                )
+                usable = False
+        defined.append(name)
+        if not usable:
+            continue
+        if any(used not in known for used in formulas.names(expr)):
+            if is_user:
+                result.wait(f"derived.{name}: value")
+            continue
+        try:
+            value = formulas.evaluate(expr, known)
+        except formulas.FormulaError as error:
+            # A default formula can only fail when a degree rule already failed.
+            if is_user:
+                result.fail(path, f"{formulas.render(expr, known)}: {error}")
+            continue
+        if value < 1:
+            result.fail(
+                path, f"{formulas.render(expr, known)} = {value}; a dim size must be >= 1"
+            )
+            continue
+        known[name] = value
+    result.sizes = known
+
+
+def check_domain_dims(spec: MeshSpec, result: Analysis) -> None:
+    """Each domain lists known dims, each once."""
+    candidates = list(DEGREE_NAMES) + [n for n in spec.derived if n not in DEGREE_NAMES]
+    for domain, dims in spec.domains.items():
+        if not dims:
+            result.fail(("domains", domain), "a domain needs at least one dim")
+        seen: set[str] = set()
+        for index, dim in enumerate(dims):
+            path: KeyPath = ("domains", domain, index)
+            if dim not in candidates:
+                result.fail(
+                    path,
+                    f"unknown dim {dim!r}{did_you_mean(dim, candidates)}; dims are the degrees "
+                    f"and the derived dims: {', '.join(candidates)}",
+                )
+            elif dim in seen:
+                result.fail(path, f"{dim!r} appears twice in domain {domain!r}")
+            seen.add(dim)
+
+
+def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
+    """The dims of every domain multiply to world_size; then the domain has a layout."""
+    for domain, dims in spec.domains.items():
+        if result.degrees is None or any(dim not in result.sizes for dim in dims):
+            result.wait(f"domains.{domain}: product of dims == world_size")
+            continue
+        assert result.world_size is not None
+        product = math.prod(result.sizes[dim] for dim in dims)
+        if product != result.world_size:
+            written = " * ".join(f"{dim}({result.sizes[dim]})" for dim in dims)
+            default = "" if spec.user_domains else " (default domain)"
+            result.fail(
+                ("domains", domain),
+                f"{written} = {product} != world_size {result.world_size}{default}",
+            )
+            continue
+        result.layouts[domain] = DomainLayout.row_major(
+            domain, [(dim, result.sizes[dim]) for dim in dims], result.world_size
+        )
+
+
+def _describe(modes: tuple[Mode, ...]) -> str:
+    if not modes:
+        return "size 1"
+    return " and ".join(f"size {mode.size} stride {mode.stride}" for mode in modes)
+
+
+def check_cross_domain(spec: MeshSpec, result: Analysis) -> None:
+    """A dim name used in several domains denotes the same rank groups in each."""
+    if result.world_size is None:
+        if len(spec.domains) > 1:
+            result.wait("domains: shared dims denote the same rank groups")
+        return
+    first_seen: dict[str, tuple[str, tuple[Mode, ...]]] = {}
+    for domain, layout in result.layouts.items():
+        for index, dim in enumerate(layout.dims):
+            modes = canonical_modes(dim.modes)
+            if dim.name not in first_seen:
+                first_seen[dim.name] = (domain, modes)
+                continue
+            other_domain, other_modes = first_seen[dim.name]
+            if modes != other_modes:
+                result.fail(
+                    ("domains", domain, index),
+                    f"{dim.name!r} has {_describe(modes)} here but {_describe(other_modes)} in "
+                    f"domain {other_domain!r}; a dim must denote the same rank groups in "
+                    "every domain",
+                )
+
+
+RULES = (
+    check_single_auto,
+    resolve_world,
+    check_etp,
+    check_expert_borrow,
+    check_derived,
+    check_domain_dims,
+    check_domain_products,
+    check_cross_domain,
+)
+
+
+def analyze(spec: MeshSpec) -> Analysis:
+    """Run every rule; stop after the degree rules if those already failed."""
+    result = Analysis()
+    check_single_auto(spec, result)
+    if result.problems:
+        return result
+    for rule in RULES[1:]:
+        rule(spec, result)
+    return result

@@ -1,0 +1,284 @@
+"""Read YAML into plain data plus the line and column of every key.
+
+Differences from ``yaml.safe_load``, each deliberate:
+
+* Scalars resolve as in YAML 1.2's core schema. ``yes``, ``on``, ``010``, ``1:00``, ``1_000``
+  and dates stay strings, so the models can refuse them with the reason instead of silently
+  reading ``010`` as 8.
+* A key given twice in one mapping is an error (PyYAML keeps the last one silently).
+* Hostile input fails fast with a located message: more than ``MAX_BYTES``, nesting deeper
+  than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to themselves,
+  integers with more than ``MAX_INT_DIGITS`` digits.
+
+libyaml's C parser is used when PyYAML has it; the pure-Python one otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.resolver import BaseResolver
+
+from meshconf.errors import KeyPath
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+MAX_INT_DIGITS = 30
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+class _Resolver(BaseResolver):
+    """YAML 1.2 core schema, plus ``<<`` merge keys."""
+
+
+_Resolver.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Resolver.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$"),
+    list("-+0123456789"),
+)
+_Resolver.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+.0123456789"),
+)
+_Resolver.add_implicit_resolver(
+    "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
+)
+_Resolver.add_implicit_resolver(_MERGE_TAG, re.compile(r"^(?:<<)$"), ["<"])
+
+
+class _Constructor(SafeConstructor):
+    def construct_core_int(self, node: ScalarNode) -> int:
+        text = str(self.construct_scalar(node))
+        digits = text.lstrip("+-")
+        if len(digits) > MAX_INT_DIGITS:
+            raise ConstructorError(
+                None, None, f"integer with more than {MAX_INT_DIGITS} digits", node.start_mark
+            )
+        if digits.startswith("0x"):
+            value = int(digits[2:], 16)
+        elif digits.startswith("0o"):
+            value = int(digits[2:], 8)
+        else:
+            value = int(digits)
+        return -value if text.startswith("-") else value
+
+
+_Constructor.add_constructor("tag:yaml.org,2002:int", _Constructor.construct_core_int)
+
+try:
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # PyYAML built without libyaml
+
+    class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            yaml.composer.Composer.__init__(self)
+
+
+class _Loader(_Parser, _Constructor, _Resolver):
+    def __init__(self, stream: str) -> None:
+        _Parser.__init__(self, stream)
+        _Constructor.__init__(self)
+        _Resolver.__init__(self)
+
+
+@dataclass(frozen=True)
+class Position:
+    """1-based line and column."""
+
+    line: int
+    column: int
+
+
+class YamlError(ValueError):
+    """Unreadable YAML; ``position`` says where, when known."""
+
+    def __init__(
+        self, message: str, position: Position | None = None, path: KeyPath = ()
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.position = position
+        self.path = path
+
+
+@dataclass(frozen=True)
+class YamlDocument:
+    data: Any
+    positions: dict[KeyPath, Position]
+    has_interpolation: bool
+
+
+def _position(mark: Any) -> Position:
+    return Position(mark.line + 1, mark.column + 1)
+
+
+def _syntax_error(error: yaml.YAMLError) -> YamlError:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    message = f"YAML syntax: {problem}" + (f" ({context})" if context else "")
+    return YamlError(message, _position(mark) if mark is not None else None)
+
+
+def _check_depth(text: str) -> None:
+    """Walk the event stream (no recursion) so that deep nesting cannot crash the composer."""
+    depth = 0
+    loader = _Loader(text)
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise YamlError(
+                        f"nested deeper than {MAX_DEPTH} levels", _position(event.start_mark)
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
+
+
+class _Walker:
+    """Checks the composed node graph and records where each key is."""
+
+    def __init__(self) -> None:
+        self.positions: dict[KeyPath, Position] = {}
+        self.has_interpolation = False
+        self._expanded: dict[int, tuple[int, int]] = {}  # node id -> (node count, depth)
+        self._open: set[int] = set()
+
+    def measure(self, node: Node) -> tuple[int, int]:
+        """Node count and depth of ``node`` with every alias expanded (memoized, so linear)."""
+        key = id(node)
+        if key in self._expanded:
+            return self._expanded[key]
+        if key in self._open:
+            raise YamlError("an alias refers to a node that contains it", _position(node.start_mark))
+        self._open.add(key)
+        count, depth = 1, 1
+        children: list[Node] = []
+        if isinstance(node, MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, SequenceNode):
+            children = list(node.value)
+        for child in children:
+            child_count, child_depth = self.measure(child)
+            count += child_count
+            depth = max(depth, child_depth + 1)
+        self._open.discard(key)
+        if count > MAX_NODES:
+            raise YamlError(
+                f"expands to more than {MAX_NODES} nodes through aliases", _position(node.start_mark)
+            )
+        if depth > MAX_DEPTH:
+            raise YamlError(
+                f"nested deeper than {MAX_DEPTH} levels through aliases", _position(node.start_mark)
+            )
+        self._expanded[key] = (count, depth)
+        return count, depth
+
+    def walk(self, node: Node, path: KeyPath) -> None:
+        if isinstance(node, ScalarNode):
+            if "${" in str(node.value):
+                self.has_interpolation = True
+        elif isinstance(node, SequenceNode):
+            for index, item in enumerate(node.value):
+                self.positions.setdefault((*path, index), _position(item.start_mark))
+                self.walk(item, (*path, index))
+        elif isinstance(node, MappingNode):
+            self._walk_mapping(node, path)
+
+    def _walk_mapping(self, node: MappingNode, path: KeyPath) -> None:
+        first_seen: dict[tuple[str, str], Position] = {}
+        merged: list[MappingNode] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+                merged.extend(source for source in sources if isinstance(source, MappingNode))
+                continue
+            here = _position(key_node.start_mark)
+            if not isinstance(key_node, ScalarNode):
+                raise YamlError("a key must be a plain name, not a list or mapping", here, path)
+            identity = (key_node.tag, key_node.value)
+            if identity in first_seen:
+                raise YamlError(
+                    f"duplicate key (first given at line {first_seen[identity].line})",
+                    here,
+                    (*path, _key_value(key_node)),
+                )
+            first_seen[identity] = here
+            child: KeyPath = (*path, _key_value(key_node))
+            self.positions[child] = here
+            self.walk(value_node, child)
+        # Keys pulled in with ``<<`` point at their definition, unless given explicitly here.
+        for source in merged:
+            for key_node, value_node in source.value:
+                if isinstance(key_node, ScalarNode) and key_node.tag != _MERGE_TAG:
+                    child = (*path, _key_value(key_node))
+                    if child not in self.positions:
+                        self.positions[child] = _position(key_node.start_mark)
+                        self.walk(value_node, child)
+
+
+def _key_value(node: ScalarNode) -> str | int:
+    if node.tag == "tag:yaml.org,2002:int":
+        text = str(node.value)
+        return int(text) if text.lstrip("+-").isdigit() else text
+    return str(node.value)
+
+
+def read_yaml(text: str) -> YamlDocument:
+    """Parse one YAML document, checking it on the way (see the module docstring)."""
+    if len(text) > MAX_BYTES:
+        raise YamlError(f"larger than {MAX_BYTES // (1024 * 1024)} MiB; this is not a mesh config")
+    try:
+        _check_depth(text)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return YamlDocument(None, {}, False)
+            walker = _Walker()
+            walker.measure(node)
+            walker.positions[()] = _position(node.start_mark)
+            walker.walk(node, ())
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as error:
+        raise _syntax_error(error) from None
+    return YamlDocument(data, walker.positions, walker.has_interpolation)
+
+
+def parse_value(text: str) -> Any:
+    """Read one value the way a file would (``4`` is an int, ``[pp, tp]`` a list)."""
+    return read_yaml(text).data
+
+
+def decode(raw: bytes) -> str:
+    """Decode UTF-8 (with or without a BOM), naming the first bad byte."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise YamlError("not UTF-8 text", Position(line, column)) from None
