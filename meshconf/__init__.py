@@ -2,7 +2,13 @@
 
 from meshconf.config import Degrees, MeshConfig, RuntimeOptions
 from meshconf.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS, DENSE, LOSS, SPARSE
-from meshconf.errors import ConfigError, Diagnostic, MeshconfError, SourceError, WorldSizeUnknownError
+from meshconf.errors import (
+    ConfigError,
+    Diagnostic,
+    MeshconfError,
+    SourceError,
+    WorldSizeUnknownError,
+)
 from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, RankGroup
 from meshconf.loading import load_config
 

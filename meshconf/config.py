@@ -32,7 +32,10 @@ from meshconf.rules import Analysis, MeshSpec, analyze
 # Strings that PyYAML's YAML 1.1 resolver would have turned into numbers or booleans; the
 # loader keeps them as strings so that they can be refused here with the reason.
 _YAML11_TRAPS = (
-    (re.compile(r"[-+]?0[0-9_]+"), "a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal"),
+    (
+        re.compile(r"[-+]?0[0-9_]+"),
+        "a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal",
+    ),
     (re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+"), "YAML 1.1 reads it as a base-60 number"),
     (re.compile(r"[-+]?[0-9][0-9_]*_[0-9_]*"), "YAML 1.1 reads '_' in numbers as nothing"),
     (re.compile(r"[-+]?0b[01_]+"), "YAML 1.1 reads it as a binary number"),
@@ -69,7 +72,9 @@ def _integer(
         return value
     if value < minimum:
         raise PydanticCustomError(
-            "integer_range", "expected {expected}, got {value}", {"expected": expected, "value": value}
+            "integer_range",
+            "expected {expected}, got {value}",
+            {"expected": expected, "value": value},
         )
     if value > maximum:
         raise PydanticCustomError(
@@ -102,7 +107,7 @@ def _name(value: Any) -> str:
     if len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
         raise PydanticCustomError(
             "name_pattern",
-            "{value!r} is not a valid name: use letters, digits and '_', not starting with a digit",
+            "'{value}' is not a valid name: use letters, digits and '_', not starting with a digit",
             {"value": value[:MAX_NAME_LENGTH]},
         )
     return value
@@ -111,7 +116,8 @@ def _name(value: Any) -> str:
 def _formula_text(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise PydanticCustomError(
-            "formula_type", "expected a formula such as 'dp_shard * cp', got {got}",
+            "formula_type",
+            "expected a formula such as 'dp_shard * cp', got {got}",
             {"got": describe_value(value)},
         )
     return str(value)
@@ -143,7 +149,9 @@ class Degrees(_Strict):
     """Parallel degrees. World factors may be -1 (at most one): fill the remaining ranks."""
 
     pp: WorldFactor = Field(1, description="Pipeline-parallel stages.")
-    dp_replicate: WorldFactor = Field(1, description="Data-parallel replicas (DDP, or HSDP's outer dim).")
+    dp_replicate: WorldFactor = Field(
+        1, description="Data-parallel replicas (DDP, or HSDP's outer dim)."
+    )
     dp_shard: WorldFactor = Field(
         AUTO, description="Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1."
     )
@@ -180,8 +188,12 @@ class Degrees(_Strict):
 class RuntimeOptions(_Strict):
     """How DistributedContext picks device, backend and timeouts."""
 
-    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="auto: cuda when GPUs exist, else cpu.")
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on cuda, gloo on cpu.")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto: cuda when GPUs exist, else cpu."
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="auto: nccl on cuda, gloo on cpu."
+    )
     timeout_s: Positive = Field(1800, description="Timeout of every process group, in seconds.")
 
     @model_validator(mode="after")
@@ -189,10 +201,15 @@ class RuntimeOptions(_Strict):
         if self.backend == "nccl" and self.device == "cpu":
             raise ValidationError.from_exception_data(
                 "RuntimeOptions",
-                [InitErrorDetails(
-                    type=PydanticCustomError("backend_device", "nccl needs device cuda (or auto), not cpu"),
-                    loc=("backend",), input=self.backend,
-                )],
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "backend_device", "nccl needs device cuda (or auto), not cpu"
+                        ),
+                        loc=("backend",),
+                        input=self.backend,
+                    )
+                ],
             )
         return self
 
@@ -206,15 +223,15 @@ class MeshConfig(_Strict):
     gpus_per_node: GpusPerNode | None = Field(
         None, description="Ranks per node; enables the crosses-nodes report."
     )
-    degrees: Degrees = Field(default_factory=Degrees)
+    degrees: Degrees = Field(default_factory=lambda: Degrees())
     derived: dict[Name, FormulaText] = Field(
         default_factory=dict,
-        description="Extra or redefined derived dims: formulas over degrees and earlier derived dims.",
+        description="Extra or redefined derived dims: formulas over degrees and earlier ones.",
     )
     domains: dict[Name, DimList] | None = Field(
         None, description="Named global meshes, dims outer to inner. Replaces the default set."
     )
-    runtime: RuntimeOptions = Field(default_factory=RuntimeOptions)
+    runtime: RuntimeOptions = Field(default_factory=lambda: RuntimeOptions())
 
     _analysis: Analysis = PrivateAttr(default_factory=Analysis)
 
@@ -223,10 +240,16 @@ class MeshConfig(_Strict):
         if self.domains is not None and not self.domains:
             raise ValidationError.from_exception_data(
                 "MeshConfig",
-                [InitErrorDetails(
-                    type=PydanticCustomError("domains_empty", "needs at least one domain (or leave it out for the defaults)"),
-                    loc=("domains",), input={},
-                )],
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "domains_empty",
+                            "needs at least one domain (or leave it out for the defaults)",
+                        ),
+                        loc=("domains",),
+                        input={},
+                    )
+                ],
             )
         analysis = analyze(self.spec())
         if analysis.problems:
@@ -234,7 +257,9 @@ class MeshConfig(_Strict):
                 "MeshConfig",
                 [
                     InitErrorDetails(
-                        type=PydanticCustomError("mesh_rule", "{message}", {"message": problem.message}),
+                        type=PydanticCustomError(
+                            "mesh_rule", "{message}", {"message": problem.message}
+                        ),
                         loc=problem.path,
                         input=None,
                     )
@@ -311,13 +336,17 @@ class MeshConfig(_Strict):
         if self.world_size is not None and self.world_size != world_size:
             raise ValidationError.from_exception_data(
                 "MeshConfig",
-                [InitErrorDetails(
-                    type=PydanticCustomError(
-                        "world_size_conflict", "the config says {mine}, but the world size is {given}",
-                        {"mine": self.world_size, "given": world_size},
-                    ),
-                    loc=("world_size",), input=world_size,
-                )],
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "world_size_conflict",
+                            "the config says {mine}, but the world size is {given}",
+                            {"mine": self.world_size, "given": world_size},
+                        ),
+                        loc=("world_size",),
+                        input=world_size,
+                    )
+                ],
             )
         data = self.model_dump(exclude_unset=True)
         if self.degrees._dp_shard_defaulted:
@@ -330,6 +359,9 @@ class MeshConfig(_Strict):
         """SHA-256 of the canonical JSON of the config: equal configs, equal fingerprints."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MeshConfig) and self.fingerprint == other.fingerprint
 
     def __hash__(self) -> int:
         return hash(self.fingerprint)

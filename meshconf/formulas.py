@@ -19,7 +19,9 @@ MAX_FORMULA_LENGTH = 500
 MAX_NESTING = 32
 MAX_LITERAL_DIGITS = 12
 
-_TOKEN = re.compile(r"\s*(?:(?P<int>[0-9]+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[*/()])|(?P<bad>\S))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<int>[0-9]+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[*/()])|(?P<bad>\S))"
+)
 
 
 class FormulaError(ValueError):

@@ -119,8 +119,9 @@ class DomainLayout:
         if len(set(names)) != len(names):
             raise LayoutError(f"domain {self.name!r} repeats a dim: {names}")
         expected_stride = 1
-        for mode in sorted((m for d in self.dims for m in d.modes if m.size > 1),
-                           key=lambda m: m.stride):
+        for mode in sorted(
+            (m for d in self.dims for m in d.modes if m.size > 1), key=lambda m: m.stride
+        ):
             if mode.stride != expected_stride:
                 raise LayoutError(
                     f"domain {self.name!r}: the modes do not number the ranks one to one "

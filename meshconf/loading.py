@@ -75,11 +75,17 @@ def _read(source: Any) -> _Source:
             document = read_yaml(decode(raw))
         except YamlError as error:
             position = error.position
-            raise ConfigError([
-                Diagnostic(error.path, error.message, name,
-                           position.line if position else None,
-                           position.column if position else None)
-            ]) from None
+            raise ConfigError(
+                [
+                    Diagnostic(
+                        error.path,
+                        error.message,
+                        name,
+                        position.line if position else None,
+                        position.column if position else None,
+                    )
+                ]
+            ) from None
         return _Source(document.data, name, document.positions, document.has_interpolation)
     if "omegaconf" in sys.modules:
         from omegaconf import Container
@@ -177,6 +183,8 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
         for item in error.errors(include_url=False):
             path, message = _message(item)
             diagnostics.append(source.diagnostic(path, message))
+        unplaced = float("inf")
+        diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))
         raise ConfigError(diagnostics) from None
 
 

@@ -57,7 +57,7 @@ def parse_override(text: str) -> Override:
     action: Literal["set", "add", "force", "delete"] = "set"
     for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
         if body.startswith(prefix):
-            body, action = body[len(prefix):], name  # type: ignore[assignment]
+            body, action = body[len(prefix) :], name  # type: ignore[assignment]
             break
     key, equals, value_text = body.partition("=")
     if not equals and action != "delete":
@@ -130,7 +130,8 @@ def _delete(config: Any, override: Override, is_missing: bool) -> None:
     last = override.path[-1]
     if override.has_value and parent[last] != override.value:
         raise SourceError(
-            f"override {override.text!r}: {override.key} is {parent[last]!r}, not {override.value!r}"
+            f"override {override.text!r}: {override.key} is {parent[last]!r}, "
+            f"not {override.value!r}"
         )
     if isinstance(last, int):
         parent.pop(last)

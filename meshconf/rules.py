@@ -158,9 +158,11 @@ def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
     """Derived dims: a name of their own, a formula over degrees and earlier derived dims,
     exact division, and a size >= 1."""
-    known: dict[str, int] = dict(result.degrees) if result.degrees else {
-        name: value for name, value in spec.degrees.items() if value != AUTO
-    }
+    known: dict[str, int] = (
+        dict(result.degrees)
+        if result.degrees
+        else {name: value for name, value in spec.degrees.items() if value != AUTO}
+    )
     defined: list[str] = list(DEGREE_NAMES)
     all_names = list(DEGREE_NAMES) + list(spec.derived)
     for name, text in spec.derived.items():
@@ -207,9 +209,7 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
                 result.fail(path, f"{formulas.render(expr, known)}: {error}")
             continue
         if value < 1:
-            result.fail(
-                path, f"{formulas.render(expr, known)} = {value}; a dim size must be >= 1"
-            )
+            result.fail(path, f"{formulas.render(expr, known)} = {value}; a dim size must be >= 1")
             continue
         known[name] = value
     result.sizes = known
@@ -238,6 +238,8 @@ def check_domain_dims(spec: MeshSpec, result: Analysis) -> None:
 def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
     """The dims of every domain multiply to world_size; then the domain has a layout."""
     for domain, dims in spec.domains.items():
+        if not dims:
+            continue
         if result.degrees is None or any(dim not in result.sizes for dim in dims):
             result.wait(f"domains.{domain}: product of dims == world_size")
             continue

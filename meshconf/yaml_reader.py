@@ -78,13 +78,17 @@ class _Constructor(SafeConstructor):
         return -value if text.startswith("-") else value
 
 
-_Constructor.add_constructor("tag:yaml.org,2002:int", _Constructor.construct_core_int)
+_Constructor.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:int", _Constructor.construct_core_int
+)
 
 try:
     from yaml._yaml import CParser as _Parser
 except ImportError:  # PyYAML built without libyaml
 
-    class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer):  # type: ignore[no-redef]
+    class _Parser(  # type: ignore[no-redef]
+        yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer
+    ):
         def __init__(self, stream: str) -> None:
             yaml.reader.Reader.__init__(self, stream)
             yaml.scanner.Scanner.__init__(self)
@@ -110,9 +114,7 @@ class Position:
 class YamlError(ValueError):
     """Unreadable YAML; ``position`` says where, when known."""
 
-    def __init__(
-        self, message: str, position: Position | None = None, path: KeyPath = ()
-    ) -> None:
+    def __init__(self, message: str, position: Position | None = None, path: KeyPath = ()) -> None:
         super().__init__(message)
         self.message = message
         self.position = position
@@ -134,7 +136,7 @@ def _syntax_error(error: yaml.YAMLError) -> YamlError:
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error)
     context = getattr(error, "context", None)
-    message = f"YAML syntax: {problem}" + (f" ({context})" if context else "")
+    message = f"YAML syntax: {context}, {problem}" if context else f"YAML syntax: {problem}"
     return YamlError(message, _position(mark) if mark is not None else None)
 
 
@@ -172,7 +174,9 @@ class _Walker:
         if key in self._expanded:
             return self._expanded[key]
         if key in self._open:
-            raise YamlError("an alias refers to a node that contains it", _position(node.start_mark))
+            raise YamlError(
+                "an alias refers to a node that contains it", _position(node.start_mark)
+            )
         self._open.add(key)
         count, depth = 1, 1
         children: list[Node] = []
@@ -187,7 +191,8 @@ class _Walker:
         self._open.discard(key)
         if count > MAX_NODES:
             raise YamlError(
-                f"expands to more than {MAX_NODES} nodes through aliases", _position(node.start_mark)
+                f"expands to more than {MAX_NODES} nodes through aliases",
+                _position(node.start_mark),
             )
         if depth > MAX_DEPTH:
             raise YamlError(

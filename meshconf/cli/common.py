@@ -24,14 +24,21 @@ def non_negative_int(text: str) -> int:
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--world-size", type=positive_int, metavar="N",
+        "--world-size",
+        type=positive_int,
+        metavar="N",
         help="world size to check against, when the config has none (must agree if it has one)",
     )
     parser.add_argument(
         "--key", metavar="K", help="dotted key of the meshconf block inside a larger file"
     )
     parser.add_argument(
-        "-o", "--override", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
         help="override a value before validation (repeatable): degrees.tp=4, +key=v, ~key",
     )
     parser.add_argument("--format", choices=("text", "json"), default="text")

@@ -21,7 +21,9 @@ from meshconf.loading import load_config
 _SHOWN_RANKS = 8
 
 
-def _dim_entry(layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None) -> dict[str, Any]:
+def _dim_entry(
+    layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None
+) -> dict[str, Any]:
     dim = layout.dim(name)
     return {
         "name": dim.name,
@@ -29,7 +31,9 @@ def _dim_entry(layout: DomainLayout, name: str, rank: int, gpus_per_node: int | 
         "stride": dim.stride,
         "num_groups": layout.num_groups(name),
         "group": layout.group(rank, name).ranks(),
-        "crosses_nodes": None if gpus_per_node is None else layout.crosses_nodes(name, gpus_per_node),
+        "crosses_nodes": None
+        if gpus_per_node is None
+        else layout.crosses_nodes(name, gpus_per_node),
     }
 
 
@@ -79,8 +83,10 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
         shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in dims)
         print(f"\ndomain {domain} [{shape}]")
         width = max(len("dim"), *(len(dim["name"]) for dim in dims))
-        print(f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  crosses nodes  "
-              f"group of rank {rank}")
+        print(
+            f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  crosses nodes  "
+            f"group of rank {rank}"
+        )
         for dim in dims:
             print(
                 f"  {dim['name']:<{width}}  {dim['size']:>7}  {dim['stride']:>7}  "

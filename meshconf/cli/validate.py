@@ -43,9 +43,7 @@ def check(paths: list[str], args: argparse.Namespace) -> Results:
     for path in paths:
         result = FileResult(path, world_size_given=args.world_size is not None)
         try:
-            result.config = load_config(
-                path, args.overrides, args.key, world_size=args.world_size
-            )
+            result.config = load_config(path, args.overrides, args.key, world_size=args.world_size)
         except ConfigError as error:
             result.diagnostics = error.diagnostics
         except SourceError as error:

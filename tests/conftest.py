@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def run_cli():
+    """Run ``python -m meshconf ARGS`` from the repository root, as a user would."""
+
+    def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONWARNINGS": "error"}
+        result = subprocess.run(
+            [sys.executable, "-m", "meshconf", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+        return result
+
+    return run
