@@ -41,6 +41,9 @@ class _Source:
         for override in reversed(self.overrides):
             if full[: len(override.path)] == override.path:
                 return Diagnostic(full, message, override=override.text)
+        if self.overrides:
+            applied = ", ".join(override.text for override in self.overrides)
+            message = f"{message} (with overrides: {applied})"
         for length in range(len(full), -1, -1):
             position = self.positions.get(full[:length])
             if position is not None:

@@ -65,26 +65,68 @@ def test_errors_on_default_keys_point_at_the_nearest_written_key(tmp_path: Path)
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("degrees:\n  tp: yes\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string 'yes' (YAML 1.1 reads it as a boolean; write the integer you mean, unquoted)"),
-        ("degrees:\n  tp: 010\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '010' (a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal; write the integer you mean, unquoted)"),
-        ("degrees:\n  tp: 1:00\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '1:00' (YAML 1.1 reads it as a base-60 number; write the integer you mean, unquoted)"),
-        ("degrees:\n  tp: 1_000\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '1_000' (YAML 1.1 reads '_' in numbers as nothing; write the integer you mean, unquoted)"),
-        ("degrees:\n  tp: 8.0\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the float 8.0"),
-        ("degrees:\n  tp: 1e3\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the float 1000.0"),
-        ("degrees:\n  tp: '8'\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '8' (a quoted number is a string; write the integer you mean, unquoted)"),
-        ("degrees:\n  tp: true\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the boolean true"),
-        ("degrees:\n  tp: 2001-12-14\n", "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '2001-12-14'"),
+        (
+            "degrees:\n  tp: yes\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string 'yes' (YAML 1.1 reads it as a boolean; write the integer you mean, unquoted)",
+        ),
+        (
+            "degrees:\n  tp: 010\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '010' (a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal; write the integer you mean, unquoted)",
+        ),
+        (
+            "degrees:\n  tp: 1:00\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '1:00' (YAML 1.1 reads it as a base-60 number; write the integer you mean, unquoted)",
+        ),
+        (
+            "degrees:\n  tp: 1_000\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '1_000' (YAML 1.1 reads '_' in numbers as nothing; write the integer you mean, unquoted)",
+        ),
+        (
+            "degrees:\n  tp: 8.0\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the float 8.0",
+        ),
+        (
+            "degrees:\n  tp: 1e3\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the float 1000.0",
+        ),
+        (
+            "degrees:\n  tp: '8'\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '8' (a quoted number is a string; write the integer you mean, unquoted)",
+        ),
+        (
+            "degrees:\n  tp: true\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the boolean true",
+        ),
+        (
+            "degrees:\n  tp: 2001-12-14\n",
+            "2:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), got the string '2001-12-14'",
+        ),
         ("world_size: " + "9" * 40 + "\n", "1:13: YAML syntax: integer with more than 30 digits"),
-        ("world_size: 99999999999999999999\n", "1:1: world_size: 99999999999999999999 is larger than 2147483647, the most ranks torch can number"),
+        (
+            "world_size: 99999999999999999999\n",
+            "1:1: world_size: 99999999999999999999 is larger than 2147483647, the most ranks torch can number",
+        ),
         ("degrees:\n  tp: 2\n  tp: 4\n", "3:3: degrees.tp: duplicate key (first given at line 2)"),
-        ("degrees: [\n", "2:1: YAML syntax: while parsing a flow node, did not find expected node content"),
+        (
+            "degrees: [\n",
+            "2:1: YAML syntax: while parsing a flow node, did not find expected node content",
+        ),
         ("a: b: c\n", "1:5: YAML syntax: mapping values are not allowed in this context"),
-        ("- 1\n- 2\n", "1:1: expected a mapping of meshconf keys; the config is a list, not a mapping"),
+        (
+            "- 1\n- 2\n",
+            "1:1: expected a mapping of meshconf keys; the config is a list, not a mapping",
+        ),
         ("", "expected a mapping of meshconf keys; the config is empty"),
-        ("a: 1\n---\nb: 2\n", "2:1: YAML syntax: expected a single document in the stream, but found another document"),
+        (
+            "a: 1\n---\nb: 2\n",
+            "2:1: YAML syntax: expected a single document in the stream, but found another document",
+        ),
         ("? [a]\n: 1\n", "1:3: a key must be a plain name, not a list or mapping"),
         ("a: &x [*x]\n", "1:4: an alias refers to a node that contains it"),
-        ("degrees: !!python/object:os.system {}\n", "1:10: YAML syntax: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'"),
+        (
+            "degrees: !!python/object:os.system {}\n",
+            "1:10: YAML syntax: could not determine a constructor for the tag 'tag:yaml.org,2002:python/object:os.system'",
+        ),
     ],
 )
 def test_hostile_and_trap_input(tmp_path: Path, text: str, expected: str) -> None:
@@ -162,7 +204,9 @@ def test_overrides_apply_before_validation_and_are_named_in_errors(tmp_path: Pat
     assert lines(path, overrides=["degrees.tp=yes"])[0].startswith(
         "override 'degrees.tp=yes': degrees.tp: expected an integer"
     )
-    config = load_config(path, ["~degrees.tp", "++degrees.cp=2", "domains.dense=[pp, dp_replicate, fsdp]"])
+    config = load_config(
+        path, ["~degrees.tp", "++degrees.cp=2", "domains.dense=[pp, dp_replicate, fsdp]"]
+    )
     assert config.resolved_degrees["cp"] == 2 and config.layout("dense").shape == (1, 2, 4)
 
 
@@ -186,7 +230,9 @@ def test_interpolation_resolves_through_omegaconf(tmp_path: Path) -> None:
     config = load_config(path, key="mesh")
     assert config.gpus_per_node == 8 and config.resolved_degrees["tp"] == 8
     broken = write(tmp_path, "world_size: ${nope}\n", "broken.yaml")
-    assert lines(broken) == [f"{broken}:1:1: world_size: cannot resolve: Interpolation key 'nope' not found"]
+    assert lines(broken) == [
+        f"{broken}:1:1: world_size: cannot resolve: Interpolation key 'nope' not found"
+    ]
 
 
 def test_mapping_and_dictconfig_sources() -> None:

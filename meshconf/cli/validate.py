@@ -60,8 +60,8 @@ def _world_size_note(result: FileResult) -> str:
         return "world size unknown"
     if config.world_size is None:
         return f"world_size {world_size}, the product of the degrees"
-    if result.world_size_given and "world_size" not in config.model_fields_set:
-        return f"world_size {world_size} from --world-size"
+    if result.world_size_given:
+        return f"world_size {world_size}, checked with --world-size"
     return f"world_size {world_size}"
 
 

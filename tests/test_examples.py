@@ -1,0 +1,106 @@
+"""The example configs: the valid ones validate, each invalid one fails with exactly the
+lines its ``# expect:`` comments promise.
+
+Each file in ``examples/invalid/`` breaks one rule. It starts with ``# rule: ...`` and lists,
+in ``# expect: ...`` lines, every line ``meshconf validate examples/invalid/<file>`` prints
+when run from the repository root. The CLI runs in a subprocess, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+INVALID = EXAMPLES / "invalid"
+EXPERIMENT = EXAMPLES / "experiments" / "experiment_with_parallelism_key.yaml"
+
+VALID_FILES = sorted(EXAMPLES.glob("*.yaml"))
+INVALID_FILES = sorted(INVALID.glob("*.yaml"))
+ALL_EXAMPLES = VALID_FILES + sorted((EXAMPLES / "experiments").glob("*.yaml"))
+
+EXPECT = "# expect: "
+RULE = "# rule: "
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _validate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshconf", "validate", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _comment_lines(path: Path, prefix: str) -> list[str]:
+    return [
+        line[len(prefix):]
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.startswith(prefix)
+    ]
+
+
+def test_there_are_enough_examples() -> None:
+    assert len(VALID_FILES) >= 9
+    assert EXPERIMENT.is_file()
+    assert len(INVALID_FILES) >= 30
+
+
+def test_all_valid_examples_validate_together() -> None:
+    result = _validate(*(_relative(path) for path in VALID_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for path in VALID_FILES:
+        assert f"{_relative(path)}: ok" in result.stdout
+
+
+def test_world_size_from_launcher_reports_pending_checks() -> None:
+    result = _validate("examples/world_size_from_launcher.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wait for the world size" in result.stdout
+    assert "degrees.dp_shard" in result.stdout
+
+
+def test_experiment_validates_with_key() -> None:
+    result = _validate(_relative(EXPERIMENT), "--key", "parallelism")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_experiment_needs_its_key() -> None:
+    result = _validate(_relative(EXPERIMENT))
+    assert result.returncode == 1
+    assert "unknown key 'parallelism'" in result.stdout
+
+
+@pytest.mark.parametrize("path", INVALID_FILES, ids=lambda path: path.stem)
+def test_invalid_example_fails_with_expected_lines(path: Path) -> None:
+    expected = _comment_lines(path, EXPECT)
+    result = _validate(_relative(path))
+    assert "Traceback" not in result.stdout
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == expected
+
+
+@pytest.mark.parametrize("path", INVALID_FILES, ids=lambda path: path.stem)
+def test_invalid_example_documents_its_rule(path: Path) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines and lines[0].startswith(RULE), "the first line must be '# rule: ...'"
+    assert len(_comment_lines(path, RULE)) == 1
+    assert len(_comment_lines(path, EXPECT)) >= 1
+
+
+@pytest.mark.parametrize("path", ALL_EXAMPLES, ids=lambda path: path.stem)
+def test_example_starts_with_a_comment(path: Path) -> None:
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# ") and len(first) > 10, first
