@@ -93,6 +93,27 @@ def _positive(value: Any) -> int:
     return _integer(value, minimum=1, auto=False)
 
 
+def _expert_degree(value: Any) -> int:
+    if value == AUTO and not isinstance(value, bool):
+        raise PydanticCustomError(
+            "integer_range",
+            "expected an integer >= 1, got -1: only the world factors ({factors}) may be -1; "
+            "expert degrees borrow their ranks from dp_shard * cp * tp",
+            {"factors": ", ".join(WORLD_FACTORS)},
+        )
+    return _positive(value)
+
+
+def _device(value: Any) -> Any:
+    if isinstance(value, str) and value.lower() in ("gpu", "gpus", "nvidia"):
+        raise PydanticCustomError(
+            "device_value",
+            "expected 'auto', 'cuda' or 'cpu', got {got} (did you mean 'cuda'?)",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
 def _gpus_per_node(value: Any) -> int:
     return _integer(
         value, minimum=1, auto=False, maximum=MAX_GPUS_PER_NODE, limit="more than any node holds"
@@ -135,6 +156,7 @@ def _dim_list(value: Any) -> Any:
 
 WorldFactor = Annotated[int, BeforeValidator(_world_factor)]
 Positive = Annotated[int, BeforeValidator(_positive)]
+ExpertDegree = Annotated[int, BeforeValidator(_expert_degree)]
 GpusPerNode = Annotated[int, BeforeValidator(_gpus_per_node)]
 Name = Annotated[str, BeforeValidator(_name)]
 FormulaText = Annotated[str, BeforeValidator(_formula_text)]
@@ -157,8 +179,10 @@ class Degrees(_Strict):
     )
     cp: WorldFactor = Field(1, description="Context-parallel ranks (sequence split).")
     tp: WorldFactor = Field(1, description="Tensor-parallel ranks.")
-    ep: Positive = Field(1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp.")
-    etp: Positive = Field(1, description="Expert tensor-parallel ranks: 1 or tp.")
+    ep: ExpertDegree = Field(
+        1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp."
+    )
+    etp: ExpertDegree = Field(1, description="Expert tensor-parallel ranks: 1 or tp.")
 
     _dp_shard_defaulted: bool = PrivateAttr(default=False)
 
@@ -188,7 +212,7 @@ class Degrees(_Strict):
 class RuntimeOptions(_Strict):
     """How DistributedContext picks device, backend and timeouts."""
 
-    device: Literal["auto", "cuda", "cpu"] = Field(
+    device: Annotated[Literal["auto", "cuda", "cpu"], BeforeValidator(_device)] = Field(
         "auto", description="auto: cuda when GPUs exist, else cpu."
     )
     backend: Literal["auto", "nccl", "gloo"] = Field(

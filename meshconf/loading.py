@@ -19,7 +19,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from meshconf.config import MeshConfig
-from meshconf.errors import ConfigError, Diagnostic, KeyPath, SourceError, describe_value
+from meshconf.errors import (
+    ConfigError,
+    Diagnostic,
+    KeyPath,
+    SourceError,
+    describe_value,
+    format_key,
+)
 from meshconf.overrides import InterpolationError, Override, apply, parse_key, parse_override
 from meshconf.rules import did_you_mean
 from meshconf.yaml_reader import Position, YamlError, decode, read_yaml
@@ -39,6 +46,9 @@ class _Source:
     def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
         full = self.prefix + path
         for override in reversed(self.overrides):
+            shorter = min(len(full), len(override.path))
+            if full[:shorter] == override.path[:shorter] and full not in self.positions:
+                return Diagnostic(full, message, override=override.text)
             if full[: len(override.path)] == override.path:
                 return Diagnostic(full, message, override=override.text)
         if self.overrides:
@@ -116,25 +126,55 @@ def _safe_key(text: str) -> KeyPath:
         return ()
 
 
-def _select(source: _Source, key: str | None) -> None:
-    if key is None:
-        return
-    path = parse_key_or_fail(key)
-    data = source.data
-    for depth, part in enumerate(path):
-        if not isinstance(data, Mapping) or part not in data:
-            keys = list(data) if isinstance(data, Mapping) else []
-            hint = did_you_mean(str(part), [str(k) for k in keys])
-            raise source.fail(path[:depth], f"no key {part!r} for --key {key}{hint}")
+def _exists(data: Any, path: KeyPath) -> bool:
+    """Whether ``path`` names a value in plain nested containers."""
+    for part in path:
+        in_mapping = isinstance(data, Mapping) and part in data
+        in_list = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if not (in_mapping or in_list):
+            return False
         data = data[part]
-    source.data, source.prefix = data, path
+    return True
 
 
-def parse_key_or_fail(key: str) -> KeyPath:
+def _block_path(key: str | None) -> KeyPath:
+    if key is None:
+        return ()
     try:
         return parse_key(key)
     except ValueError as error:
         raise SourceError(f"--key: {error}") from None
+
+
+def _select(source: _Source, key: str | None, prefix: KeyPath) -> None:
+    if key is None:
+        return
+    data = source.data
+    for depth, part in enumerate(prefix):
+        if not isinstance(data, Mapping) or part not in data:
+            keys = [str(k) for k in data] if isinstance(data, Mapping) else []
+            where = f" under {format_key(prefix[:depth])}" if depth else ""
+            raise SourceError(
+                f"{source.name or 'config'}: --key {key}: no key {part!r}{where}"
+                f"{did_you_mean(str(part), keys)}"
+            )
+        data = data[part]
+    source.data, source.prefix = data, prefix
+
+
+def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -> None:
+    """A plain ``key=value`` outside the meshconf block must name a key that exists, so
+    that ``-o degrees.tp=4`` with ``--key parallelism`` is not silently a no-op."""
+    for override in source.overrides:
+        if override.action != "set" or override.path[: len(prefix)] == prefix:
+            continue
+        if not _exists(source.data, override.path):
+            inside = format_key(prefix + override.path)
+            raise SourceError(
+                f"override {override.text!r}: {override.key} is not in "
+                f"{source.name or 'the config'} and lies outside the --key {key} block; "
+                f"did you mean {inside}=...? (+{override.key}=... adds a key outside the block)"
+            )
 
 
 def _model_at(path: KeyPath) -> type[BaseModel] | None:
@@ -155,6 +195,8 @@ def _message(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
     kind = error["type"]
     if path and path[-1] == "[key]":
         return path[:-1], f"invalid key: {error['msg']}"
+    if kind == "invalid_key":
+        return path[:-1], f"key {path[-1]!r} is not a string; meshconf keys are names"
     if kind == "extra_forbidden":
         model = _model_at(path[:-1])
         allowed = list(model.model_fields) if model else []
@@ -209,8 +251,10 @@ def load_config(
     config and :class:`~meshconf.errors.SourceError` when there is nothing to validate.
     """
     parsed = tuple(parse_override(text) for text in overrides)
+    prefix = _block_path(key)
     source_data = _read(source)
     source_data.overrides = parsed
+    _check_override_targets(source_data, key, prefix)
     if parsed or source_data.has_interpolation:
         try:
             source_data.data = apply(source_data.data, parsed)
@@ -218,5 +262,5 @@ def load_config(
             path = _safe_key(error.key)
             diagnostic = source_data.diagnostic(path, error.message)
             raise ConfigError([diagnostic]) from None
-    _select(source_data, key)
+    _select(source_data, key, prefix)
     return _validate(source_data, world_size)

@@ -70,11 +70,12 @@ def did_you_mean(name: str, candidates: list[str]) -> str:
 def check_single_auto(spec: MeshSpec, result: Analysis) -> None:
     """At most one world factor may be -1."""
     autos = [name for name in WORLD_FACTORS if spec.degrees[name] == AUTO]
+    quantifier = "both" if len(autos) == 2 else "all"
     for name in autos[1:]:
         result.fail(
             ("degrees", name),
             f"only one degree may be -1 (fill the remaining ranks), but {' and '.join(autos)} "
-            "all are",
+            f"{quantifier} are",
         )
 
 
@@ -199,7 +200,7 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
             continue
         if any(used not in known for used in formulas.names(expr)):
             if is_user:
-                result.wait(f"derived.{name}: value")
+                result.wait(f"derived.{name}: {text} needs the -1 degree filled in")
             continue
         try:
             value = formulas.evaluate(expr, known)
@@ -238,8 +239,8 @@ def check_domain_dims(spec: MeshSpec, result: Analysis) -> None:
 def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
     """The dims of every domain multiply to world_size; then the domain has a layout."""
     for domain, dims in spec.domains.items():
-        if not dims:
-            continue
+        if not dims or len(set(dims)) != len(dims):
+            continue  # already reported by check_domain_dims
         if result.degrees is None or any(dim not in result.sizes for dim in dims):
             result.wait(f"domains.{domain}: product of dims == world_size")
             continue

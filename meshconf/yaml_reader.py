@@ -135,7 +135,19 @@ def _position(mark: Any) -> Position:
 def _syntax_error(error: yaml.YAMLError) -> YamlError:
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error)
+    if isinstance(error, ConstructorError):
+        return YamlError(problem, _position(mark) if mark is not None else None)
     context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    if (
+        context
+        and context.startswith("while")
+        and context_mark is not None
+        and mark is not None
+        and _position(context_mark) != _position(mark)
+    ):
+        opened = _position(context_mark)
+        context += f" (from line {opened.line}, column {opened.column})"
     message = f"YAML syntax: {context}, {problem}" if context else f"YAML syntax: {problem}"
     return YamlError(message, _position(mark) if mark is not None else None)
 

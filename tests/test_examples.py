@@ -43,7 +43,7 @@ def _validate(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _comment_lines(path: Path, prefix: str) -> list[str]:
     return [
-        line[len(prefix):]
+        line[len(prefix) :]
         for line in path.read_text(encoding="utf-8").splitlines()
         if line.startswith(prefix)
     ]

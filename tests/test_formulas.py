@@ -57,9 +57,9 @@ def test_syntax_errors(text: str, message: str) -> None:
 
 
 def test_division_must_be_exact_at_every_step() -> None:
-    with pytest.raises(formulas.FormulaError, match="^4 / 8 is not an integer$"):
+    with pytest.raises(formulas.FormulaError, match=r"^4 / 8 is not an integer$"):
         formulas.evaluate(formulas.parse("a * b / c"), {"a": 2, "b": 2, "c": 8})
-    with pytest.raises(formulas.FormulaError, match="^3 / 2 is not an integer$"):
+    with pytest.raises(formulas.FormulaError, match=r"^3 / 2 is not an integer$"):
         formulas.evaluate(formulas.parse("a / 2 * 2"), {"a": 3})
-    with pytest.raises(formulas.FormulaError, match="^3 / 0 divides by zero$"):
+    with pytest.raises(formulas.FormulaError, match=r"^3 / 0 divides by zero$"):
         formulas.evaluate(formulas.parse("a / 0"), {"a": 3})

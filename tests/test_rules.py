@@ -55,12 +55,15 @@ def test_degrees_are_strict_integers(value: Any, message: str) -> None:
 
 
 def test_only_world_factors_may_be_auto() -> None:
-    assert errors({"degrees": {"ep": -1}}) == ["degrees.ep: expected an integer >= 1, got -1"]
+    assert errors({"degrees": {"ep": -1}}) == [
+        "degrees.ep: expected an integer >= 1, got -1: only the world factors (pp, dp_replicate, "
+        "dp_shard, cp, tp) may be -1; expert degrees borrow their ranks from dp_shard * cp * tp"
+    ]
 
 
 def test_at_most_one_auto() -> None:
     assert errors({"degrees": {"dp_shard": -1, "tp": -1}}) == [
-        "degrees.tp: only one degree may be -1 (fill the remaining ranks), but dp_shard and tp all are"
+        "degrees.tp: only one degree may be -1 (fill the remaining ranks), but dp_shard and tp both are"
     ]
 
 
@@ -137,6 +140,7 @@ def test_derived_names_and_formula_types() -> None:
     assert errors({"derived": {"x": ["tp"]}}) == [
         "derived.x: expected a formula such as 'dp_shard * cp', got a list"
     ]
+    assert errors({1: 2}) == ["key 1 is not a string; meshconf keys are names"]
 
 
 def test_user_derived_can_redefine_a_default() -> None:
@@ -236,7 +240,7 @@ def test_checks_without_a_world_size_wait_for_it() -> None:
         "domains.loss: product of dims == world_size",
         "domains: shared dims denote the same rank groups",
     )
-    with pytest.raises(WorldSizeUnknownError, match="degrees.dp_shard is -1"):
+    with pytest.raises(WorldSizeUnknownError, match=r"degrees\.dp_shard is -1"):
         config.layouts  # noqa: B018
     assert config.with_world_size(64).resolved_degrees["dp_shard"] == 8
     # Rules that do not need the world size still run.

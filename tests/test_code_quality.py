@@ -1,0 +1,25 @@
+"""The package stays ruff- and mypy --strict-clean (configured in pyproject.toml)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_ruff_is_clean() -> None:
+    ruff = shutil.which("ruff", path=str(REPO / ".venv" / "bin")) or shutil.which("ruff")
+    assert ruff, "ruff is part of the dev extra"
+    result = subprocess.run(
+        [ruff, "check", "meshconf", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "meshconf"], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
