@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -53,7 +54,7 @@ class Settings:
         self.subprocess_runs = 1 if quick else 5  # validate / show / import subprocesses
         self.load_rounds = 1 if quick else 7  # rounds of load_config over all files
         self.timeit_repeat = 2 if quick else 5
-        self.timeit_min_s = 0.002 if quick else 0.2  # autorange target per repeat
+        self.timeit_min_s = 0.002 if quick else 0.1  # autorange target per repeat
 
 
 # --------------------------------------------------------------------------- helpers
@@ -173,7 +174,7 @@ def config_text(index: int, rng: random.Random) -> str | None:
     degrees = dict(_ANCHORS[index]) if index < len(_ANCHORS) else _degree_choices(rng)
     if degrees is None:
         return None
-    world = degrees["pp"] * degrees["dp_replicate"] * degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
+    world = math.prod(degrees[name] for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
     written: dict[str, int] = {}
     style = index % 4
     for name, value in degrees.items():
@@ -245,6 +246,7 @@ def part_a(settings: Settings, tmp: Path) -> None:
         sys.exit(f"expected {NUM_FILES} 'ok' lines from validate, got {ok_lines}:\n{out}")
 
     bare_times, _ = wall([python, "-c", "pass"], n)
+    cli_times, _ = wall([python, "-c", "import meshconf.cli"], n)
     import_code = (
         "import time; t = time.perf_counter(); import meshconf; "
         "print(time.perf_counter() - t)"
@@ -288,7 +290,9 @@ def part_a(settings: Settings, tmp: Path) -> None:
          fmt_s(min(validate_times)), fmt_s(median_validate)],
         ["`python -c pass` (bare interpreter start, for reference)",
          fmt_s(min(bare_times)), fmt_s(statistics.median(bare_times))],
-        ["`import meshconf` in a fresh interpreter",
+        ["`python -c 'import meshconf.cli'` (wall: start + every import validate needs)",
+         fmt_s(min(cli_times)), fmt_s(statistics.median(cli_times))],
+        ["`import meshconf` alone, timed inside a fresh interpreter",
          fmt_s(min(import_times)), fmt_s(statistics.median(import_times))],
     ]
     print(table(["what", "best", "median"], rows, right=(1, 2)))
@@ -304,13 +308,12 @@ def part_a(settings: Settings, tmp: Path) -> None:
           "warm-up round:\n")
     print(table(["what", "µs per file", "x 100 files"], rows, right=(1, 2)))
     print()
-    rest = median_validate - statistics.median(bare_times) - statistics.median(import_times) \
-        - load_each * NUM_FILES
+    median_cli = statistics.median(cli_times)
     print(
-        f"Split of the median 100-file validate: interpreter start "
-        f"{fmt_s(statistics.median(bare_times))}, imports {fmt_s(statistics.median(import_times))}, "
-        f"100 x load_config {fmt_s(load_each * NUM_FILES)}, the rest (CLI, output, exit) "
-        f"{fmt_s(max(rest, 0.0))}.\n"
+        f"Split of the median 100-file validate ({fmt_s(median_validate)}): interpreter start "
+        f"and imports {fmt_s(median_cli)} ({100 * median_cli / median_validate:.0f}%), "
+        f"checking the 100 files and printing {fmt_s(max(median_validate - median_cli, 0.0))} "
+        f"(in process, 100 x load_config takes {fmt_s(load_each * NUM_FILES)}).\n"
     )
 
 
@@ -323,6 +326,24 @@ def big_config(world_size: int) -> dict[str, Any]:
         "gpus_per_node": 8,
         "degrees": {"pp": 8, "dp_replicate": 4, "tp": 8, "cp": 2, "ep": 8, "dp_shard": -1},
     }
+
+
+def _scaling_row(world: int, settings: Settings) -> list[str]:
+    data = big_config(world)
+    config = MeshConfig.model_validate(data)
+    layout = config.layout("dense")
+    rank = world * 3 // 4
+    timings = [
+        per_call(lambda: MeshConfig.model_validate(data), settings)[1],
+        per_call(lambda: layout.coordinate(rank), settings)[1],
+        per_call(lambda: layout.group(rank, ["dp_replicate", "fsdp"]), settings)[1],
+        per_call(lambda: layout.crosses_nodes("tp", 8), settings)[1],
+        per_call(lambda: layout.crosses_nodes("fsdp", 8), settings)[1],
+    ]
+    exponent = world.bit_length() - 1
+    return [f"2**{exponent} = {world:,}", f"{config.resolved_degrees['dp_shard']:,}"] + [
+        fmt_us(t) for t in timings
+    ]
 
 
 def part_b(settings: Settings, tmp: Path) -> None:
@@ -341,8 +362,9 @@ def part_b(settings: Settings, tmp: Path) -> None:
     degrees = config.resolved_degrees
     shape = " ".join(f"{k}={v}" for k, v in degrees.items())
     print(f"### B. Layout queries at world_size 2**20 = {BIG_WORLD:,}\n")
-    print(f"Config: `{json.dumps(data)}` (resolved: {shape}; dense domain "
-          f"{dict(zip(dense.dim_names, dense.shape))}); queries on domain `dense`, rank {rank}. "
+    dense_shape = dict(zip(dense.dim_names, dense.shape, strict=True))
+    print(f"Config: `{json.dumps(data)}` (resolved: {shape}; dense domain {dense_shape}); "
+          f"queries on domain `dense`, rank {rank}. "
           f"Per call, median and best of {settings.timeit_repeat} timeit repeats.\n")
 
     queries: list[tuple[str, Callable[[], Any]]] = [
@@ -392,23 +414,10 @@ def part_b(settings: Settings, tmp: Path) -> None:
 
     # The same queries at other world sizes: the cost does not follow the world size.
     print("Per-query cost against world size (same degrees, dp_shard fills the rest; domain "
-          "`dense`, rank world_size * 3 // 4; µs per call, median):\n")
+          f"`dense`, rank world_size * 3 // 4; µs per call, best of {settings.timeit_repeat}):\n")
     rows = []
     for world in SCALING_WORLDS:
-        scaled = big_config(world)
-        cfg = MeshConfig.model_validate(scaled)
-        layout = cfg.layout("dense")
-        r = world * 3 // 4
-        timings = [
-            per_call(lambda: MeshConfig.model_validate(scaled), settings)[0],
-            per_call(lambda: layout.coordinate(r), settings)[0],
-            per_call(lambda: layout.group(r, ["dp_replicate", "fsdp"]), settings)[0],
-            per_call(lambda: layout.crosses_nodes("tp", 8), settings)[0],
-            per_call(lambda: layout.crosses_nodes("fsdp", 8), settings)[0],
-        ]
-        exp = world.bit_length() - 1
-        rows.append([f"2**{exp} = {world:,}", f"{cfg.resolved_degrees['dp_shard']:,}"]
-                    + [fmt_us(t) for t in timings])
+        rows.append(_scaling_row(world, settings))
     print(table(
         ["world_size", "dp_shard", "model_validate", "coordinate", "group (dp_replicate, fsdp)",
          'crosses_nodes("tp", 8)', 'crosses_nodes("fsdp", 8)'],
@@ -431,10 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Command: `{command}`\n")
     print(f"- Python {platform.python_version()} ({platform.python_implementation()}), "
           f"meshconf from `{Path(meshconf.__file__).parent}`")
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    processor = f", processor {platform.processor()}" if platform.processor() else ""
     print(f"- Machine: {platform.platform()}, {platform.machine()}, "
-          f"{os.cpu_count()} CPUs ({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable)"
-          f"{', processor ' + platform.processor() if platform.processor() else ''}")
-    print(f"- Mode: {'quick (smoke run, few repetitions: numbers are rough)' if args.quick else 'full'}\n")
+          f"{os.cpu_count()} CPUs ({usable} usable){processor}")
+    mode = "quick (smoke run, few repetitions: numbers are rough)" if args.quick else "full"
+    print(f"- Mode: {mode}\n")
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshconf-bench-") as name:

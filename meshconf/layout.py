@@ -7,8 +7,10 @@ across nodes has several. The modes of all dims together must form a complete mi
 numbering of the world (sorted by stride, each stride is the product of the smaller sizes),
 which makes the map from coordinates to ranks a bijection.
 
-Every query below costs O(number of modes). Only listing the members of a group costs
-O(group size), since that is the size of the answer.
+Every query below costs O(number of modes), independent of the world size. Two exceptions,
+both bounded by something other than the world: listing the members of a group costs
+O(group size), the size of the answer; ``crosses_nodes`` does at most ``gpus_per_node`` bit-set
+shifts per mode (``gpus_per_node`` is at most 4096).
 """
 
 from __future__ import annotations
@@ -254,6 +256,8 @@ def _residues(modes: Sequence[Mode], modulus: int) -> int:
         for index in range(min(mode.size, period)):
             shift = index * step % modulus
             widened |= ((reachable << shift) | (reachable >> (modulus - shift))) & full
+            if widened == full:
+                break
         reachable = widened
         if reachable == full:
             break

@@ -273,3 +273,33 @@ def test_mapping_and_dictconfig_sources() -> None:
     node = OmegaConf.create({"size": 16, "mesh": {"world_size": "${size}", "degrees": {"tp": 4}}})
     assert load_config(node, key="mesh").resolved_world_size == 16
     assert load_config(node.mesh).resolved_world_size == 16
+
+
+def test_pure_python_yaml_fallback_behaves_the_same(tmp_path: Path) -> None:
+    """Without libyaml, PyYAML's pure-Python parser gives the same results and positions."""
+    import subprocess
+    import sys
+
+    good = write(tmp_path, "world_size: 8\ndegrees: {tp: 2}\n", "good.yaml")
+    duplicate = write(tmp_path, "degrees:\n  tp: 2\n  tp: 4\n", "dup.yaml")
+    deep = write(tmp_path, "a: " + "[" * 100_000 + "]" * 100_000 + "\n", "deep.yaml")
+    code = f"""
+import sys
+sys.modules["yaml._yaml"] = None  # hide libyaml
+import yaml
+from meshconf import ConfigError, load_config
+assert not yaml.__with_libyaml__
+print(load_config({str(good)!r}).resolved_world_size)
+for path in ({str(duplicate)!r}, {str(deep)!r}):
+    try:
+        load_config(path)
+    except ConfigError as error:
+        print(error)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "8",
+        f"{duplicate}:3:3: degrees.tp: duplicate key (first given at line 2)",
+        f"{deep}:1:67: nested deeper than 64 levels",
+    ]
