@@ -1,0 +1,157 @@
+"""Value types of the config fields, each with a message written for people.
+
+``expected an integer >= 1, got the string '010' (a leading zero: ...)`` rather than pydantic's
+generic text: the loader keeps YAML 1.1 look-alikes as strings, and these validators say why
+they are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
+
+from meshconf.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.domains import MAX_NAME_LENGTH, NAME_PATTERN
+from meshconf.errors import describe_value
+
+# Strings that PyYAML's YAML 1.1 resolver would have turned into numbers or booleans; the
+# loader keeps them as strings so that they can be refused here with the reason.
+_YAML11_TRAPS = (
+    (
+        re.compile(r"[-+]?0[0-9_]+"),
+        "a leading zero: YAML 1.1 reads it as octal, YAML 1.2 as decimal",
+    ),
+    (re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+"), "YAML 1.1 reads it as a base-60 number"),
+    (re.compile(r"[-+]?[0-9][0-9_]*_[0-9_]*"), "YAML 1.1 reads '_' in numbers as nothing"),
+    (re.compile(r"[-+]?0b[01_]+"), "YAML 1.1 reads it as a binary number"),
+    (re.compile(r"[-+]?[0-9]+"), "a quoted number is a string"),
+    (re.compile(r"(?i:y|yes|n|no|on|off)"), "YAML 1.1 reads it as a boolean"),
+)
+MAX_GPUS_PER_NODE = 4096
+
+
+def _yaml_trap_hint(value: Any) -> str:
+    if isinstance(value, str):
+        for pattern, reason in _YAML11_TRAPS:
+            if pattern.fullmatch(value):
+                return f" ({reason}; write the integer you mean, unquoted)"
+    return ""
+
+
+def _integer(
+    value: Any,
+    *,
+    minimum: int,
+    auto: bool,
+    maximum: int = MAX_WORLD_SIZE,
+    limit: str = "the most ranks torch can number",
+) -> int:
+    expected = f"an integer >= {minimum}" + (" or -1 (fill the remaining ranks)" if auto else "")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError(
+            "integer_type",
+            "expected {expected}, got {got}{hint}",
+            {"expected": expected, "got": describe_value(value), "hint": _yaml_trap_hint(value)},
+        )
+    if auto and value == AUTO:
+        return value
+    if value < minimum:
+        raise PydanticCustomError(
+            "integer_range",
+            "expected {expected}, got {value}",
+            {"expected": expected, "value": value},
+        )
+    if value > maximum:
+        raise PydanticCustomError(
+            "integer_range",
+            "{value} is larger than {maximum}, {limit}",
+            {"value": value, "maximum": maximum, "limit": limit},
+        )
+    return value
+
+
+def _world_factor(value: Any) -> int:
+    return _integer(value, minimum=1, auto=True)
+
+
+def _positive(value: Any) -> int:
+    return _integer(value, minimum=1, auto=False)
+
+
+def _expert_degree(value: Any) -> int:
+    if value == AUTO and not isinstance(value, bool):
+        raise PydanticCustomError(
+            "integer_range",
+            "expected an integer >= 1, got -1: only the world factors ({factors}) may be -1; "
+            "expert degrees borrow their ranks from dp_shard * cp * tp",
+            {"factors": ", ".join(WORLD_FACTORS)},
+        )
+    return _positive(value)
+
+
+def device_value(value: Any) -> Any:
+    """``gpu`` is the one near miss difflib would send to ``cpu``."""
+    if isinstance(value, str) and value.lower() in ("gpu", "gpus", "nvidia"):
+        raise PydanticCustomError(
+            "device_value",
+            "expected 'auto', 'cuda' or 'cpu', got {got} (did you mean 'cuda'?)",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
+def _timeout(value: Any) -> int:
+    return _integer(value, minimum=1, auto=False, limit="longer than any job should wait")
+
+
+def _gpus_per_node(value: Any) -> int:
+    return _integer(
+        value, minimum=1, auto=False, maximum=MAX_GPUS_PER_NODE, limit="more than any node holds"
+    )
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError(
+            "name_type", "expected a name, got {got}", {"got": describe_value(value)}
+        )
+    if len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
+        raise PydanticCustomError(
+            "name_pattern",
+            "'{value}' is not a valid name: use letters, digits and '_', not starting with a digit",
+            {"value": value[:MAX_NAME_LENGTH]},
+        )
+    return value
+
+
+def _formula_text(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise PydanticCustomError(
+            "formula_type",
+            "expected a formula such as 'dp_shard * cp', got {got}",
+            {"got": describe_value(value)},
+        )
+    return str(value)
+
+
+def _dim_list(value: Any) -> Any:
+    if isinstance(value, str):
+        raise PydanticCustomError(
+            "dims_type",
+            "expected a list of dim names, outer to inner, such as [pp, fsdp, tp], got {got}",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
+WorldFactor = Annotated[int, BeforeValidator(_world_factor)]
+Positive = Annotated[int, BeforeValidator(_positive)]
+ExpertDegree = Annotated[int, BeforeValidator(_expert_degree)]
+GpusPerNode = Annotated[int, BeforeValidator(_gpus_per_node)]
+TimeoutSeconds = Annotated[int, BeforeValidator(_timeout)]
+Name = Annotated[str, BeforeValidator(_name)]
+FormulaText = Annotated[str, BeforeValidator(_formula_text)]
+DimList = Annotated[tuple[Name, ...], BeforeValidator(_dim_list)]
