@@ -186,8 +186,10 @@ class MeshConfig(_Strict):
 
     @property
     def effective_derived(self) -> dict[str, str]:
-        """The default derived formulas, updated with the config's own."""
-        return {**DEFAULT_DERIVED, **self.derived}
+        """Derived formulas in evaluation order: the defaults the config keeps, then its own
+        (a redefined default moves to the config's place, so it may use other defaults)."""
+        kept = {name: text for name, text in DEFAULT_DERIVED.items() if name not in self.derived}
+        return {**kept, **self.derived}
 
     @property
     def effective_domains(self) -> dict[str, tuple[str, ...]]:
@@ -259,8 +261,18 @@ class MeshConfig(_Strict):
 
     @property
     def fingerprint(self) -> str:
-        """SHA-256 of the canonical JSON of the config: equal configs, equal fingerprints."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """SHA-256 of the resolved config: two configs that describe the same meshes (say
+        ``dp_shard: -1`` and ``dp_shard: 2`` at world size 8) have the same fingerprint."""
+        analysis = self._analysis
+        resolved = {
+            "world_size": analysis.world_size,
+            "gpus_per_node": self.gpus_per_node,
+            "degrees": analysis.degrees or self.degrees.model_dump(),
+            "derived": self.effective_derived,
+            "domains": self.effective_domains,
+            "runtime": self.runtime.model_dump(),
+        }
+        canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def __eq__(self, other: object) -> bool:

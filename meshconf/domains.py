@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 
 DATALOADING = "dataloading"
 DENSE = "dense"
@@ -10,20 +12,24 @@ SPARSE = "sparse"
 LOSS = "loss"
 
 #: Formulas for the derived dims every config has unless it redefines them.
-DEFAULT_DERIVED: dict[str, str] = {
-    "batch": "dp_replicate * dp_shard",
-    "fsdp": "dp_shard * cp",
-    "loss": "dp_replicate * dp_shard * cp",
-    "efsdp": "dp_shard * cp * tp / (ep * etp)",
-}
+DEFAULT_DERIVED: Mapping[str, str] = MappingProxyType(
+    {
+        "batch": "dp_replicate * dp_shard",
+        "fsdp": "dp_shard * cp",
+        "loss": "dp_replicate * dp_shard * cp",
+        "efsdp": "dp_shard * cp * tp / (ep * etp)",
+    }
+)
 
 #: Dims of each default domain, outer to inner.
-DEFAULT_DOMAINS: dict[str, tuple[str, ...]] = {
-    DATALOADING: ("pp", "batch", "cp", "tp"),
-    DENSE: ("pp", "dp_replicate", "fsdp", "tp"),
-    SPARSE: ("pp", "dp_replicate", "efsdp", "ep", "etp"),
-    LOSS: ("pp", "loss", "tp"),
-}
+DEFAULT_DOMAINS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        DATALOADING: ("pp", "batch", "cp", "tp"),
+        DENSE: ("pp", "dp_replicate", "fsdp", "tp"),
+        SPARSE: ("pp", "dp_replicate", "efsdp", "ep", "etp"),
+        LOSS: ("pp", "loss", "tp"),
+    }
+)
 
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_NAME_LENGTH = 64

@@ -93,12 +93,15 @@ def _expert_degree(value: Any) -> int:
 
 
 def device_value(value: Any) -> Any:
-    """``gpu`` is the one near miss difflib would send to ``cpu``."""
-    if isinstance(value, str) and value.lower() in ("gpu", "gpus", "nvidia"):
+    """Case slips and ``gpu`` (which difflib would send to ``cpu``) get a pointed hint."""
+    if not isinstance(value, str):
+        return value
+    meant = {"gpu": "cuda", "gpus": "cuda", "nvidia": "cuda"}.get(value.lower(), value.lower())
+    if meant != value and meant in ("auto", "cuda", "cpu"):
         raise PydanticCustomError(
             "device_value",
-            "expected 'auto', 'cuda' or 'cpu', got {got} (did you mean 'cuda'?)",
-            {"got": describe_value(value)},
+            "expected 'auto', 'cuda' or 'cpu', got {got} (did you mean '{meant}'?)",
+            {"got": describe_value(value), "meant": meant},
         )
     return value
 
@@ -118,7 +121,13 @@ def _name(value: Any) -> str:
         raise PydanticCustomError(
             "name_type", "expected a name, got {got}", {"got": describe_value(value)}
         )
-    if len(value) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(value):
+    if len(value) > MAX_NAME_LENGTH:
+        raise PydanticCustomError(
+            "name_length",
+            "'{value}...' is longer than {limit} characters",
+            {"value": value[:20], "limit": MAX_NAME_LENGTH},
+        )
+    if not NAME_PATTERN.fullmatch(value):
         raise PydanticCustomError(
             "name_pattern",
             "'{value}' is not a valid name: use letters, digits and '_', not starting with a digit",

@@ -109,7 +109,9 @@ class _Parser:
             return Name(token.text)
         if token.kind == "int":
             if len(token.text) > MAX_LITERAL_DIGITS:
-                raise FormulaError(f"integer at column {token.column} is too long")
+                raise FormulaError(
+                    f"integer at column {token.column} has more than {MAX_LITERAL_DIGITS} digits"
+                )
             return Literal(int(token.text))
         if token.text == "(":
             if depth >= MAX_NESTING:
@@ -123,6 +125,11 @@ class _Parser:
         raise FormulaError(
             f"unexpected {token.text!r} at column {token.column}; expected a name, number or '('"
         )
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """A formula as quoted in a message: long ones are cut, so errors stay one line."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse(text: str) -> Expr:

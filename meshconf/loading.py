@@ -216,6 +216,13 @@ def _message(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
     return path, str(error["msg"])
 
 
+def _key_hint(value: Any, key: str | int) -> str:
+    """An unknown top-level key holding a meshconf block: the user forgot ``--key``."""
+    if isinstance(value, Mapping) and set(value) & set(MeshConfig.model_fields):
+        return f" (to check the meshconf block under it, pass --key {key})"
+    return ""
+
+
 def _validate(source: _Source, world_size: int | None) -> MeshConfig:
     if not isinstance(source.data, Mapping):
         what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
@@ -227,6 +234,8 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
         diagnostics = []
         for item in error.errors(include_url=False):
             path, message = _message(item)
+            if item["type"] == "extra_forbidden" and len(path) == 1:
+                message += _key_hint(source.data.get(path[0]), path[0])
             diagnostics.append(source.diagnostic(path, message))
         unplaced = float("inf")
         diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))

@@ -166,14 +166,15 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
     )
     defined: list[str] = list(DEGREE_NAMES)
     all_names = list(DEGREE_NAMES) + list(spec.derived)
-    for name, text in spec.derived.items():
+    for name, formula_text in spec.derived.items():
         path: KeyPath = ("derived", name)
+        text = formulas.shorten(formula_text)
         is_user = name in spec.user_derived
         if name in DEGREE_NAMES:
             result.fail(path, f"{name!r} is a degree; a derived dim needs a name of its own")
             continue
         try:
-            expr = formulas.parse(text)
+            expr = formulas.parse(formula_text)
         except formulas.FormulaError as error:
             result.fail(path, f"{text!r}: {error}")
             continue
@@ -209,8 +210,10 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
             if is_user:
                 result.fail(path, f"{formulas.render(expr, known)}: {error}")
             continue
-        if value < 1:
-            result.fail(path, f"{formulas.render(expr, known)} = {value}; a dim size must be >= 1")
+        if not 1 <= value <= MAX_WORLD_SIZE:
+            bound = "must be >= 1" if value < 1 else f"must be <= {MAX_WORLD_SIZE}"
+            rendered = formulas.shorten(formulas.render(expr, known), 200)
+            result.fail(path, f"{rendered} = {value}; a dim size {bound}")
             continue
         known[name] = value
     result.sizes = known

@@ -135,7 +135,7 @@ def test_show_usage_errors(run_cli, tmp_path: Path) -> None:  # type: ignore[no-
     result = run_cli("show", write(tmp_path, "degrees: {tp: 2}\n", "open.yaml"))
     assert result.returncode == 2
     assert (
-        "world_size is unknown: degrees.dp_shard is -1; set world_size, pass --world-size"
+        "the world size is unknown (degrees.dp_shard is -1); set world_size in the file or pass --world-size N"
         in result.stderr
     )
     result = run_cli("show", path, "--rank", "-1")

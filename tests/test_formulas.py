@@ -45,7 +45,7 @@ def test_render_shows_values_and_keeps_needed_parentheses() -> None:
         ("a b", "unexpected 'b' at column 3"),
         ("a * )", "unexpected ')' at column 5; expected a name, number or '('"),
         ("__import__('os')", 'unexpected "\'" at column 12'),
-        ("1" * 13, "integer at column 1 is too long"),
+        ("1" * 13, "integer at column 1 has more than 12 digits"),
         ("(" * 40 + "a" + ")" * 40, "parentheses nested deeper than 32"),
         ("a" * 501, "formula longer than 500 characters"),
     ],

@@ -296,7 +296,9 @@ for path in ({str(duplicate)!r}, {str(deep)!r}):
     except ConfigError as error:
         print(error)
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "8",

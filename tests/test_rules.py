@@ -271,3 +271,44 @@ def test_models_are_frozen_hashable_and_fingerprinted() -> None:
     assert other.fingerprint != first.fingerprint
     with pytest.raises(Exception, match="frozen"):
         first.world_size = 16  # type: ignore[misc]
+
+
+def test_fingerprint_is_of_the_resolved_config() -> None:
+    auto = load_config({"world_size": 8, "degrees": {"tp": 2}})
+    spelled_out = load_config(
+        {"world_size": 8, "degrees": {"tp": 2, "dp_shard": 4}, "derived": {"fsdp": "dp_shard * cp"}}
+    )
+    assert auto.fingerprint == spelled_out.fingerprint and auto == spelled_out
+
+
+def test_a_redefined_default_may_use_other_defaults() -> None:
+    config = load_config(
+        {"world_size": 8, "degrees": {"dp_shard": 4, "tp": 2}, "derived": {"batch": "fsdp * 1"}}
+    )
+    assert config.dim_sizes["batch"] == 4
+
+
+def test_messages_stay_short_and_name_their_limits() -> None:
+    long_formula = "tp * " * 200 + "+"
+    (line,) = errors({"derived": {"x": long_formula}})
+    assert (
+        line
+        == "derived.x: 'tp * tp * tp * tp * tp * tp * tp * tp * tp * tp * tp * tp...': formula longer than 500 characters"
+    )
+    assert errors({"derived": {"x" * 70: "tp"}}) == [
+        "derived.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx: invalid key: "
+        "'xxxxxxxxxxxxxxxxxxxx...' is longer than 64 characters"
+    ]
+    assert errors({"derived": {"x": " * ".join(["2147483647"] * 3)}}) == [
+        "derived.x: 2147483647 * 2147483647 * 2147483647 = 9903520300447984150353281023; a dim size must be <= 2147483647"
+    ]
+    assert errors({"runtime": {"device": "CUDA"}}) == [
+        "runtime.device: expected 'auto', 'cuda' or 'cpu', got the string 'CUDA' (did you mean 'cuda'?)"
+    ]
+
+
+def test_a_forgotten_key_option_is_pointed_out() -> None:
+    assert errors({"parallelism": {"world_size": 8}})[0] == (
+        "parallelism: unknown key 'parallelism'; allowed: world_size, gpus_per_node, degrees, derived, "
+        "domains, runtime (to check the meshconf block under it, pass --key parallelism)"
+    )

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from meshconf.cli import show, validate
-from meshconf.cli.common import EXIT_USAGE
+from meshconf.cli.common import EXIT_OK
 
 _VERBS = (validate, show)
 
@@ -28,9 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
-    except BrokenPipeError:  # e.g. `meshconf show ... | head`
+    except BrokenPipeError:  # the reader went away (`meshconf show ... | head`): not an error
         sys.stderr.close()
-        return EXIT_USAGE
+        return EXIT_OK
     return code
 
 

@@ -112,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(str(error))
     try:
         layouts = config.layouts
-    except WorldSizeUnknownError as error:
-        return usage_error(f"{args.path}: {error}")
+    except WorldSizeUnknownError:
+        return usage_error(
+            f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
+            "set world_size in the file or pass --world-size N"
+        )
     domains = list(layouts) if args.domain is None else [args.domain]
     if args.domain is not None and args.domain not in layouts:
         return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
