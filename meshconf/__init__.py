@@ -1,5 +1,7 @@
 """meshconf: declarative, validated N-D parallel device meshes for PyTorch training."""
 
+from typing import TYPE_CHECKING, Any
+
 from meshconf.config import Degrees, MeshConfig, RuntimeOptions
 from meshconf.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS, DENSE, LOSS, SPARSE
 from meshconf.errors import (
@@ -12,6 +14,19 @@ from meshconf.errors import (
 from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, RankGroup
 from meshconf.loading import load_config
 
+if TYPE_CHECKING:
+    from meshconf.runtime import DistributedContext
+
+
+def __getattr__(name: str) -> Any:
+    # The runtime imports torch; load it only when asked for, so `import meshconf` stays light.
+    if name == "DistributedContext":
+        from meshconf.runtime import DistributedContext
+
+        return DistributedContext
+    raise AttributeError(f"module 'meshconf' has no attribute {name!r}")
+
+
 __all__ = [
     "DATALOADING",
     "DEFAULT_DERIVED",
@@ -23,6 +38,7 @@ __all__ = [
     "Degrees",
     "Diagnostic",
     "DimLayout",
+    "DistributedContext",
     "DomainLayout",
     "LayoutError",
     "MeshConfig",

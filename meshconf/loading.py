@@ -231,15 +231,31 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
         config = MeshConfig.model_validate(source.data)
         return config if world_size is None else config.with_world_size(world_size)
     except ValidationError as error:
-        diagnostics = []
-        for item in error.errors(include_url=False):
-            path, message = _message(item)
-            if item["type"] == "extra_forbidden" and len(path) == 1:
-                message += _key_hint(source.data.get(path[0]), path[0])
-            diagnostics.append(source.diagnostic(path, message))
-        unplaced = float("inf")
-        diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))
-        raise ConfigError(diagnostics) from None
+        raise _config_error(error, source) from None
+
+
+def _config_error(error: ValidationError, source: _Source) -> ConfigError:
+    diagnostics = []
+    for item in error.errors(include_url=False):
+        path, message = _message(item)
+        if (
+            item["type"] == "extra_forbidden"
+            and len(path) == 1
+            and isinstance(source.data, Mapping)
+        ):
+            message += _key_hint(source.data.get(path[0]), path[0])
+        diagnostics.append(source.diagnostic(path, message))
+    unplaced = float("inf")
+    diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))
+    return ConfigError(diagnostics)
+
+
+def at_world_size(config: MeshConfig, world_size: int) -> MeshConfig:
+    """``config`` at the world size the launcher gave, or a ConfigError saying why not."""
+    try:
+        return config.with_world_size(world_size)
+    except ValidationError as error:
+        raise _config_error(error, _Source(None)) from None
 
 
 def load_config(
