@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from meshconf import formulas
 from meshconf.degrees import AUTO, WORLD_FACTORS, default_dp_shard
 from meshconf.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.errors import WorldSizeUnknownError
@@ -208,8 +209,8 @@ class MeshConfig(_Strict):
     def _require_world(self) -> Analysis:
         if self._analysis.world_size is None:
             raise WorldSizeUnknownError(
-                f"world_size is unknown: degrees.{self.degrees.auto} is -1; set world_size, "
-                "pass --world-size, or call with_world_size(n)"
+                f"world_size is unknown: degrees.{self.degrees.auto} is -1; set world_size or "
+                "call with_world_size(n)"
             )
         return self._analysis
 
@@ -268,8 +269,11 @@ class MeshConfig(_Strict):
             "world_size": analysis.world_size,
             "gpus_per_node": self.gpus_per_node,
             "degrees": analysis.degrees or self.degrees.model_dump(),
-            "derived": self.effective_derived,
-            "domains": self.effective_domains,
+            "derived": {
+                name: formulas.render(formulas.parse(text))
+                for name, text in self.effective_derived.items()
+            },
+            "domains": [[name, list(dims)] for name, dims in self.effective_domains.items()],
             "runtime": self.runtime.model_dump(),
         }
         canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))

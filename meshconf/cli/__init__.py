@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from meshconf.cli import show, validate
-from meshconf.cli.common import EXIT_OK
 
 _VERBS = (validate, show)
 
@@ -26,11 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        code: int = args.run(args)
-    except BrokenPipeError:  # the reader went away (`meshconf show ... | head`): not an error
-        sys.stderr.close()
-        return EXIT_OK
+    code: int = args.run(args)
     return code
 
 

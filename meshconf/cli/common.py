@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -47,3 +49,14 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
 def usage_error(message: str) -> int:
     print(f"meshconf: error: {message}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def emit(report: Callable[[], None]) -> None:
+    """Print a report; if the reader went away (``| head``), stop printing quietly: the exit
+    code still tells whether the config is valid."""
+    try:
+        report()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

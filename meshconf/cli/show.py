@@ -10,6 +10,7 @@ from meshconf.cli.common import (
     EXIT_INVALID,
     EXIT_OK,
     add_source_options,
+    emit,
     non_negative_int,
     usage_error,
 )
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
     except ConfigError as error:
-        for diagnostic in error.diagnostics:
-            print(diagnostic.render())
+        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
+        emit(lambda: print(lines))
         return EXIT_INVALID
     except SourceError as error:
         return usage_error(str(error))
@@ -126,9 +127,9 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
     report = build_report(config, args.rank, domains)
     if args.format == "json":
-        print(json.dumps(report))
+        emit(lambda: print(json.dumps(report)))
     else:
-        report_text(config, report)
+        emit(lambda: report_text(config, report))
     return EXIT_OK
 
 

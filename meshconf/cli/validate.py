@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options
+from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options, emit
 from meshconf.config import MeshConfig
 from meshconf.errors import ConfigError, Diagnostic, SourceError
 from meshconf.loading import load_config
@@ -113,7 +113,8 @@ def report_json(results: Results) -> None:
 
 def run(args: argparse.Namespace) -> int:
     results = check(args.paths, args)
-    (report_json if args.format == "json" else report_text)(results)
+    report = report_json if args.format == "json" else report_text
+    emit(lambda: report(results))
     return results.exit_code
 
 
