@@ -26,7 +26,9 @@ class MLP(nn.Module):
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
-    return torch.randn(GLOBAL_BATCH, 8, generator=generator), torch.randn(GLOBAL_BATCH, 8, generator=generator)
+    return torch.randn(GLOBAL_BATCH, 8, generator=generator), torch.randn(
+        GLOBAL_BATCH, 8, generator=generator
+    )
 
 
 def reference_step() -> dict[str, torch.Tensor]:
@@ -38,7 +40,9 @@ def reference_step() -> dict[str, torch.Tensor]:
     return {name: param.detach() for name, param in model.named_parameters()}
 
 
-def _train_one_step(rank: int, environ: dict[str, str], degrees: dict[str, int], use_tp: bool) -> None:
+def _train_one_step(
+    rank: int, environ: dict[str, str], degrees: dict[str, int], use_tp: bool
+) -> None:
     config = load_config({"world_size": 8, "degrees": degrees})
     with DistributedContext(config, environ=environ) as ctx:
         torch.manual_seed(0)
@@ -59,7 +63,10 @@ def _train_one_step(rank: int, environ: dict[str, str], degrees: dict[str, int],
         expected = reference_step()
         for name, param in model.named_parameters():
             full = param.full_tensor()  # type: ignore[attr-defined]
-            assert torch.allclose(full, expected[name], atol=1e-6), (name, (full - expected[name]).abs().max())
+            assert torch.allclose(full, expected[name], atol=1e-6), (
+                name,
+                (full - expected[name]).abs().max(),
+            )
 
 
 def test_hsdp_2d_with_tensor_parallel_matches_a_single_process_step() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from meshconf.cli import show, validate
+from meshconf.cli import show, simulate, validate
 
-_VERBS = (validate, show)
+_VERBS = (validate, show, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -309,6 +309,22 @@ class DistributedContext:
             )
         return mesh
 
+    def mismatched_groups(self) -> list[str]:
+        """Build every domain and compare each dim's process group with the layout math;
+        one line per dim whose group holds other ranks (an empty list is the good answer)."""
+        problems = []
+        for domain, mesh in self.build_all().items():
+            layout = self.config.layout(domain)
+            for dim in layout.dims:
+                expected = sorted(layout.group(self.rank, dim.name))
+                actual = dist.get_process_group_ranks(mesh.get_group(dim.name))
+                if actual != expected or mesh.get_local_rank(dim.name) != expected.index(self.rank):
+                    problems.append(
+                        f"{domain}.{dim.name}: process group has ranks {actual[:8]}..., "
+                        f"the layout says {expected[:8]}..."
+                    )
+        return problems
+
     # Coordinates, logging, seeds --------------------------------------------------------
 
     def coordinate(self, domain: str) -> dict[str, int]:

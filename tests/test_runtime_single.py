@@ -1,0 +1,195 @@
+"""DistributedContext in one process: no launcher (world of one), guard rails, and
+simulated worlds. The simulation tests use torch's fake process group (one process standing
+in for a large world), as their names say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import REPO
+from distributed import environ, free_port, run_ranks
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from meshconf import ConfigError, DistributedContext, load_config
+from meshconf.layout import process_group_count
+from meshconf.runtime import LaunchError, RuntimeSetupError, all_reduce, read_launch
+
+
+def test_a_single_process_needs_no_environment_and_builds_real_meshes() -> None:
+    with DistributedContext.from_yaml(REPO / "examples" / "single_gpu.yaml", environ={}) as ctx:
+        assert (ctx.rank, ctx.world_size, ctx.local_rank, ctx.is_main_process) == (0, 1, 0, True)
+        assert ctx.device == torch.device("cpu") and ctx.backend == "gloo"
+        dense = ctx.mesh_for("dense")
+        assert dense.mesh_dim_names == ("pp", "dp_replicate", "fsdp", "tp")
+        assert dense.shape == (1, 1, 1, 1)
+        assert ctx.get_optional_mesh("tp") is None
+        assert ctx.get_optional_mesh(["dp_replicate", "fsdp"]) is None
+        with pytest.raises(
+            ValueError, match=r"mesh \['tp'\] is not enabled: tp=1; use get_optional_mesh"
+        ):
+            ctx.get_mesh("tp")
+        assert all_reduce(torch.tensor([2.0]), "sum", ctx.get_optional_mesh("tp")).item() == 2.0
+        # The same FSDP call as on a cluster works on the size-1 fsdp dim (a real group).
+        model = nn.Linear(4, 4)
+        fully_shard(model, mesh=dense["fsdp"])
+        model(torch.ones(2, 4)).sum().backward()
+        assert ctx.log_prefix == "[rank0]"
+        assert ctx.seed(7, vary_along=["pp", "fsdp"]) == 7
+    assert not dist.is_initialized()
+
+
+def test_mesh_lookup_errors_name_the_valid_choices() -> None:
+    with DistributedContext(load_config({"world_size": 1}), environ={}) as ctx:
+        with pytest.raises(
+            ValueError,
+            match=r"unknown mesh dim 'tpp'; valid dims are pp, batch, cp, tp, dp_replicate, fsdp, efsdp, ep, etp, loss",
+        ):
+            ctx.get_mesh("tpp")
+        with pytest.raises(
+            ValueError,
+            match=r"unknown domain 'densee'; domains are dataloading, dense, sparse, loss",
+        ):
+            ctx.mesh_for("densee")
+        with pytest.raises(
+            ValueError,
+            match=r"are all in domain 'dense' but in another order; ask for \['dp_replicate', 'fsdp'\]",
+        ):
+            ctx.get_optional_mesh(["fsdp", "dp_replicate"])
+        with pytest.raises(ValueError, match=r"no domain has all of \['tp', 'ep'\]"):
+            ctx.get_optional_mesh(["tp", "ep"])
+
+
+def test_cuda_asked_for_but_absent() -> None:
+    config = load_config({"world_size": 1, "runtime": {"device": "cuda"}})
+    with pytest.raises(
+        RuntimeSetupError, match=r"runtime\.device is cuda, but torch sees no CUDA device"
+    ):
+        DistributedContext(config, environ={})
+    assert not dist.is_initialized()
+
+
+def test_launcher_environment_is_read_and_checked() -> None:
+    assert read_launch(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "16",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS_PER_NODE": "4(x4)",
+        }
+    ) == (
+        read_launch(
+            {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+        ).__class__(5, 16, 1, 4, "slurm")
+    )
+    with pytest.raises(
+        LaunchError, match="torchrun environment incomplete: RANK is set but WORLD_SIZE is not"
+    ):
+        read_launch({"RANK": "0"})
+    with pytest.raises(LaunchError, match="torchrun says rank 4 of world size 4"):
+        read_launch({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(LaunchError, match="WORLD_SIZE='eight' is not a non-negative integer"):
+        read_launch({"RANK": "0", "WORLD_SIZE": "eight"})
+    with pytest.raises(LaunchError, match="MASTER_ADDR and MASTER_PORT are not set"):
+        DistributedContext(load_config({"world_size": 2}), environ={"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_a_rank_that_never_arrives_fails_within_the_timeout() -> None:
+    config = load_config({"world_size": 2, "runtime": {"timeout_s": 2}})
+    start = time.perf_counter()
+    with pytest.raises(
+        RuntimeSetupError,
+        match=r"rank 0: could not join the 2-rank world at 127\.0\.0\.1:\d+ within 2 s \(runtime\.timeout_s\)",
+    ):
+        DistributedContext(config, environ=environ(0, 2, free_port()))
+    assert time.perf_counter() - start < 30
+    assert not dist.is_initialized()
+
+
+def _world_size_mismatch(rank: int, env: dict[str, str]) -> None:
+    with pytest.raises(
+        LaunchError, match="world_size: the config says 4, but torchrun started 2 ranks"
+    ):
+        DistributedContext(load_config({"world_size": 4}), environ=env)
+    assert not dist.is_initialized()
+
+
+def test_launcher_world_size_must_match_the_config() -> None:
+    run_ranks(_world_size_mismatch, 2)
+
+
+def _different_configs(rank: int, env: dict[str, str]) -> None:
+    config = load_config({"world_size": 2, "degrees": {"tp": 2 if rank == 0 else 1}})
+    with pytest.raises(RuntimeSetupError, match=f"rank {rank}: the ranks loaded different configs"):
+        DistributedContext(config, environ=env)
+
+
+def test_ranks_with_different_configs_fail_together() -> None:
+    run_ranks(_different_configs, 2)
+
+
+def test_a_world_size_left_open_is_taken_from_the_launcher() -> None:
+    run_ranks(_open_world_size, 2)
+
+
+def _open_world_size(rank: int, env: dict[str, str]) -> None:
+    with DistributedContext(load_config({"degrees": {"tp": 2}}), environ=env) as ctx:
+        assert ctx.config.resolved_world_size == 2 and ctx.get_mesh("tp").size() == 2
+        assert ctx.config.gpus_per_node == 2  # LOCAL_WORLD_SIZE
+
+
+def test_torch_missing_names_the_extra() -> None:
+    code = "import sys; sys.modules['torch'] = None\ntry:\n import meshconf.runtime\nexcept Exception as e: print(type(e).__name__, e)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == (
+        "MeshconfError meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'\n"
+    )
+
+
+@pytest.mark.parametrize("world_size", [4096, 65536])
+def test_simulated_world_with_the_fake_process_group(world_size: int) -> None:
+    """Fake process group: one process builds one rank's meshes of a large world."""
+    config = load_config({"degrees": {"pp": 4, "tp": 8, "ep": 8}})
+    rank = world_size // 2 + 3
+    context = DistributedContext.simulate(config, rank=rank, world_size=world_size)
+    try:
+        assert context.mismatched_groups() == []
+        distinct = process_group_count(list(context.config.layouts.values()), rank)
+        counters = context.counters
+        assert counters.real_groups == distinct
+        assert counters.new_group_calls == distinct + counters.fake_groups
+        assert counters.new_group_calls <= 10
+        assert context.coordinate("dense")["tp"] == rank % 8
+    finally:
+        context.close()
+    assert not dist.is_initialized()
+
+
+def test_simulate_rejects_a_bad_world_size_with_config_errors() -> None:
+    with pytest.raises(ConfigError, match=r"degrees\.dp_shard: -1 cannot fill the remaining ranks"):
+        DistributedContext.simulate(load_config({"degrees": {"tp": 8}}), rank=0, world_size=12)
+    assert not dist.is_initialized()
+
+
+def test_simulate_cli(run_cli) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "77")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "simulated rank 77 of 512 against torch's fake process group: 4 domains built in"
+    )
+    assert "  dense [pp=4, dp_replicate=2, fsdp=8, tp=8]: groups ok" in lines
+    assert lines[-2] == (
+        "process groups of rank 77: 7 new_group calls, 6 real groups, 1 fake (size-1) groups, "
+        "0 reuses of the default group, 9 dims served by an existing group"
+    )
+    assert lines[-1] == "every group equals the layout math"
+    result = run_cli("simulate", "examples/world_size_from_launcher.yaml")
+    assert result.returncode == 2 and "the world size is unknown" in result.stderr
