@@ -193,3 +193,15 @@ def test_simulate_cli(run_cli) -> None:  # type: ignore[no-untyped-def]
     assert lines[-1] == "every group equals the layout math"
     result = run_cli("simulate", "examples/world_size_from_launcher.yaml")
     assert result.returncode == 2 and "the world size is unknown" in result.stderr
+
+
+def test_an_existing_default_group_is_used_and_left_alone() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    try:
+        ctx = DistributedContext(load_config({"world_size": 1}), environ={})
+        ctx.build_all()
+        ctx.close()
+        ctx.close()
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()

@@ -101,6 +101,12 @@ class DistributedContext:
         owns_default_group = not dist.is_initialized()
         if owns_default_group:
             _init_default_group(launch, environ, backend, device, timeout)
+        elif getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None):
+            raise RuntimeSetupError(
+                "the default process group was initialized with device_id, so torch would create "
+                "every subgroup by a split that all ranks must join; initialize it without "
+                "device_id (call torch.cuda.set_device instead) or let meshconf initialize it"
+            )
         elif dist.get_world_size() != launch.world_size and launch.source != "none":
             raise LaunchError(
                 f"the default process group has {dist.get_world_size()} ranks but "
@@ -392,9 +398,11 @@ def _init_default_group(
     device: torch.device,
     timeout: timedelta,
 ) -> None:
+    # No device_id: a device-bound NCCL default group makes torch create every subgroup by
+    # ncclCommSplit, which all ranks must join, defeating member-only group creation.
     options: dict[str, Any] = {"backend": backend, "timeout": timeout}
     if device.type == "cuda":
-        options["device_id"] = device
+        torch.cuda.set_device(device)
     if launch.source == "none":
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(store=store, rank=0, world_size=1, **options)
