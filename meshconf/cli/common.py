@@ -7,6 +7,10 @@ import os
 import sys
 from collections.abc import Callable
 
+from meshconf.config import MeshConfig
+from meshconf.errors import ConfigError, SourceError
+from meshconf.loading import load_config
+
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -60,3 +64,25 @@ def emit(report: Callable[[], None]) -> None:
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+
+
+def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
+    """Load ``args.path`` for a verb that looks at one rank of a known world. On failure,
+    report it and return the exit code instead of a config."""
+    try:
+        config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
+    except ConfigError as error:
+        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
+        emit(lambda: print(lines))
+        return EXIT_INVALID
+    except SourceError as error:
+        return usage_error(str(error))
+    world_size = config.resolved_world_size
+    if world_size is None:
+        return usage_error(
+            f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
+            "set world_size in the file or pass --world-size N"
+        )
+    if args.rank >= world_size:
+        return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    return config

@@ -7,17 +7,15 @@ import json
 from typing import Any
 
 from meshconf.cli.common import (
-    EXIT_INVALID,
     EXIT_OK,
     add_source_options,
     emit,
+    load_for_rank,
     non_negative_int,
     usage_error,
 )
 from meshconf.config import MeshConfig
-from meshconf.errors import ConfigError, SourceError, WorldSizeUnknownError
 from meshconf.layout import DomainLayout, process_group_count
-from meshconf.loading import load_config
 
 _SHOWN_RANKS = 8
 
@@ -103,28 +101,13 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
-    except ConfigError as error:
-        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
-        emit(lambda: print(lines))
-        return EXIT_INVALID
-    except SourceError as error:
-        return usage_error(str(error))
-    try:
-        layouts = config.layouts
-    except WorldSizeUnknownError:
-        return usage_error(
-            f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
-            "set world_size in the file or pass --world-size N"
-        )
-    domains = list(layouts) if args.domain is None else [args.domain]
+    config = load_for_rank(args)
+    if isinstance(config, int):
+        return config
+    layouts = config.layouts
     if args.domain is not None and args.domain not in layouts:
         return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
-    world_size = config.resolved_world_size
-    assert world_size is not None
-    if args.rank >= world_size:
-        return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    domains = list(layouts) if args.domain is None else [args.domain]
     report = build_report(config, args.rank, domains)
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))

@@ -12,30 +12,19 @@ from meshconf.cli.common import (
     EXIT_OK,
     add_source_options,
     emit,
+    load_for_rank,
     non_negative_int,
     usage_error,
 )
-from meshconf.errors import ConfigError, MeshconfError, SourceError
-from meshconf.loading import load_config
+from meshconf.errors import MeshconfError
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
-    except ConfigError as error:
-        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
-        emit(lambda: print(lines))
-        return EXIT_INVALID
-    except SourceError as error:
-        return usage_error(str(error))
+    config = load_for_rank(args)
+    if isinstance(config, int):
+        return config
     world_size = config.resolved_world_size
-    if world_size is None:
-        return usage_error(
-            f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
-            "set world_size in the file or pass --world-size N"
-        )
-    if args.rank >= world_size:
-        return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    assert world_size is not None
     try:
         from meshconf.runtime import DistributedContext
     except MeshconfError as error:
