@@ -98,6 +98,8 @@ class DistributedContext:
         device = _pick_device(config.runtime.device, launch)
         backend = _pick_backend(config.runtime.backend, device)
         timeout = timedelta(seconds=config.runtime.timeout_s)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's lazy init then picks this rank's GPU
         owns_default_group = not dist.is_initialized()
         if owns_default_group:
             _init_default_group(launch, environ, backend, device, timeout)
@@ -120,9 +122,14 @@ class DistributedContext:
                 dist.get_world_size(),
                 "none",
             )
-        self._setup(config, launch, device, backend, owns_default_group)
-        if launch.world_size > 1:
-            self._check_same_config()
+        try:
+            self._setup(config, launch, device, backend, owns_default_group)
+            if launch.world_size > 1:
+                self._check_same_config()
+        except BaseException:
+            if owns_default_group:
+                dist.destroy_process_group()
+            raise
 
     @classmethod
     def from_yaml(
@@ -169,8 +176,6 @@ class DistributedContext:
         owns_default_group: bool,
     ) -> None:
         if config.world_size is not None and config.world_size != launch.world_size:
-            if owns_default_group:
-                dist.destroy_process_group()
             raise LaunchError(
                 f"world_size: the config says {config.world_size}, but {launch.source} started "
                 f"{launch.world_size} ranks"
@@ -186,8 +191,6 @@ class DistributedContext:
         self._registry = GroupRegistry(
             launch.world_size, backend, timedelta(seconds=self.config.runtime.timeout_s)
         )
-        if device.type == "cuda" and backend != "fake":
-            torch.cuda.set_device(device)
         _register_fake_backend()
 
     def _check_same_config(self) -> None:
@@ -401,8 +404,6 @@ def _init_default_group(
     # No device_id: a device-bound NCCL default group makes torch create every subgroup by
     # ncclCommSplit, which all ranks must join, defeating member-only group creation.
     options: dict[str, Any] = {"backend": backend, "timeout": timeout}
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     if launch.source == "none":
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(store=store, rank=0, world_size=1, **options)
