@@ -15,11 +15,12 @@ from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, RankGrou
 from meshconf.loading import load_config
 
 if TYPE_CHECKING:
-    from meshconf.runtime import DistributedContext
+    from meshconf.runtime import DistributedContext as DistributedContext
 
 
 def __getattr__(name: str) -> Any:
-    # The runtime imports torch; load it only when asked for, so `import meshconf` stays light.
+    # The runtime imports torch; load it only when asked for, so `import meshconf` stays light
+    # (and it stays out of __all__, so `from meshconf import *` does not import torch either).
     if name == "DistributedContext":
         from meshconf.runtime import DistributedContext
 
@@ -38,7 +39,6 @@ __all__ = [
     "Degrees",
     "Diagnostic",
     "DimLayout",
-    "DistributedContext",
     "DomainLayout",
     "LayoutError",
     "MeshConfig",

@@ -28,7 +28,7 @@ def non_negative_int(text: str) -> int:
     return int(text)
 
 
-def add_source_options(parser: argparse.ArgumentParser) -> None:
+def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True) -> None:
     parser.add_argument(
         "--world-size",
         type=positive_int,
@@ -47,7 +47,8 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
         dest="overrides",
         help="override a value before validation (repeatable): degrees.tp=4, +key=v, ~key",
     )
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    if formats:
+        parser.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def usage_error(message: str) -> int:

@@ -76,5 +76,5 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")
-    add_source_options(parser)
+    add_source_options(parser, formats=False)
     parser.set_defaults(run=run)

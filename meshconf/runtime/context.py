@@ -93,7 +93,7 @@ class DistributedContext:
     def __init__(self, config: MeshConfig, *, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
         launch = read_launch(environ)
-        if config.gpus_per_node is None and launch.source != "none":
+        if config.gpus_per_node is None and launch.local_world_size is not None:
             config = config.model_copy(update={"gpus_per_node": launch.local_world_size})
         device = _pick_device(config.runtime.device, launch)
         backend = _pick_backend(config.runtime.backend, device)
@@ -220,7 +220,8 @@ class DistributedContext:
         return self.launch.local_rank
 
     @property
-    def local_world_size(self) -> int:
+    def local_world_size(self) -> int | None:
+        """Ranks on this node, when the launcher says (torchrun always does)."""
         return self.launch.local_world_size
 
     @property
@@ -239,9 +240,8 @@ class DistributedContext:
         return dim == "fsdp" or (dim == "efsdp" and self.config.resolved_degrees["ep"] > 1)
 
     def _enabled(self, dim: str) -> bool:
-        return self.config.dim_sizes[dim] > 1 or (
-            dim == "efsdp" and self.config.resolved_degrees["ep"] > 1
-        )
+        # A dim that stays real at size 1 is a usable mesh at size 1: fully_shard over it works.
+        return self.config.dim_sizes[dim] > 1 or self._must_stay_real(dim)
 
     def mesh_for(self, domain: str) -> DeviceMesh:
         """The DeviceMesh of a domain, dims named as in the config; built on first use."""
@@ -297,8 +297,10 @@ class DistributedContext:
         raise ValueError(f"no domain has all of {names}; the domains are {summary}")
 
     def get_optional_mesh(self, dims: str | Sequence[str]) -> DeviceMesh | None:
-        """The mesh over one dim or several dims of one domain, or None if a dim has size 1
-        (``efsdp`` counts as present whenever ``ep > 1``)."""
+        """The mesh over one dim or several dims of one domain, or None if a dim has size 1.
+
+        ``fsdp`` (and ``efsdp`` when ``ep > 1``) is present even at size 1, so that
+        ``fully_shard(model, mesh=ctx.get_mesh("fsdp"))`` runs unchanged on one GPU."""
         names = [dims] if isinstance(dims, str) else list(dims)
         domain = self._domain_of(names)
         if not all(self._enabled(name) for name in names):
@@ -424,7 +426,7 @@ def _init_default_group(
     except (RuntimeError, dist.DistError) as error:
         raise RuntimeSetupError(
             f"rank {launch.rank}: could not join the {launch.world_size}-rank world at "
-            f"{address}:{port} within {timeout.total_seconds():g} s (runtime.timeout_s): "
+            f"{address}:{port} (runtime.timeout_s is {timeout.total_seconds():g} s): "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}; did every "
             "rank start?"
         ) from None

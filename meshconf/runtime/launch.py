@@ -23,8 +23,8 @@ class Launch:
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
-    source: str  # "torchrun", "slurm" or "none"
+    local_world_size: int | None  # None when the launcher does not say
+    source: str  # "torchrun", "slurm", "none" or "simulated"
 
 
 _TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
@@ -52,8 +52,10 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
                 f"{source} environment incomplete: {present[0]} is set but {missing[0]} is not"
             )
         rank, world_size = (_integer(environ, name) for name in names[:2])
-        local_rank = _integer(environ, names[2]) if names[2] in environ else rank
-        local_world_size = _integer(environ, names[3]) if names[3] in environ else world_size
+        local_world_size = _integer(environ, names[3]) if names[3] in environ else None
+        local_rank = _integer(environ, names[2]) if names[2] in environ else None
+        if local_rank is None:
+            local_rank = rank % local_world_size if local_world_size else rank
         if world_size < 1 or not 0 <= rank < world_size:
             raise LaunchError(f"{source} says rank {rank} of world size {world_size}")
         return Launch(rank, world_size, local_rank, local_world_size, source)
