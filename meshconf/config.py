@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from meshconf import formulas
-from meshconf.degrees import AUTO, WORLD_FACTORS, default_dp_shard
+from meshconf.degrees import AUTO, auto_factor, default_dp_shard
 from meshconf.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.errors import WorldSizeUnknownError
 from meshconf.fields import (
@@ -84,7 +84,7 @@ class Degrees(_Strict):
 
     @property
     def auto(self) -> str | None:
-        return next((name for name in WORLD_FACTORS if getattr(self, name) == AUTO), None)
+        return auto_factor(self.model_dump())
 
 
 class RuntimeOptions(_Strict):

@@ -46,10 +46,10 @@ class _Source:
     def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
         full = self.prefix + path
         for override in reversed(self.overrides):
-            shorter = min(len(full), len(override.path))
-            if full[:shorter] == override.path[:shorter] and full not in self.positions:
-                return Diagnostic(full, message, override=override.text)
-            if full[: len(override.path)] == override.path:
+            # The override set this key (or one above it), or created it: it is not in the file.
+            set_here = full[: len(override.path)] == override.path
+            created = override.path[: len(full)] == full and full not in self.positions
+            if set_here or created:
                 return Diagnostic(full, message, override=override.text)
         if self.overrides:
             applied = ", ".join(override.text for override in self.overrides)
