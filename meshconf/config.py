@@ -48,19 +48,21 @@ class _Strict(BaseModel):
 class Degrees(_Strict):
     """Parallel degrees. World factors may be -1 (at most one): fill the remaining ranks."""
 
-    pp: WorldFactor = Field(1, description="Pipeline-parallel stages.")
+    pp: WorldFactor = Field(1, description="Pipeline-parallel stages.", examples=[4])
     dp_replicate: WorldFactor = Field(
-        1, description="Data-parallel replicas (DDP, or HSDP's outer dim)."
+        1, description="Data-parallel replicas (DDP, or HSDP's outer dim).", examples=[2]
     )
     dp_shard: WorldFactor = Field(
-        AUTO, description="Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1."
+        AUTO,
+        description="Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1.",
+        examples=[-1, 8],
     )
-    cp: WorldFactor = Field(1, description="Context-parallel ranks (sequence split).")
-    tp: WorldFactor = Field(1, description="Tensor-parallel ranks.")
+    cp: WorldFactor = Field(1, description="Context-parallel ranks (sequence split).", examples=[2])
+    tp: WorldFactor = Field(1, description="Tensor-parallel ranks.", examples=[8])
     ep: ExpertDegree = Field(
-        1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp."
+        1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp.", examples=[8]
     )
-    etp: ExpertDegree = Field(1, description="Expert tensor-parallel ranks: 1 or tp.")
+    etp: ExpertDegree = Field(1, description="Expert tensor-parallel ranks: 1 or tp.", examples=[1])
 
     _dp_shard_defaulted: bool = PrivateAttr(default=False)
 
@@ -91,13 +93,13 @@ class RuntimeOptions(_Strict):
     """How DistributedContext picks device, backend and timeouts."""
 
     device: Annotated[Literal["auto", "cuda", "cpu"], BeforeValidator(device_value)] = Field(
-        "auto", description="auto: cuda when GPUs exist, else cpu."
+        "auto", description="auto: cuda when GPUs exist, else cpu.", examples=["cuda"]
     )
     backend: Literal["auto", "nccl", "gloo"] = Field(
-        "auto", description="auto: nccl on cuda, gloo on cpu."
+        "auto", description="auto: nccl on cuda, gloo on cpu.", examples=["nccl"]
     )
     timeout_s: TimeoutSeconds = Field(
-        1800, description="Timeout of every process group, in seconds."
+        1800, description="Timeout of every process group, in seconds.", examples=[600]
     )
 
     @model_validator(mode="after")
@@ -122,20 +124,33 @@ class MeshConfig(_Strict):
     """A validated N-D parallel mesh: world size, degrees, derived dims and domains."""
 
     world_size: Positive | None = Field(
-        None, description="Total ranks. May be omitted: then WORLD_SIZE at runtime or --world-size."
+        None,
+        description="Total ranks. May be omitted: then WORLD_SIZE at runtime or --world-size.",
+        examples=[512],
     )
     gpus_per_node: GpusPerNode | None = Field(
-        None, description="Ranks per node; enables the crosses-nodes report."
+        None, description="Ranks per node; enables the crosses-nodes report.", examples=[8]
     )
-    degrees: Degrees = Field(default_factory=lambda: Degrees())
+    degrees: Degrees = Field(
+        default_factory=lambda: Degrees(),
+        description="Parallel degrees; their product (with -1 filled in) is the world size.",
+        examples=[{"pp": 4, "dp_shard": -1, "tp": 8}],
+    )
     derived: dict[Name, FormulaText] = Field(
         default_factory=dict,
         description="Extra or redefined derived dims: formulas over degrees and earlier ones.",
+        examples=[{"fsdp_tp": "dp_shard * cp * tp"}],
     )
     domains: dict[Name, DimList] | None = Field(
-        None, description="Named global meshes, dims outer to inner. Replaces the default set."
+        None,
+        description="Named global meshes, dims outer to inner. Replaces the default set.",
+        examples=[{"dense": ["pp", "dp_replicate", "fsdp", "tp"]}],
     )
-    runtime: RuntimeOptions = Field(default_factory=lambda: RuntimeOptions())
+    runtime: RuntimeOptions = Field(
+        default_factory=lambda: RuntimeOptions(),
+        description="How DistributedContext picks device, backend and timeouts.",
+        examples=[{"device": "cuda", "timeout_s": 600}],
+    )
 
     _analysis: Analysis = PrivateAttr(default_factory=Analysis)
 

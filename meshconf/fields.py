@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from meshconf.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
@@ -156,11 +156,48 @@ def _dim_list(value: Any) -> Any:
     return value
 
 
-WorldFactor = Annotated[int, BeforeValidator(_world_factor)]
-Positive = Annotated[int, BeforeValidator(_positive)]
-ExpertDegree = Annotated[int, BeforeValidator(_expert_degree)]
-GpusPerNode = Annotated[int, BeforeValidator(_gpus_per_node)]
-TimeoutSeconds = Annotated[int, BeforeValidator(_timeout)]
-Name = Annotated[str, BeforeValidator(_name)]
-FormulaText = Annotated[str, BeforeValidator(_formula_text)]
-DimList = Annotated[tuple[Name, ...], BeforeValidator(_dim_list)]
+def _integer_schema(maximum: int = MAX_WORLD_SIZE) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 1, "maximum": maximum}
+
+
+# JSON Schema for each type (``meshconf schema``). It states the type and range; YAML 1.1
+# look-alikes and formulas are left to ``meshconf validate``.
+_AUTO_SCHEMA = {"const": AUTO, "description": "Fill the ranks the other degrees leave."}
+_NAME_SCHEMA = {
+    "title": "name",
+    "type": "string",
+    "pattern": f"^{NAME_PATTERN.pattern}$",
+    "maxLength": MAX_NAME_LENGTH,
+}
+# What a formula may contain: names, integers, '*', '/', parentheses and spaces.
+_FORMULA_CHARACTERS = r"^[A-Za-z0-9_*/() \t]+$"
+
+WorldFactor = Annotated[
+    int,
+    BeforeValidator(_world_factor),
+    WithJsonSchema({"anyOf": [_integer_schema(), _AUTO_SCHEMA]}),
+]
+Positive = Annotated[int, BeforeValidator(_positive), WithJsonSchema(_integer_schema())]
+ExpertDegree = Annotated[int, BeforeValidator(_expert_degree), WithJsonSchema(_integer_schema())]
+GpusPerNode = Annotated[
+    int, BeforeValidator(_gpus_per_node), WithJsonSchema(_integer_schema(MAX_GPUS_PER_NODE))
+]
+TimeoutSeconds = Annotated[int, BeforeValidator(_timeout), WithJsonSchema(_integer_schema())]
+Name = Annotated[str, BeforeValidator(_name), WithJsonSchema(_NAME_SCHEMA)]
+FormulaText = Annotated[
+    str,
+    BeforeValidator(_formula_text),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"title": "formula", "type": "string", "pattern": _FORMULA_CHARACTERS},
+                {"type": "integer", "minimum": 1},
+            ]
+        }
+    ),
+]
+DimList = Annotated[
+    tuple[Name, ...],
+    BeforeValidator(_dim_list),
+    WithJsonSchema({"type": "array", "items": _NAME_SCHEMA, "minItems": 1, "uniqueItems": True}),
+]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,8 @@ class _Source:
     has_interpolation: bool = False
     overrides: tuple[Override, ...] = ()
     prefix: KeyPath = ()
+    #: Keys whose value was written as ``${...}``, and what was written.
+    interpolated: dict[KeyPath, str] = field(default_factory=dict)
 
     def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
         full = self.prefix + path
@@ -64,14 +68,53 @@ class _Source:
         return ConfigError([self.diagnostic(path, message)])
 
 
-def _has_interpolation(data: Any) -> bool:
+def _interpolations(data: Any, path: KeyPath = ()) -> dict[KeyPath, str]:
+    """Every value written as ``${...}``, by key path."""
     if isinstance(data, str):
-        return "${" in data
+        return {path: data} if "${" in data else {}
+    items: Any = ()
     if isinstance(data, Mapping):
-        return any(_has_interpolation(value) for value in data.values())
-    if isinstance(data, list | tuple):
-        return any(_has_interpolation(value) for value in data)
-    return False
+        items = data.items()
+    elif isinstance(data, list | tuple):
+        items = enumerate(data)
+    return {
+        found: text
+        for key, value in items
+        for found, text in _interpolations(value, (*path, key)).items()
+    }
+
+
+_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _integer_field(path: KeyPath) -> bool:
+    """Whether the key at ``path`` (inside the meshconf block) holds an integer."""
+    model = _model_at(path[:-1]) if path else None
+    info = model.model_fields.get(str(path[-1])) if model else None
+    if info is None:
+        return False
+    options = typing.get_args(info.annotation) or (info.annotation,)
+    return any(
+        option is int
+        or (typing.get_origin(option) is typing.Annotated and option.__origin__ is int)
+        for option in options
+    )
+
+
+def _integers_from_interpolation(source: _Source) -> None:
+    """``${oc.env:TP}`` resolves to the string ``"4"``; where the field is an integer, the
+    value the user meant is the integer. Written strings (``"4"`` in the file) stay strings."""
+    block = len(source.prefix)
+    for path in source.interpolated:
+        inner = path[block:]
+        if path[:block] != source.prefix or not _integer_field(inner):
+            continue
+        parent = source.data
+        for part in inner[:-1]:
+            parent = parent.get(part) if isinstance(parent, Mapping) else None
+        value = parent.get(inner[-1]) if isinstance(parent, Mapping) else None
+        if isinstance(value, str) and _DECIMAL.fullmatch(value):
+            parent[inner[-1]] = int(value)
 
 
 def _read(source: Any) -> _Source:
@@ -104,15 +147,18 @@ def _read(source: Any) -> _Source:
         from omegaconf import Container
 
         if isinstance(source, Container):
+            from omegaconf import OmegaConf
+
             from meshconf.overrides import resolve
 
+            unresolved = OmegaConf.to_container(source, resolve=False)
             try:
-                return _Source(resolve(source))
+                return _Source(resolve(source), interpolated=_interpolations(unresolved))
             except InterpolationError as error:
                 raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
     if isinstance(source, Mapping):
         data = copy.deepcopy(dict(source))
-        return _Source(data, has_interpolation=_has_interpolation(data))
+        return _Source(data, has_interpolation=bool(_interpolations(data)))
     raise SourceError(
         f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
         "OmegaConf DictConfig"
@@ -244,6 +290,9 @@ def _config_error(error: ValidationError, source: _Source) -> ConfigError:
             and isinstance(source.data, Mapping)
         ):
             message += _key_hint(source.data.get(path[0]), path[0])
+        written = source.interpolated.get(source.prefix + path)
+        if written is not None:
+            message += f" (resolved from {written})"
         diagnostics.append(source.diagnostic(path, message))
     unplaced = float("inf")
     diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))
@@ -281,6 +330,9 @@ def load_config(
     source_data.overrides = parsed
     _check_override_targets(source_data, key, prefix)
     if parsed or source_data.has_interpolation:
+        source_data.interpolated.update(_interpolations(source_data.data))
+        for override in parsed:
+            source_data.interpolated.update(_interpolations(override.value, override.path))
         try:
             source_data.data = apply(source_data.data, parsed)
         except InterpolationError as error:
@@ -288,4 +340,5 @@ def load_config(
             diagnostic = source_data.diagnostic(path, error.message)
             raise ConfigError([diagnostic]) from None
     _select(source_data, key, prefix)
+    _integers_from_interpolation(source_data)
     return _validate(source_data, world_size)

@@ -25,6 +25,7 @@ ALL_EXAMPLES = VALID_FILES + sorted((EXAMPLES / "experiments").glob("*.yaml"))
 
 EXPECT = "# expect: "
 RULE = "# rule: "
+JSON_SCHEMA = "# json-schema: "
 
 
 def _relative(path: Path) -> str:
@@ -95,12 +96,33 @@ def test_invalid_example_fails_with_expected_lines(path: Path) -> None:
 @pytest.mark.parametrize("path", INVALID_FILES, ids=lambda path: path.stem)
 def test_invalid_example_documents_its_rule(path: Path) -> None:
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert lines and lines[0].startswith(RULE), "the first line must be '# rule: ...'"
+    assert lines[1].startswith(RULE), "the line after the schema line must be '# rule: ...'"
+    assert lines[2].startswith(JSON_SCHEMA), f"the third line must be '{JSON_SCHEMA}...'"
     assert len(_comment_lines(path, RULE)) == 1
     assert len(_comment_lines(path, EXPECT)) >= 1
 
 
 @pytest.mark.parametrize("path", ALL_EXAMPLES, ids=lambda path: path.stem)
-def test_example_starts_with_a_comment(path: Path) -> None:
+def test_example_says_what_it_is(path: Path) -> None:
+    second = path.read_text(encoding="utf-8").splitlines()[1]
+    assert second.startswith("# ") and len(second) > 10, second
+
+
+def _schema_line_paths() -> list[Path]:
+    app_config = EXAMPLES / "hydra_app" / "conf" / "config.yaml"
+    return sorted(path for path in EXAMPLES.rglob("*.yaml") if path != app_config)
+
+
+@pytest.mark.parametrize("path", _schema_line_paths(), ids=_relative)
+def test_example_starts_with_its_schema(path: Path) -> None:
+    """Editors with the YAML language server check and complete every example as it is typed."""
     first = path.read_text(encoding="utf-8").splitlines()[0]
-    assert first.startswith("# ") and len(first) > 10, first
+    prefix = "# yaml-language-server: $schema="
+    assert first.startswith(prefix), first
+    schema = (path.parent / first[len(prefix) :]).resolve()
+    in_hydra_group = "hydra_app" in path.parts
+    expected = "meshconf.hydra.schema.json" if in_hydra_group else "meshconf.schema.json"
+    if path.parent.name == "experiments":
+        expected = "experiment.schema.json"
+    assert schema.name == expected
+    assert schema.is_file(), schema

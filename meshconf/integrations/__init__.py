@@ -1,0 +1,1 @@
+"""Integrations with other tools; each is imported only by its users."""

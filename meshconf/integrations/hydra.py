@@ -1,0 +1,133 @@
+"""Hydra: a typed schema node for a ``parallelism`` config group, and a ``_target_`` that
+returns the validated :class:`~meshconf.config.MeshConfig`.
+
+The schema node lets Hydra refuse a mistyped value or an unknown key while it composes
+(``parallelism.degrees.tp=abc``); meshconf's own rules run when the node is instantiated. Every
+field of the node defaults to ``None``, meaning "not set", so that meshconf's defaults apply
+(``dp_shard``'s depends on the other degrees, which a fixed default could not express).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf 2.3 reads these forms
+
+from meshconf.config import MeshConfig
+from meshconf.errors import ConfigError, Diagnostic, MeshconfError
+from meshconf.loading import load_config
+
+try:
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import CompactHydraException, InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+    from omegaconf import Container, OmegaConf
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise MeshconfError(
+        f"meshconf.integrations.hydra needs hydra-core ({error}); "
+        "install it with: pip install 'meshconf[hydra]'"
+    ) from None
+
+#: The name the schema node is stored under in its group. Options list it in their defaults;
+#: the leading underscore marks it as a base to extend, not an option to pick.
+SCHEMA_NAME = "_meshconf_schema"
+TARGET = "meshconf.integrations.hydra.build_config"
+
+
+@dataclass
+class DegreesNode:
+    pp: Optional[int] = None  # noqa: UP045
+    dp_replicate: Optional[int] = None  # noqa: UP045
+    dp_shard: Optional[int] = None  # noqa: UP045
+    cp: Optional[int] = None  # noqa: UP045
+    tp: Optional[int] = None  # noqa: UP045
+    ep: Optional[int] = None  # noqa: UP045
+    etp: Optional[int] = None  # noqa: UP045
+
+
+@dataclass
+class RuntimeNode:
+    device: Optional[str] = None  # noqa: UP045
+    backend: Optional[str] = None  # noqa: UP045
+    timeout_s: Optional[int] = None  # noqa: UP045
+
+
+@dataclass
+class MeshConfigNode:
+    """The Hydra schema of a meshconf block; the same keys as :class:`MeshConfig`."""
+
+    _target_: str = TARGET
+    world_size: Optional[int] = None  # noqa: UP045
+    gpus_per_node: Optional[int] = None  # noqa: UP045
+    degrees: DegreesNode = field(default_factory=DegreesNode)
+    derived: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
+    domains: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
+    runtime: RuntimeNode = field(default_factory=RuntimeNode)
+
+
+class HydraConfigError(ConfigError, CompactHydraException):
+    """A :class:`ConfigError` that Hydra reports as its message alone, without a traceback.
+
+    Hydra quotes ``repr()`` of what a ``_target_`` raised, so that is the message too."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def register_configs(group: str = "parallelism") -> None:
+    """Store the schema node as ``{group}/_meshconf_schema`` in Hydra's ConfigStore.
+
+    An option of the group extends it with ``defaults: [_meshconf_schema, _self_]``."""
+    ConfigStore.instance().store(group=group, name=SCHEMA_NAME, node=MeshConfigNode)
+
+
+def build_config(**fields: Any) -> MeshConfig:
+    """The ``_target_`` of the schema node: validate the composed fields with meshconf.
+
+    ``hydra.utils.instantiate(cfg.parallelism)`` calls it and returns the MeshConfig; Hydra
+    wraps a failure in its InstantiationException, whose message is then meshconf's. Use
+    :func:`instantiate` to get the :class:`ConfigError` itself."""
+    try:
+        return load_config(_set_values(fields))
+    except ConfigError as error:
+        raise HydraConfigError(error.diagnostics) from None
+
+
+def instantiate(node: Any) -> MeshConfig:
+    """Instantiate a meshconf node; an invalid one raises :class:`HydraConfigError` (a
+    :class:`ConfigError`) with every key placed at its full path, such as
+    ``parallelism.degrees.tp``, which Hydra prints as it is, without a traceback."""
+    try:
+        config: MeshConfig = hydra_instantiate(node, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__
+        if not isinstance(cause, ConfigError):
+            raise
+        prefix = _full_key(node)
+        raise HydraConfigError(
+            [
+                Diagnostic((*prefix, *d.path), d.message, d.source, d.line, d.column, d.override)
+                for d in cause.diagnostics
+            ]
+        ) from None
+    return config
+
+
+def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields as plain containers, without those left ``None`` (not set)."""
+    plain: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, Container):
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(value, Mapping) and name in ("degrees", "runtime"):
+            value = _set_values(value)
+        if value is not None:
+            plain[name] = value
+    return plain
+
+
+def _full_key(node: Any) -> tuple[str, ...]:
+    # OmegaConf has no public way to ask a node where it sits; _get_full_key has been stable
+    # from 2.1 to 2.4. Without it, errors are placed relative to the node.
+    full_key = node._get_full_key(None) if isinstance(node, Container) else ""
+    return tuple(str(full_key).split(".")) if full_key else ()

@@ -1,0 +1,192 @@
+"""The Hydra integration, on the example app in examples/hydra_app: composing with the typed
+schema node, overrides, instantiation to a validated MeshConfig, errors as meshconf's own
+messages, and a multirun of the real app in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import hydra
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, InstantiationException
+from omegaconf import DictConfig
+
+from meshconf import ConfigError, MeshConfig
+from meshconf.integrations.hydra import (
+    SCHEMA_NAME,
+    DegreesNode,
+    HydraConfigError,
+    MeshConfigNode,
+    RuntimeNode,
+    instantiate,
+    register_configs,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "examples" / "hydra_app"
+
+
+@pytest.fixture
+def composer() -> Iterator[object]:
+    register_configs()
+    with initialize_config_dir(config_dir=str(APP / "conf"), version_base="1.3"):
+        yield lambda *overrides: compose("config", overrides=list(overrides))
+
+
+def test_default_option_composes_and_instantiates(composer) -> None:
+    cfg: DictConfig = composer()
+    config = instantiate(cfg.parallelism)
+    assert isinstance(config, MeshConfig)
+    assert config.resolved_degrees == {
+        "pp": 1,
+        "dp_replicate": 1,
+        "dp_shard": 8,
+        "cp": 1,
+        "tp": 1,
+        "ep": 1,
+        "etp": 1,
+    }
+    assert config.gpus_per_node == 8
+
+
+def test_hydra_instantiate_returns_the_validated_model(composer) -> None:
+    cfg = composer("parallelism=moe_64gpu")
+    config = hydra.utils.instantiate(cfg.parallelism)
+    assert isinstance(config, MeshConfig)
+    assert config.resolved_world_size == 64
+    assert config.resolved_degrees["dp_shard"] == 8
+
+
+def test_second_option_and_overrides(composer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "128")
+    cfg = composer("parallelism=moe_64gpu", "parallelism.degrees.tp=2")
+    config = instantiate(cfg.parallelism)
+    assert config.resolved_world_size == 128
+    assert config.resolved_degrees == {
+        "pp": 8,
+        "dp_replicate": 1,
+        "dp_shard": 8,
+        "cp": 1,
+        "tp": 2,
+        "ep": 8,
+        "etp": 1,
+    }
+    assert [dim.name for dim in config.layout("sparse").dims] == [
+        "pp",
+        "dp_replicate",
+        "efsdp",
+        "ep",
+        "etp",
+    ]
+
+
+def test_unset_fields_keep_meshconf_defaults(composer) -> None:
+    """dp_shard defaults to 1 when another world factor is -1; a fixed default in the schema
+    node would have made it -1 and the config invalid."""
+    cfg = composer("parallelism.degrees.dp_shard=null", "parallelism.degrees.tp=-1")
+    config = instantiate(cfg.parallelism)
+    assert config.resolved_degrees["tp"] == 8
+    assert config.resolved_degrees["dp_shard"] == 1
+    assert config.degrees.explicit == {"tp"}
+
+
+def test_wrong_type_is_refused_while_composing(composer) -> None:
+    with pytest.raises(ConfigCompositionException) as raised:
+        composer("parallelism.degrees.tp=abc")
+    cause = str(raised.value.__cause__)
+    assert "Value 'abc' of type 'str' could not be converted to Integer" in cause
+    assert "full_key: parallelism.degrees.tp" in cause
+
+
+def test_unknown_key_is_refused_while_composing(composer) -> None:
+    with pytest.raises(ConfigCompositionException) as raised:
+        composer("parallelism.degrees.tpp=2")
+    assert "Key 'tpp' not in 'DegreesNode'" in str(raised.value.__cause__)
+
+
+def test_rule_errors_are_meshconf_messages_at_the_full_key(composer) -> None:
+    cfg = composer("parallelism.degrees.tp=3")
+    with pytest.raises(ConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert isinstance(raised.value, HydraConfigError)
+    assert str(raised.value) == (
+        "parallelism.degrees.dp_shard: -1 cannot fill the remaining ranks: world_size 8 is "
+        "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+    )
+    assert raised.value.diagnostics[0].path == ("parallelism", "degrees", "dp_shard")
+
+
+def test_hydra_instantiate_quotes_the_meshconf_message(composer) -> None:
+    cfg = composer("parallelism.degrees.tp=3")
+    with pytest.raises(InstantiationException) as raised:
+        hydra.utils.instantiate(cfg.parallelism)
+    assert str(raised.value).splitlines() == [
+        "Error in call to target 'meshconf.integrations.hydra.build_config':",
+        "degrees.dp_shard: -1 cannot fill the remaining ranks: world_size 8 is not divisible "
+        "by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
+        "full_key: parallelism",
+    ]
+    assert isinstance(raised.value.__cause__, ConfigError)
+
+
+def test_schema_node_is_listed_under_its_internal_name(composer) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    assert f"{SCHEMA_NAME}.yaml" in ConfigStore.instance().list("parallelism")
+
+
+def test_schema_node_has_the_models_keys() -> None:
+    """The node must follow the models: a key added to MeshConfig is a key Hydra accepts."""
+    assert set(MeshConfigNode.__dataclass_fields__) == {"_target_", *MeshConfig.model_fields}
+    degrees = MeshConfig.model_fields["degrees"].annotation
+    runtime = MeshConfig.model_fields["runtime"].annotation
+    assert degrees is not None and runtime is not None
+    assert set(DegreesNode.__dataclass_fields__) == set(degrees.model_fields)
+    assert set(RuntimeNode.__dataclass_fields__) == set(runtime.model_fields)
+
+
+def _run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != "WORLD_SIZE"}
+    return subprocess.run(
+        [sys.executable, str(APP / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_app_multirun_over_options_and_overrides(tmp_path: Path) -> None:
+    result = _run_app(
+        "--multirun",
+        "parallelism=llama3_8b_8gpu,moe_64gpu",
+        "parallelism.degrees.tp=1,2",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    summaries = [line for line in result.stdout.splitlines() if line.startswith("hydra-demo")]
+    assert summaries == [
+        "hydra-demo: world_size 8, pp=1 dp_replicate=1 dp_shard=8 cp=1 tp=1 ep=1 etp=1",
+        "hydra-demo: world_size 8, pp=1 dp_replicate=1 dp_shard=4 cp=1 tp=2 ep=1 etp=1",
+        "hydra-demo: world_size 64, pp=8 dp_replicate=1 dp_shard=8 cp=1 tp=1 ep=8 etp=1",
+        "hydra-demo: world_size 64, pp=8 dp_replicate=1 dp_shard=4 cp=1 tp=2 ep=8 etp=1",
+    ]
+    assert len(list((tmp_path / "multirun").glob("*/.hydra/overrides.yaml"))) == 4
+
+
+def test_app_reports_an_invalid_mesh_without_a_traceback(tmp_path: Path) -> None:
+    result = _run_app("parallelism.degrees.tp=3", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[:2] == [
+        "Error executing job with overrides: ['parallelism.degrees.tp=3']",
+        "parallelism.degrees.dp_shard: -1 cannot fill the remaining ranks: world_size 8 is "
+        "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
+    ]
