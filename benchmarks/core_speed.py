@@ -157,8 +157,15 @@ def _degree_choices(rng: random.Random) -> dict[str, int] | None:
     lender = dp_shard * cp * tp
     eps = [ep for ep in (1, 2, 4, 8, 16, 32, 64) if lender % (ep * etp) == 0]
     ep = rng.choice(eps)
-    return {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp,
-            "tp": tp, "ep": ep, "etp": etp}
+    return {
+        "pp": pp,
+        "dp_replicate": dp_replicate,
+        "dp_shard": dp_shard,
+        "cp": cp,
+        "tp": tp,
+        "ep": ep,
+        "etp": etp,
+    }
 
 
 # The first configs pin the ends of the world-size range.
@@ -208,8 +215,11 @@ def config_text(index: int, rng: random.Random) -> str | None:
     elif index % 5 == 1:
         lines += ["derived:", '  dp_total: "dp_replicate * dp_shard"']
     if rng.random() < 0.3:
-        lines += ["runtime:", f"  timeout_s: {rng.choice([600, 1800, 3600])}",
-                  f"  backend: {rng.choice(['auto', 'nccl'])}"]
+        lines += [
+            "runtime:",
+            f"  timeout_s: {rng.choice([600, 1800, 3600])}",
+            f"  backend: {rng.choice(['auto', 'nccl'])}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -248,8 +258,7 @@ def part_a(settings: Settings, tmp: Path) -> None:
     bare_times, _ = wall([python, "-c", "pass"], n)
     cli_times, _ = wall([python, "-c", "import meshconf.cli"], n)
     import_code = (
-        "import time; t = time.perf_counter(); import meshconf; "
-        "print(time.perf_counter() - t)"
+        "import time; t = time.perf_counter(); import meshconf; print(time.perf_counter() - t)"
     )
     import_times: list[float] = []
     for _ in range(n + 1):
@@ -286,26 +295,46 @@ def part_a(settings: Settings, tmp: Path) -> None:
     )
     median_validate = statistics.median(validate_times)
     rows = [
-        ["`python -m meshconf validate <100 files>` (wall, whole process)",
-         fmt_s(min(validate_times)), fmt_s(median_validate)],
-        ["`python -c pass` (bare interpreter start, for reference)",
-         fmt_s(min(bare_times)), fmt_s(statistics.median(bare_times))],
-        ["`python -c 'import meshconf.cli'` (wall: start + every import validate needs)",
-         fmt_s(min(cli_times)), fmt_s(statistics.median(cli_times))],
-        ["`import meshconf` alone, timed inside a fresh interpreter",
-         fmt_s(min(import_times)), fmt_s(statistics.median(import_times))],
+        [
+            "`python -m meshconf validate <100 files>` (wall, whole process)",
+            fmt_s(min(validate_times)),
+            fmt_s(median_validate),
+        ],
+        [
+            "`python -c pass` (bare interpreter start, for reference)",
+            fmt_s(min(bare_times)),
+            fmt_s(statistics.median(bare_times)),
+        ],
+        [
+            "`python -c 'import meshconf.cli'` (wall: start + every import validate needs)",
+            fmt_s(min(cli_times)),
+            fmt_s(statistics.median(cli_times)),
+        ],
+        [
+            "`import meshconf` alone, timed inside a fresh interpreter",
+            fmt_s(min(import_times)),
+            fmt_s(statistics.median(import_times)),
+        ],
     ]
     print(table(["what", "best", "median"], rows, right=(1, 2)))
     print()
     rows = [
         ["`meshconf.load_config(path)`", fmt_us(load_each), fmt_s(load_each * NUM_FILES)],
-        ["  of which: read YAML with key positions (`read_yaml`)", fmt_us(yaml_each),
-         fmt_s(yaml_each * NUM_FILES)],
-        ["  of which: `MeshConfig.model_validate(data)` (all rules)", fmt_us(model_each),
-         fmt_s(model_each * NUM_FILES)],
+        [
+            "  of which: read YAML with key positions (`read_yaml`)",
+            fmt_us(yaml_each),
+            fmt_s(yaml_each * NUM_FILES),
+        ],
+        [
+            "  of which: `MeshConfig.model_validate(data)` (all rules)",
+            fmt_us(model_each),
+            fmt_s(model_each * NUM_FILES),
+        ],
     ]
-    print(f"In process, median of {settings.load_rounds} round(s) over the 100 files after a "
-          "warm-up round:\n")
+    print(
+        f"In process, median of {settings.load_rounds} round(s) over the 100 files after a "
+        "warm-up round:\n"
+    )
     print(table(["what", "µs per file", "x 100 files"], rows, right=(1, 2)))
     print()
     median_cli = statistics.median(cli_times)
@@ -363,26 +392,35 @@ def part_b(settings: Settings, tmp: Path) -> None:
     shape = " ".join(f"{k}={v}" for k, v in degrees.items())
     print(f"### B. Layout queries at world_size 2**20 = {BIG_WORLD:,}\n")
     dense_shape = dict(zip(dense.dim_names, dense.shape, strict=True))
-    print(f"Config: `{json.dumps(data)}` (resolved: {shape}; dense domain {dense_shape}); "
-          f"queries on domain `dense`, rank {rank}. "
-          f"Per call, median and best of {settings.timeit_repeat} timeit repeats.\n")
+    print(
+        f"Config: `{json.dumps(data)}` (resolved: {shape}; dense domain {dense_shape}); "
+        f"queries on domain `dense`, rank {rank}. "
+        f"Per call, median and best of {settings.timeit_repeat} timeit repeats.\n"
+    )
 
     queries: list[tuple[str, Callable[[], Any]]] = [
-        ("`MeshConfig.model_validate(dict)` (every rule, all 4 layouts)",
-         lambda: MeshConfig.model_validate(data)),
+        (
+            "`MeshConfig.model_validate(dict)` (every rule, all 4 layouts)",
+            lambda: MeshConfig.model_validate(data),
+        ),
         ("`layout.coordinate(rank)`", lambda: dense.coordinate(rank)),
         ("`layout.rank_at(coord)`", lambda: dense.rank_at(coord)),
         ('`layout.group(rank, "tp")` (descriptor)', lambda: dense.group(rank, "tp")),
-        ('`layout.group(rank, ["dp_replicate", "fsdp"])` (descriptor)',
-         lambda: dense.group(rank, ["dp_replicate", "fsdp"])),
+        (
+            '`layout.group(rank, ["dp_replicate", "fsdp"])` (descriptor)',
+            lambda: dense.group(rank, ["dp_replicate", "fsdp"]),
+        ),
         ('`layout.num_groups("fsdp")`', lambda: dense.num_groups("fsdp")),
         ('`layout.crosses_nodes("fsdp", 8)`', lambda: dense.crosses_nodes("fsdp", 8)),
-        ('`layout.crosses_nodes("tp", 8)` (residue scan)',
-         lambda: dense.crosses_nodes("tp", 8)),
-        ('`layout.crosses_nodes("tp", 4096)` (residue scan, largest allowed node)',
-         lambda: dense.crosses_nodes("tp", 4096)),
-        ("`process_group_count(layouts, rank)` (4 domains)",
-         lambda: process_group_count(layouts, rank)),
+        ('`layout.crosses_nodes("tp", 8)` (residue scan)', lambda: dense.crosses_nodes("tp", 8)),
+        (
+            '`layout.crosses_nodes("tp", 4096)` (residue scan, largest allowed node)',
+            lambda: dense.crosses_nodes("tp", 4096),
+        ),
+        (
+            "`process_group_count(layouts, rank)` (4 domains)",
+            lambda: process_group_count(layouts, rank),
+        ),
     ]
     rows = []
     for label, fn in queries:
@@ -396,33 +434,61 @@ def part_b(settings: Settings, tmp: Path) -> None:
     median, best = per_call(group.ranks, settings)
     path = tmp / "world_2p20.json"  # JSON is valid YAML 1.2
     path.write_text(json.dumps(data))
-    show_cmd = [sys.executable, "-m", "meshconf", "show", str(path), "--rank", str(rank),
-                "--format", "json"]
+    show_cmd = [
+        sys.executable,
+        "-m",
+        "meshconf",
+        "show",
+        str(path),
+        "--rank",
+        str(rank),
+        "--format",
+        "json",
+    ]
     show_times, out = wall(show_cmd, settings.subprocess_runs)
     report = json.loads(out)
     listed = sum(len(d["group"]) for dom in report["domains"].values() for d in dom["dims"])
     print("O(group size): these list ranks, so they grow with the groups.\n")
     rows = [
-        [f'`layout.group(rank, "{big_dim.name}").ranks()` (domain `{big_layout.name}`, '
-         f"the largest group: {group.size:,} ranks)", fmt_s(median), fmt_s(best)],
-        [f"`python -m meshconf show --format json` (subprocess, wall; lists {listed:,} ranks "
-         f"in {len(report['domains'])} domains, {len(out):,} bytes)",
-         fmt_s(statistics.median(show_times)), fmt_s(min(show_times))],
+        [
+            f'`layout.group(rank, "{big_dim.name}").ranks()` (domain `{big_layout.name}`, '
+            f"the largest group: {group.size:,} ranks)",
+            fmt_s(median),
+            fmt_s(best),
+        ],
+        [
+            f"`python -m meshconf show --format json` (subprocess, wall; lists {listed:,} ranks "
+            f"in {len(report['domains'])} domains, {len(out):,} bytes)",
+            fmt_s(statistics.median(show_times)),
+            fmt_s(min(show_times)),
+        ],
     ]
     print(table(["what", "median", "best"], rows, right=(1, 2)))
     print()
 
     # The same queries at other world sizes: the cost does not follow the world size.
-    print("Per-query cost against world size (same degrees, dp_shard fills the rest; domain "
-          f"`dense`, rank world_size * 3 // 4; µs per call, best of {settings.timeit_repeat}):\n")
+    print(
+        "Per-query cost against world size (same degrees, dp_shard fills the rest; domain "
+        f"`dense`, rank world_size * 3 // 4; µs per call, best of {settings.timeit_repeat}):\n"
+    )
     rows = []
     for world in SCALING_WORLDS:
         rows.append(_scaling_row(world, settings))
-    print(table(
-        ["world_size", "dp_shard", "model_validate", "coordinate", "group (dp_replicate, fsdp)",
-         'crosses_nodes("tp", 8)', 'crosses_nodes("fsdp", 8)'],
-        rows, right=(1, 2, 3, 4, 5, 6),
-    ))
+    print(
+        table(
+            [
+                "world_size",
+                "dp_shard",
+                "model_validate",
+                "coordinate",
+                "group (dp_replicate, fsdp)",
+                'crosses_nodes("tp", 8)',
+                'crosses_nodes("fsdp", 8)',
+            ],
+            rows,
+            right=(1, 2, 3, 4, 5, 6),
+        )
+    )
     print()
 
 
@@ -438,12 +504,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["python", *sys.argv])
     print("## meshconf core speed\n")
     print(f"Command: `{command}`\n")
-    print(f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-          f"meshconf from `{Path(meshconf.__file__).parent}`")
+    print(
+        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"meshconf from `{Path(meshconf.__file__).parent}`"
+    )
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     processor = f", processor {platform.processor()}" if platform.processor() else ""
-    print(f"- Machine: {platform.platform()}, {platform.machine()}, "
-          f"{os.cpu_count()} CPUs ({usable} usable){processor}")
+    print(
+        f"- Machine: {platform.platform()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs ({usable} usable){processor}"
+    )
     mode = "quick (smoke run, few repetitions: numbers are rough)" if args.quick else "full"
     print(f"- Mode: {mode}\n")
 

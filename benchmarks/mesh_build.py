@@ -152,8 +152,8 @@ class GroupCallCounter:
             self.calls += 1
             group = original(*args, **kwargs)
             ranks = kwargs["ranks"] if "ranks" in kwargs else (args[0] if args else None)
-            backend = kwargs["backend"] if "backend" in kwargs else (
-                args[2] if len(args) > 2 else None
+            backend = (
+                kwargs["backend"] if "backend" in kwargs else (args[2] if len(args) > 2 else None)
             )
             if ranks is None or rank in ranks:
                 self.backend_of[id(group)] = None if backend is None else str(backend)
@@ -197,9 +197,7 @@ def cell_spec(degrees: dict[str, int], world_size: int) -> dict[str, Any]:
     }
 
 
-def _mesh_facts(
-    meshes: dict[str, Any], real_of: Callable[[Any], bool]
-) -> dict[str, Any]:
+def _mesh_facts(meshes: dict[str, Any], real_of: Callable[[Any], bool]) -> dict[str, Any]:
     """Distinct groups reachable from the meshes' dims, which are real, their rank sets, and
     one fingerprint of the ranks of each (domain, dim) to compare implementations."""
     import torch.distributed as dist
@@ -213,9 +211,7 @@ def _mesh_facts(
             groups.setdefault(id(group), group)
             ranks = dist.get_process_group_ranks(group)
             dims[f"{domain}.{name}"] = hashlib.sha1(repr(sorted(ranks)).encode()).hexdigest()[:12]
-    rank_sets = {
-        tuple(sorted(dist.get_process_group_ranks(group))) for group in groups.values()
-    }
+    rank_sets = {tuple(sorted(dist.get_process_group_ranks(group))) for group in groups.values()}
     return {
         "groups": len(groups),
         "real": sum(real_of(group) for group in groups.values()),
@@ -257,8 +253,7 @@ def _cell_meshconf(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str
             f"ctx.counters.new_group_calls = {counters.new_group_calls} but the wrapper "
             f"counted {counter.calls}"
         ]
-    result = {"setup": setup, "build": timer.wall,
-              "rss_before": rss_before, "rss": rss, **facts}
+    result = {"setup": setup, "build": timer.wall, "rss_before": rss_before, "rss": rss, **facts}
     ctx.close()
     return _with_counts(result, counter)
 
@@ -332,17 +327,21 @@ def _cell_torchtitan(
         ("loss.loss" if key == "loss.loss_mesh" else key): value
         for key, value in facts["dims"].items()
     }
-    result = {"setup": setup, "build": timer.wall,
-              "rss_before": rss_before, "rss": rss, "version": version, **facts}
+    result = {
+        "setup": setup,
+        "build": timer.wall,
+        "rss_before": rss_before,
+        "rss": rss,
+        "version": version,
+        **facts,
+    }
     return _with_counts(result, counter)
 
 
 def _domain_shapes(resolved: dict[str, int], world_size: int) -> dict[str, dict[str, int]]:
     from meshconf import MeshConfig
 
-    config = MeshConfig.model_validate(
-        {"world_size": world_size, "degrees": {**resolved}}
-    )
+    config = MeshConfig.model_validate({"world_size": world_size, "degrees": {**resolved}})
     return {
         domain: {dim.name: dim.size for dim in layout.dims}
         for domain, layout in config.layouts.items()
@@ -368,8 +367,7 @@ def _cell_torch(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, A
         meshes,
         lambda group: group is world or counter.backend_of.get(id(group), None) != "fake",
     )
-    result = {"setup": setup, "build": timer.wall,
-              "rss_before": rss_before, "rss": rss, **facts}
+    result = {"setup": setup, "build": timer.wall, "rss_before": rss_before, "rss": rss, **facts}
     return _with_counts(result, counter)
 
 
@@ -430,8 +428,16 @@ def find_wheel(given: str | None, download: bool) -> tuple[Path | None, str]:
         return None, f"no {pattern} in {CACHE_DIR} (and --no-download)"
     print(f"torchtitan wheel not in {CACHE_DIR}; trying pip download ...", file=sys.stderr)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps",
-               f"torchtitan=={TORCHTITAN_VERSION}", "-d", str(CACHE_DIR)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        f"torchtitan=={TORCHTITAN_VERSION}",
+        "-d",
+        str(CACHE_DIR),
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -444,30 +450,49 @@ def find_wheel(given: str | None, download: bool) -> tuple[Path | None, str]:
 
 
 def spawn_cell(
-    impl: str, world_size: int, rank: int, spec: dict[str, Any], wheel: Path | None,
+    impl: str,
+    world_size: int,
+    rank: int,
+    spec: dict[str, Any],
+    wheel: Path | None,
     timeout: float,
 ) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--cell", impl,
-               "--world-size", str(world_size), "--rank", str(rank),
-               "--spec-json", json.dumps(spec)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--cell",
+        impl,
+        "--world-size",
+        str(world_size),
+        "--rank",
+        str(rank),
+        "--spec-json",
+        json.dumps(spec),
+    ]
     if wheel is not None:
         command += ["--torchtitan-wheel", str(wheel)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              check=False, cwd=ROOT)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=False, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         return {"timeout": True}
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT "):])
+            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
             return result
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
     return {"error": f"exit code {done.returncode}: {last}"}
 
 
 def measure(
-    impl: str, world_size: int, rank: int, spec: dict[str, Any], wheel: Path | None,
-    repeat: int, timeout: float,
+    impl: str,
+    world_size: int,
+    rank: int,
+    spec: dict[str, Any],
+    wheel: Path | None,
+    repeat: int,
+    timeout: float,
 ) -> dict[str, Any]:
     """Median over ``repeat`` fresh processes (counts are the same in each; checked)."""
     runs = []
@@ -501,8 +526,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     return "\n".join(lines)
 
 
-def result_row(world_size: int, impl: str, result: dict[str, Any], baseline: float | None,
-               skipped: str) -> list[str]:
+def result_row(
+    world_size: int, impl: str, result: dict[str, Any], baseline: float | None, skipped: str
+) -> list[str]:
     label = LABELS[impl]
     if skipped:
         return [f"{world_size:,}", label, "skipped", *[""] * 8]
@@ -514,10 +540,17 @@ def result_row(world_size: int, impl: str, result: dict[str, Any], baseline: flo
         return [f"{world_size:,}", label, *[""] * 6, f"{result['rss']:.0f}", "", ""]
     over = "" if baseline is None else f"{result['rss'] - baseline:+.0f}"
     return [
-        f"{world_size:,}", label, fmt_time(result["build"]), fmt_time(result["best"]),
+        f"{world_size:,}",
+        label,
+        fmt_time(result["build"]),
+        fmt_time(result["best"]),
         f"{result['new_group_calls']:,}",
-        str(result["groups"]), str(result["real"]), str(result["rank_sets"]),
-        f"{result['rss']:.0f}", over, f"{result['rss'] - result['rss_before']:+.0f}",
+        str(result["groups"]),
+        str(result["real"]),
+        str(result["rank_sets"]),
+        f"{result['rss']:.0f}",
+        over,
+        f"{result['rss'] - result['rss_before']:+.0f}",
     ]
 
 
@@ -537,8 +570,12 @@ def compare_dims(results: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
-def plot(path: Path, sizes: Sequence[int], results: dict[tuple[int, str], dict[str, Any]],
-         degrees_text: str) -> str:
+def plot(
+    path: Path,
+    sizes: Sequence[int],
+    results: dict[tuple[int, str], dict[str, Any]],
+    degrees_text: str,
+) -> str:
     try:
         import matplotlib
     except ImportError:
@@ -555,8 +592,7 @@ def plot(path: Path, sizes: Sequence[int], results: dict[tuple[int, str], dict[s
         xs = [n for n, _ in points]
         name = LABELS[impl].replace("`", "")
         left.plot(xs, [r["build"] for _, r in points], marker=markers[impl], label=name)
-        right.plot(xs, [r["new_group_calls"] for _, r in points], marker=markers[impl],
-                   label=name)
+        right.plot(xs, [r["new_group_calls"] for _, r in points], marker=markers[impl], label=name)
     for axis, title in ((left, "build time (s)"), (right, "new_group calls on this rank")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
@@ -564,8 +600,9 @@ def plot(path: Path, sizes: Sequence[int], results: dict[tuple[int, str], dict[s
         axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
     left.legend(fontsize=8)
-    figure.suptitle(f"One rank's four domain meshes ({degrees_text}; fake process group)",
-                    fontsize=10)
+    figure.suptitle(
+        f"One rank's four domain meshes ({degrees_text}; fake process group)", fontsize=10
+    )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -578,20 +615,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog=__doc__.split("\n\n", 1)[1] + "\n" + EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
-                        help="simulated world sizes (default: %(default)s)")
-    parser.add_argument("--degrees", nargs="+", default=[], metavar="NAME=VALUE",
-                        help="change degrees of the default config "
-                             f"{json.dumps(DEFAULT_DEGREES)}")
-    parser.add_argument("--repeat", type=int, default=5,
-                        help="fresh processes per cell; build time is their median (default 5)")
-    parser.add_argument("--cell-timeout", type=float, default=300,
-                        help="seconds one cell process may run (default 300)")
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_SIZES),
+        help="simulated world sizes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--degrees",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help=f"change degrees of the default config {json.dumps(DEFAULT_DEGREES)}",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="fresh processes per cell; build time is their median (default 5)",
+    )
+    parser.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=300,
+        help="seconds one cell process may run (default 300)",
+    )
     parser.add_argument("--torchtitan-wheel", help="path of torchtitan-0.2.1-py3-none-any.whl")
-    parser.add_argument("--no-download", action="store_true",
-                        help=f"do not try pip download into {CACHE_DIR}")
-    parser.add_argument("--plot", default=str(ROOT / "docs" / "mesh_build.png"),
-                        help="where to save the plot; '' for none (default: %(default)s)")
+    parser.add_argument(
+        "--no-download", action="store_true", help=f"do not try pip download into {CACHE_DIR}"
+    )
+    parser.add_argument(
+        "--plot",
+        default=str(ROOT / "docs" / "mesh_build.png"),
+        help="where to save the plot; '' for none (default: %(default)s)",
+    )
     parser.add_argument("--cell", choices=(*IMPLEMENTATIONS, "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--world-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -616,13 +674,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("## Mesh build at simulated world sizes\n")
     print(f"Command: `{shlex.join(['python', *sys.argv])}`\n")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    print(f"- Machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs "
-          f"({usable} usable); Python {platform.python_version()}; torch {torch.__version__}")
-    print(f"- Config: {degrees_text}; rank N // 2 + 3; {args.repeat} fresh process(es) per "
-          "cell, median and best build time")
+    print(
+        f"- Machine: {platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs "
+        f"({usable} usable); Python {platform.python_version()}; torch {torch.__version__}"
+    )
+    print(
+        f"- Config: {degrees_text}; rank N // 2 + 3; {args.repeat} fresh process(es) per "
+        "cell, median and best build time"
+    )
     if wheel is None:
-        print(f"- torchtitan: SKIPPED, {why}. Get the wheel with `pip download --no-deps "
-              f"torchtitan=={TORCHTITAN_VERSION} -d {CACHE_DIR}`")
+        print(
+            f"- torchtitan: SKIPPED, {why}. Get the wheel with `pip download --no-deps "
+            f"torchtitan=={TORCHTITAN_VERSION} -d {CACHE_DIR}`"
+        )
     else:
         print(f"- torchtitan: {wheel.name} (parallel_dims.py loaded from the wheel)")
     print()
@@ -640,8 +704,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if skipped:
                 result: dict[str, Any] = {}
             else:
-                result = measure(impl, world_size, rank, spec, wheel,
-                                 1 if impl == "baseline" else args.repeat, args.cell_timeout)
+                result = measure(
+                    impl,
+                    world_size,
+                    rank,
+                    spec,
+                    wheel,
+                    1 if impl == "baseline" else args.repeat,
+                    args.cell_timeout,
+                )
             results[world_size, impl] = result
             if "build" in result:
                 note = f"build {result['build']:.4f} s"
@@ -659,12 +730,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         by_impl = {impl: results[world_size, impl] for impl in IMPLEMENTATIONS}
         problems += [f"N={world_size:,}: {p}" for p in compare_dims(by_impl)]
 
-    print(table(
-        ["N", "implementation", "build (median)", "build (best)", "new_group calls",
-         "groups joined", "real", "rank sets", "peak RSS (MiB)", "over baseline",
-         "during build"],
-        rows, right=tuple(range(2, 11)),
-    ))
+    print(
+        table(
+            [
+                "N",
+                "implementation",
+                "build (median)",
+                "build (best)",
+                "new_group calls",
+                "groups joined",
+                "real",
+                "rank sets",
+                "peak RSS (MiB)",
+                "over baseline",
+                "during build",
+            ],
+            rows,
+            right=tuple(range(2, 11)),
+        )
+    )
     print()
     ratio_rows = []
     for world_size in args.sizes:
@@ -680,9 +764,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cells.append("timeout" if "timeout" in other else "n/a")
         ratio_rows.append(cells)
     print("Build time relative to meshconf's (ratio of the medians, ratio of the bests):\n")
-    print(table(["N", "torchtitan / meshconf (median)", "(best)",
-                 "torch init_device_mesh / meshconf (median)", "(best)"],
-                ratio_rows, right=(1, 2, 3, 4)))
+    print(
+        table(
+            [
+                "N",
+                "torchtitan / meshconf (median)",
+                "(best)",
+                "torch init_device_mesh / meshconf (median)",
+                "(best)",
+            ],
+            ratio_rows,
+            right=(1, 2, 3, 4),
+        )
+    )
     print()
     check_rows = []
     for world_size in args.sizes:
@@ -700,16 +794,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("Cross-checks:\n")
     print("\n".join(check_rows))
     same = not any("differ on" in problem for problem in problems)
-    print(f"- Same ranks along every common (domain, dim) in all implementations: "
-          f"{'yes' if same else 'NO'}")
+    print(
+        f"- Same ranks along every common (domain, dim) in all implementations: "
+        f"{'yes' if same else 'NO'}"
+    )
     for problem in problems:
         print(f"- PROBLEM: {problem}")
     print()
     if args.plot:
         print(plot(Path(args.plot), args.sizes, results, degrees_text))
     load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"Total benchmark time: {time.perf_counter() - started:.0f} s; 1-minute load "
-          f"average {load_start:.2f} at the start, {load_end:.2f} at the end")
+    print(
+        f"Total benchmark time: {time.perf_counter() - started:.0f} s; 1-minute load "
+        f"average {load_start:.2f} at the start, {load_end:.2f} at the end"
+    )
     return 0
 
 

@@ -16,6 +16,13 @@ def test_ruff_is_clean() -> None:
         [ruff, "check", "meshconf", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    result = subprocess.run(
+        [ruff, "format", "--check", "meshconf", "tests", "benchmarks", "examples"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_mypy_strict_is_clean() -> None:
