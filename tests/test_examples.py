@@ -19,7 +19,7 @@ EXAMPLES = ROOT / "examples"
 INVALID = EXAMPLES / "invalid"
 EXPERIMENT = EXAMPLES / "experiments" / "experiment_with_parallelism_key.yaml"
 
-VALID_FILES = sorted(EXAMPLES.glob("*.yaml"))
+VALID_FILES = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "migration").glob("*.yaml"))
 INVALID_FILES = sorted(INVALID.glob("*.yaml"))
 ALL_EXAMPLES = VALID_FILES + sorted((EXAMPLES / "experiments").glob("*.yaml"))
 
