@@ -13,6 +13,7 @@ from meshconf.errors import (
 )
 from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, RankGroup
 from meshconf.loading import load_config
+from meshconf.schema import build_schema
 
 if TYPE_CHECKING:
     from meshconf.runtime import DistributedContext as DistributedContext
@@ -48,5 +49,6 @@ __all__ = [
     "RuntimeOptions",
     "SourceError",
     "WorldSizeUnknownError",
+    "build_schema",
     "load_config",
 ]

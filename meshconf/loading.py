@@ -292,6 +292,9 @@ def _config_error(error: ValidationError, source: _Source) -> ConfigError:
             message += _key_hint(source.data.get(path[0]), path[0])
         written = source.interpolated.get(source.prefix + path)
         if written is not None:
+            # A hint about how the YAML was written does not apply to an interpolated value.
+            hint = item.get("ctx", {}).get("hint")
+            message = message.replace(hint, "") if hint else message
             message += f" (resolved from {written})"
         diagnostics.append(source.diagnostic(path, message))
     unplaced = float("inf")

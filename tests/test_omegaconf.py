@@ -62,13 +62,16 @@ def test_written_strings_stay_strings(tmp_path: Path, env: object) -> None:
 
 
 def test_non_integer_environment_values_are_refused_with_their_source(
-    tmp_path: Path, env: object
+    tmp_path: Path, env: pytest.MonkeyPatch
 ) -> None:
+    env.setenv("MESH_LEADING_ZERO", "08")
     path = tmp_path / "exp.yaml"
-    path.write_text("world_size: ${oc.env:MESH_WORLD}\ndegrees:\n  tp: ${oc.env:MESH_BAD}\n")
+    path.write_text("world_size: ${oc.env:MESH_LEADING_ZERO}\ndegrees:\n  tp: ${oc.env:MESH_BAD}\n")
     assert _lines(path) == [
+        f"{path}:1:1: world_size: expected an integer >= 1, got the string '08' "
+        "(resolved from ${oc.env:MESH_LEADING_ZERO})",
         f"{path}:3:3: degrees.tp: expected an integer >= 1 or -1 (fill the remaining ranks), "
-        "got the string 'eight' (resolved from ${oc.env:MESH_BAD})"
+        "got the string 'eight' (resolved from ${oc.env:MESH_BAD})",
     ]
 
 
