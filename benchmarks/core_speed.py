@@ -116,7 +116,7 @@ def wall(cmd: Sequence[str], runs: int, expect_rc: int = 0) -> tuple[list[float]
 
 # --------------------------------------------------------------------------- config files
 
-_CUSTOM_DOMAIN_SETS: list[tuple[dict[str, str], dict[str, list[str]]]] = [
+CUSTOM_DOMAIN_SETS: list[tuple[dict[str, str], dict[str, list[str]]]] = [
     # (derived, domains): a few shapes seen in real training configs.
     ({}, {"dense": ["pp", "dp_replicate", "fsdp", "tp"], "loss": ["pp", "loss", "tp"]}),
     (
@@ -176,6 +176,23 @@ _ANCHORS = [
 ]
 
 
+def write_auto_style(
+    written: dict[str, int], degrees: dict[str, int], style: int, rng: random.Random
+) -> None:
+    """Write the -1 one of four ways: dp_shard left out (its default), dp_shard written as -1,
+    another world factor as -1, or every world factor explicit."""
+    if style == 0:
+        written.pop("dp_shard", None)
+    elif style == 1:
+        written["dp_shard"] = -1
+    elif style == 2:
+        auto = rng.choice([n for n in ("pp", "dp_replicate", "tp") if n in written] or ["pp"])
+        written["dp_shard"] = degrees["dp_shard"]
+        written[auto] = -1
+    else:
+        written.update({n: degrees[n] for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")})
+
+
 def config_text(index: int, rng: random.Random) -> str | None:
     """One realistic config, or None if the random degrees fall outside the world range."""
     degrees = dict(_ANCHORS[index]) if index < len(_ANCHORS) else _degree_choices(rng)
@@ -190,23 +207,14 @@ def config_text(index: int, rng: random.Random) -> str | None:
         if name != "dp_shard" and value == 1 and rng.random() < 0.5:
             continue
         written[name] = value
-    if style == 0:  # dp_shard left out: it defaults to -1
-        written.pop("dp_shard", None)
-    elif style == 1:  # dp_shard written as -1
-        written["dp_shard"] = -1
-    elif style == 2:  # another world factor fills the remaining ranks
-        auto = rng.choice([n for n in ("pp", "dp_replicate", "tp") if n in written] or ["pp"])
-        written["dp_shard"] = degrees["dp_shard"]
-        written[auto] = -1
-    else:  # every world factor explicit
-        written.update({n: degrees[n] for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")})
+    write_auto_style(written, degrees, style, rng)
     lines = [f"# generated benchmark config {index:03d}: {world} ranks", f"world_size: {world}"]
     if rng.random() < 0.6:
         lines.append(f"gpus_per_node: {rng.choice([4, 8, 8, 8])}")
     lines.append("degrees:")
     lines += [f"  {name}: {value}" for name, value in written.items()]
     if index % 3 == 0:
-        derived, domains = _CUSTOM_DOMAIN_SETS[(index // 3) % len(_CUSTOM_DOMAIN_SETS)]
+        derived, domains = CUSTOM_DOMAIN_SETS[(index // 3) % len(CUSTOM_DOMAIN_SETS)]
         if derived:
             lines.append("derived:")
             lines += [f'  {name}: "{text}"' for name, text in derived.items()]

@@ -46,6 +46,11 @@ from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 
+from core_speed import (  # the benchmarks folder is on sys.path[0]
+    CUSTOM_DOMAIN_SETS,
+    write_auto_style,
+)
+
 from meshconf import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,32 +156,6 @@ class ConfigShape:
         return "\n".join(lines) + "\n"
 
 
-# (derived, domains) pairs of the kind real training configs write.
-DOMAIN_SETS: list[tuple[dict[str, str], dict[str, list[str]]]] = [
-    ({}, {"dense": ["pp", "dp_replicate", "fsdp", "tp"], "loss": ["pp", "loss", "tp"]}),
-    (
-        {"expert_dp": "dp_shard * cp * tp / (ep * etp)"},
-        {
-            "dense": ["pp", "dp_replicate", "fsdp", "tp"],
-            "moe": ["pp", "dp_replicate", "expert_dp", "ep", "etp"],
-        },
-    ),
-    (
-        {"attn_dp": "dp_shard * cp"},
-        {
-            "attention": ["pp", "dp_replicate", "attn_dp", "tp"],
-            "dataloading": ["pp", "batch", "cp", "tp"],
-        },
-    ),
-    (
-        {"model_parallel": "pp * tp", "tokens": "dp_replicate * dp_shard * cp"},
-        {
-            "dense": ["pp", "dp_replicate", "fsdp", "tp"],
-            "seq": ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
-            "loss": ["pp", "tokens", "tp"],
-        },
-    ),
-]
 DERIVED_ONLY = [{"dp_total": "dp_replicate * dp_shard"}, {"sp": "cp * tp"}]
 
 # The first valid configs pin the ends of the world-size range.
@@ -220,16 +199,7 @@ def written_degrees(degrees: dict[str, int], style: int, rng: random.Random) -> 
         for name, value in degrees.items()
         if value != 1 or (name == "dp_shard") or rng.random() < 0.3
     }
-    if style == 0:  # dp_shard left out: it defaults to -1
-        written.pop("dp_shard", None)
-    elif style == 1:  # dp_shard written as -1
-        written["dp_shard"] = -1
-    elif style == 2:  # another world factor fills the remaining ranks
-        auto = rng.choice([n for n in ("pp", "dp_replicate", "tp") if n in written] or ["pp"])
-        written["dp_shard"] = degrees["dp_shard"]
-        written[auto] = -1
-    else:  # every world factor explicit
-        written.update({name: degrees[name] for name in WORLD_FACTORS})
+    write_auto_style(written, degrees, style, rng)
     return written
 
 
@@ -238,7 +208,7 @@ def add_extras(shape: ConfigShape, rng: random.Random, with_domains: bool) -> No
     if rng.random() < 0.5:
         shape.gpus_per_node = rng.choice([4, 8, 8, 8])
     if with_domains and rng.random() < 0.3:
-        shape.derived, shape.domains = rng.choice(DOMAIN_SETS)
+        shape.derived, shape.domains = rng.choice(CUSTOM_DOMAIN_SETS)
     elif rng.random() < 0.15:
         shape.derived = dict(rng.choice(DERIVED_ONLY))
     if rng.random() < 0.25:

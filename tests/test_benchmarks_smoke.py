@@ -10,9 +10,9 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "core_speed.py"
 
 
-def test_core_speed_quick_runs_and_prints_tables() -> None:
+def _run_quick(script: Path) -> str:
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"],
+        [sys.executable, str(script), "--quick"],
         capture_output=True,
         env={**os.environ, "PYTHONIOENCODING": "utf-8"},
         timeout=120,
@@ -20,6 +20,11 @@ def test_core_speed_quick_runs_and_prints_tables() -> None:
     )
     out = done.stdout.decode("utf-8")
     assert done.returncode == 0, out + done.stderr.decode("utf-8", "replace")
+    return out
+
+
+def test_core_speed_quick_runs_and_prints_tables() -> None:
+    out = _run_quick(SCRIPT)
     assert "Command: `python " in out and "--quick" in out
     for header in (
         "| what | best | median |",
@@ -53,15 +58,7 @@ def _table_rows(out: str, first_cell: str) -> dict[str, list[str]]:
 def test_validate_speed_quick_runs_and_counts_flagged_files() -> None:
     """Timings are not asserted; the flagged-file counts are: meshconf flags each of the 10
     formula-broken files among the 100, check-jsonschema (which cannot see formulas) none."""
-    done = subprocess.run(
-        [sys.executable, str(VALIDATE_SCRIPT), "--quick"],
-        capture_output=True,
-        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
-        timeout=120,
-        check=False,
-    )
-    out = done.stdout.decode("utf-8")
-    assert done.returncode == 0, out + done.stderr.decode("utf-8", "replace")
+    out = _run_quick(VALIDATE_SCRIPT)
     assert "## Validating files: meshconf validate vs check-jsonschema" in out
     assert "Command: `python " in out and "--quick" in out
     assert DIRECT_HEADER in out
