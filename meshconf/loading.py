@@ -85,6 +85,9 @@ def _interpolations(data: Any, path: KeyPath = ()) -> dict[KeyPath, str]:
 
 
 _DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
+# A resolver call such as ${oc.env:TP}. A plain ${key} keeps the type of the value it names,
+# so a string it names stays a string.
+_RESOLVER_CALL = re.compile(r"\$\{\s*[A-Za-z_][\w.]*:")
 
 
 def _integer_field(path: KeyPath) -> bool:
@@ -103,11 +106,14 @@ def _integer_field(path: KeyPath) -> bool:
 
 def _integers_from_interpolation(source: _Source) -> None:
     """``${oc.env:TP}`` resolves to the string ``"4"``; where the field is an integer, the
-    value the user meant is the integer. Written strings (``"4"`` in the file) stay strings."""
+    value the user meant is the integer. Written strings (``"4"`` in the file, or named by a
+    plain ``${key}``) stay strings."""
     block = len(source.prefix)
-    for path in source.interpolated:
+    for path, written in source.interpolated.items():
         inner = path[block:]
-        if path[:block] != source.prefix or not _integer_field(inner):
+        if path[:block] != source.prefix or not _RESOLVER_CALL.search(written):
+            continue
+        if not _integer_field(inner):
             continue
         parent = source.data
         for part in inner[:-1]:

@@ -62,6 +62,8 @@ class _Generator(GenerateJsonSchema):
 
 def build_schema(flavor: Flavor = "plain") -> dict[str, Any]:
     """The JSON Schema of a meshconf config, or of a Hydra config-group option."""
+    if flavor not in FLAVORS:
+        raise ValueError(f"unknown schema flavor {flavor!r}; flavors: {', '.join(FLAVORS)}")
     generated = MeshConfig.model_json_schema(schema_generator=_Generator)
     definitions = generated.pop("$defs")
     properties = generated["properties"]

@@ -61,6 +61,14 @@ def test_written_strings_stay_strings(tmp_path: Path, env: object) -> None:
     ]
 
 
+def test_a_string_named_by_a_plain_interpolation_stays_a_string() -> None:
+    node = OmegaConf.create({"size": "8", "mesh": {"world_size": "${size}"}})
+    assert _lines(node, key="mesh") == [
+        "mesh.world_size: expected an integer >= 1, got the string '8' (resolved from ${size})"
+    ]
+    assert load_config({"size": 8, "mesh": {"world_size": "${size}"}}, key="mesh")
+
+
 def test_non_integer_environment_values_are_refused_with_their_source(
     tmp_path: Path, env: pytest.MonkeyPatch
 ) -> None:

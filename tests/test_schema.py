@@ -105,6 +105,11 @@ def test_schema_is_valid_draft_07_and_2020_12(flavor: str) -> None:
     assert "checked by `meshconf validate`, not by this schema" in schema["description"]
 
 
+def test_unknown_flavor_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown schema flavor 'nope'; flavors: plain, hydra"):
+        build_schema("nope")  # type: ignore[arg-type]
+
+
 def _fields(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
     found = []
     for name, value in schema.get("properties", {}).items():
