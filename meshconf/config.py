@@ -129,7 +129,9 @@ class MeshConfig(_Strict):
         examples=[512],
     )
     gpus_per_node: GpusPerNode | None = Field(
-        None, description="Ranks per node; enables the crosses-nodes report.", examples=[8]
+        None,
+        description="Ranks per node; enables the node placement report and its warnings.",
+        examples=[8],
     )
     degrees: Degrees = Field(
         default_factory=lambda: Degrees(),

@@ -19,6 +19,10 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Literal
+
+#: Where the groups of a dim sit: each inside one node, one rank per node, or neither.
+Placement = Literal["intra-node", "inter-node", "mixed"]
 
 
 @dataclass(frozen=True, order=True)
@@ -242,6 +246,20 @@ class DomainLayout:
             gpus_per_node,
         )
         return residues.bit_length() - 1 + max_offset >= gpus_per_node
+
+    def placement(self, dims: str | Sequence[str], gpus_per_node: int) -> Placement:
+        """``intra-node`` when every group along ``dims`` stays inside one node,
+        ``inter-node`` when no node holds two ranks of one group, ``mixed`` otherwise.
+
+        The modes number the world in mixed radix, so two ranks of a group are at least the
+        smallest stride of its modes apart, and rank 0's group holds both 0 and that stride:
+        no node holds two ranks of a group exactly when that stride is ``gpus_per_node`` or
+        more.
+        """
+        if not self.crosses_nodes(dims, gpus_per_node):
+            return "intra-node"
+        smallest = min(mode.stride for mode in self._modes_of(dims) if mode.size > 1)
+        return "inter-node" if smallest >= gpus_per_node else "mixed"
 
 
 def _residues(modes: Sequence[Mode], modulus: int) -> int:

@@ -50,6 +50,7 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "num_groups": 32,
         "group": list(range(64, 72)),
         "crosses_nodes": False,
+        "placement": "intra-node",
     }
     assert textbook["pp"] == {
         "name": "pp",
@@ -58,6 +59,7 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "num_groups": 64,
         "group": [64, 72, 80, 88],
         "crosses_nodes": True,
+        "placement": "inter-node",
     }
     assert textbook["dp_replicate"]["group"] == [0, 32, 64, 96, 128, 160, 192, 224]
     assert textbook["dp_replicate"]["stride"] == 32
@@ -74,6 +76,7 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
         "domains",
         "coordinates",
         "process_groups_per_rank",
+        "warnings",
     }
     assert report["world_size"] == 8 and report["gpus_per_node"] is None and report["rank"] == 5
     dense = dims(report, "dense")
@@ -85,6 +88,7 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
         "num_groups": 8,
         "group": [5],
         "crosses_nodes": None,
+        "placement": None,
     }
     assert dense["dp_replicate"]["group"] == [1, 5]
     assert dense["fsdp"]["group"] == [5, 7]
@@ -96,6 +100,7 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
     assert report["coordinates"]["dense"] == {"pp": 0, "dp_replicate": 1, "fsdp": 0, "tp": 1}
     # tp, dp_replicate, fsdp, batch (= loss) and efsdp: five distinct groups.
     assert report["process_groups_per_rank"] == 5
+    assert report["warnings"] == []
 
 
 def test_show_a_million_ranks(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -117,7 +122,7 @@ def test_show_text(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-
     assert result.returncode == 0
     assert "domain textbook [dp_replicate=8, pp=4, tp=8]" in result.stdout
     assert (
-        "  tp                  8        1       32  no             64, 65, 66, 67, 68, 69, 70, 71"
+        "  tp                  8        1       32  intra-node  64, 65, 66, 67, 68, 69, 70, 71"
         in result.stdout
     )
     assert "rank 64 belongs to 3 distinct process groups" in result.stdout

@@ -119,6 +119,49 @@ def test_crosses_nodes_matches_brute_force(sizes: list[int], gpus_per_node: int)
         assert layout.crosses_nodes(name, gpus_per_node) == expected, (name, sizes, gpus_per_node)
 
 
+def _brute_force_placement(groups: list[list[int]], gpus_per_node: int) -> str:
+    nodes = [[rank // gpus_per_node for rank in group] for group in groups]
+    if all(len(set(members)) == 1 for members in nodes):
+        return "intra-node"
+    if all(len(set(members)) == len(members) for members in nodes):
+        return "inter-node"
+    return "mixed"
+
+
+@pytest.mark.parametrize("gpus_per_node", [1, 2, 3, 4, 6, 8, 16])
+@pytest.mark.parametrize(
+    "dims",
+    [
+        # Row-major dims, and dims placed partly inside and partly across nodes.
+        {"a": [(4, 6)], "b": [(6, 1)]},
+        {"a": [(2, 6), (2, 1)], "b": [(3, 2)]},
+        {"a": [(2, 16)], "b": [(2, 8), (2, 2)], "c": [(2, 4), (2, 1)]},
+        {"a": [(3, 8)], "b": [(2, 4)], "c": [(2, 2), (2, 1)]},
+        {"a": [(2, 12)], "b": [(2, 6), (3, 1)], "c": [(2, 3)]},
+    ],
+)
+def test_placement_matches_brute_force(
+    dims: dict[str, list[tuple[int, int]]], gpus_per_node: int
+) -> None:
+    layout = DomainLayout(
+        "mesh",
+        math.prod(size for modes in dims.values() for size, _ in modes),
+        tuple(dim(name, modes) for name, modes in dims.items()),
+    )
+    for name in dims:
+        groups = {tuple(layout.group(rank, name).ranks()) for rank in range(layout.world_size)}
+        expected = _brute_force_placement([list(group) for group in groups], gpus_per_node)
+        assert layout.placement(name, gpus_per_node) == expected, (dims, name, gpus_per_node)
+
+
+def test_textbook_placement() -> None:
+    layout = DomainLayout.row_major("mesh", [("dp", 32), ("tp", 8)])
+    assert layout.placement("tp", 8) == "intra-node"
+    assert layout.placement("dp", 8) == "inter-node"
+    assert layout.placement("dp", 4) == "inter-node"
+    assert layout.placement("tp", 4) == "mixed"
+
+
 def test_queries_at_a_million_ranks_need_no_enumeration() -> None:
     world = 2**20
     layout = DomainLayout.row_major(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from meshconf.config import MeshConfig
 from meshconf.errors import ConfigError, SourceError
+from meshconf.fields import MAX_GPUS_PER_NODE
 from meshconf.loading import load_config
 
 EXIT_OK = 0
@@ -26,6 +27,15 @@ def non_negative_int(text: str) -> int:
     if not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return int(text)
+
+
+def gpus_per_node(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_GPUS_PER_NODE:
+        raise argparse.ArgumentTypeError(
+            f"{value} is larger than {MAX_GPUS_PER_NODE}, more than any node holds"
+        )
+    return value
 
 
 def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True) -> None:

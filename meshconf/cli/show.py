@@ -10,12 +10,15 @@ from meshconf.cli.common import (
     EXIT_OK,
     add_source_options,
     emit,
+    gpus_per_node,
     load_for_rank,
     non_negative_int,
     usage_error,
 )
 from meshconf.config import MeshConfig
+from meshconf.errors import format_key
 from meshconf.layout import DomainLayout, process_group_count
+from meshconf.topology import topology_warnings
 
 _SHOWN_RANKS = 8
 
@@ -33,6 +36,7 @@ def _dim_entry(
         "crosses_nodes": None
         if gpus_per_node is None
         else layout.crosses_nodes(name, gpus_per_node),
+        "placement": None if gpus_per_node is None else layout.placement(name, gpus_per_node),
     }
 
 
@@ -54,6 +58,12 @@ def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str,
         },
         "coordinates": {domain: layouts[domain].coordinate(rank) for domain in domains},
         "process_groups_per_rank": process_group_count(list(layouts.values()), rank),
+        "warnings": [
+            {"key": format_key(warning.path), "message": warning.message}
+            for warning in (
+                topology_warnings(config, config.gpus_per_node) if config.gpus_per_node else []
+            )
+        ],
     }
 
 
@@ -62,10 +72,6 @@ def _ranks_text(group: list[int]) -> str:
         return ", ".join(map(str, group))
     head = ", ".join(map(str, group[:3]))
     return f"{head}, ..., {group[-1]} ({len(group)} ranks)"
-
-
-def _yes_no(value: bool | None) -> str:
-    return "-" if value is None else ("yes" if value else "no")
 
 
 def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
@@ -77,19 +83,21 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
     sizes = config.dim_sizes
     derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
     print("derived: " + " ".join(derived))
+    for warning in report["warnings"]:
+        print(f"warning: {warning['key']}: {warning['message']}")
     for domain, body in report["domains"].items():
         dims = body["dims"]
         shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in dims)
         print(f"\ndomain {domain} [{shape}]")
         width = max(len("dim"), *(len(dim["name"]) for dim in dims))
         print(
-            f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  crosses nodes  "
+            f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  placement   "
             f"group of rank {rank}"
         )
         for dim in dims:
             print(
                 f"  {dim['name']:<{width}}  {dim['size']:>7}  {dim['stride']:>7}  "
-                f"{dim['num_groups']:>7}  {_yes_no(dim['crosses_nodes']):<13}  "
+                f"{dim['num_groups']:>7}  {dim['placement'] or '-':<10}  "
                 f"{_ranks_text(dim['group'])}"
             )
         coordinate = " ".join(f"{k}={v}" for k, v in report["coordinates"][domain].items())
@@ -104,6 +112,13 @@ def run(args: argparse.Namespace) -> int:
     config = load_for_rank(args)
     if isinstance(config, int):
         return config
+    if args.gpus_per_node is not None:
+        if config.gpus_per_node not in (None, args.gpus_per_node):
+            return usage_error(
+                f"--gpus-per-node {args.gpus_per_node} disagrees with gpus_per_node "
+                f"{config.gpus_per_node} in {args.path}"
+            )
+        config = config.model_copy(update={"gpus_per_node": args.gpus_per_node})
     layouts = config.layouts
     if args.domain is not None and args.domain not in layouts:
         return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
@@ -119,12 +134,19 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "show",
-        help="show each domain's dims, strides, groups and node locality",
+        help="show each domain's dims, strides, groups and node placement",
         description="Show, for one rank, every domain's dims with size, stride, number of "
-        "groups, the rank's group and whether groups cross node boundaries.",
+        "groups, the rank's group and, given gpus_per_node, where the groups sit: inside one "
+        "node, one rank per node, or mixed; and warn when tp, etp or cp groups leave a node.",
     )
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")
     parser.add_argument("--domain", metavar="D", help="show only this domain")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=gpus_per_node,
+        metavar="G",
+        help="ranks per node, for a config without gpus_per_node (must agree if it has one)",
+    )
     add_source_options(parser)
     parser.set_defaults(run=run)

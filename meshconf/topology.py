@@ -1,0 +1,62 @@
+"""What a layout means for nodes: where each dim's groups sit, and warnings for layouts that
+work but waste the fast links inside a node.
+
+Nodes hold consecutive ranks, ``gpus_per_node`` each, as torchrun and SLURM number them.
+"""
+
+from __future__ import annotations
+
+from meshconf.config import MeshConfig
+from meshconf.errors import Problem
+
+#: Dims that talk in every layer, and why their groups belong inside one node.
+HIGH_TRAFFIC = {
+    "tp": "tensor parallelism exchanges activations in every layer",
+    "etp": "expert tensor parallelism exchanges activations in every expert layer",
+    "cp": "context parallelism passes attention blocks around its ring in every layer",
+}
+
+
+def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
+    """Problems that do not make the config invalid: a high-traffic dim whose groups leave a
+    node, and a world that does not fill whole nodes."""
+    warnings = []
+    world_size = config.resolved_world_size
+    if world_size is not None and world_size % gpus_per_node:
+        warnings.append(
+            Problem(
+                ("world_size",),
+                f"world_size {world_size} is not a multiple of gpus_per_node {gpus_per_node}: "
+                f"the last node would run {world_size % gpus_per_node} ranks, but launchers "
+                "start the same number on every node; use a multiple of "
+                f"{gpus_per_node}, or set gpus_per_node to the ranks each node runs",
+            )
+        )
+    for dim, reason in HIGH_TRAFFIC.items():
+        warning = _high_traffic_warning(config, dim, reason, gpus_per_node)
+        if warning is not None:
+            warnings.append(warning)
+    return warnings
+
+
+def _high_traffic_warning(
+    config: MeshConfig, dim: str, reason: str, gpus_per_node: int
+) -> Problem | None:
+    for domain, layout in config.layouts.items():
+        if dim not in layout.dim_names or layout.dim(dim).size == 1:
+            continue
+        placement = layout.placement(dim, gpus_per_node)
+        if placement == "intra-node":
+            continue
+        size = layout.dim(dim).size
+        if size > gpus_per_node or gpus_per_node % size:
+            fix = f"use a {dim} that divides {gpus_per_node}"
+        else:
+            fix = f"put {dim} innermost in domain {domain!r} (only dims of size 1 after it)"
+        return Problem(
+            ("degrees", dim),
+            f"{dim} groups of {size} ranks are {placement} in domain {domain!r} with "
+            f"{gpus_per_node} GPUs per node; {reason}, so they belong on one node's fast "
+            f"links: {fix}",
+        )
+    return None
