@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from meshconf.cli import schema, show, simulate, validate
+from meshconf.cli import render, schema, show, simulate, validate
 
-_VERBS = (validate, show, simulate, schema)
+_VERBS = (validate, show, simulate, schema, render)
 
 
 def build_parser() -> argparse.ArgumentParser:

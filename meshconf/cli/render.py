@@ -1,0 +1,129 @@
+"""``meshconf render PATH --out FILE``: a picture of one domain's rank grid (SVG, or PNG)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from meshconf.cli.common import (
+    EXIT_OK,
+    add_source_options,
+    emit,
+    load_for_rank,
+    non_negative_int,
+    positive_int,
+    usage_error,
+)
+from meshconf.config import MeshConfig
+from meshconf.fields import MAX_GPUS_PER_NODE
+from meshconf.render import draw_domain, to_png, to_svg
+
+_FORMATS = (".svg", ".png")
+_PREFERRED_DOMAIN = "dense"
+
+
+def _output_problem(out: str) -> str | None:
+    suffix = Path(out).suffix.lower()
+    if suffix not in _FORMATS:
+        return f"--out {out}: the file name must end in .svg or .png"
+    if suffix == ".png" and not _has_matplotlib():
+        return "writing PNG needs matplotlib, which is not installed: pip install matplotlib"
+    return None
+
+
+def _has_matplotlib() -> bool:
+    # Imported only to ask: matplotlib is optional and not a dependency of meshconf.
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _gpus_per_node(config: MeshConfig, given: int | None) -> int | str | None:
+    """The GPUs per node to draw with, or the problem with ``--gpus-per-node``."""
+    if given is None:
+        return config.gpus_per_node
+    if given > MAX_GPUS_PER_NODE:
+        return f"--gpus-per-node {given} is larger than {MAX_GPUS_PER_NODE}"
+    if config.gpus_per_node is not None and config.gpus_per_node != given:
+        return (
+            f"--gpus-per-node {given} disagrees with gpus_per_node {config.gpus_per_node} "
+            "in the config"
+        )
+    return given
+
+
+def _domain(config: MeshConfig, asked: str | None) -> str:
+    if asked is not None:
+        return asked
+    layouts = config.layouts
+    return _PREFERRED_DOMAIN if _PREFERRED_DOMAIN in layouts else next(iter(layouts))
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _output_problem(args.out)
+    if problem is not None:
+        return usage_error(problem)
+    config = load_for_rank(args)
+    if isinstance(config, int):
+        return config
+    layouts = config.layouts
+    if args.domain is not None and args.domain not in layouts:
+        return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
+    gpus_per_node = _gpus_per_node(config, args.gpus_per_node)
+    if isinstance(gpus_per_node, str):
+        return usage_error(gpus_per_node)
+    domain = _domain(config, args.domain)
+    drawing = draw_domain(layouts[domain], args.rank, gpus_per_node)
+    out = Path(args.out)
+    try:
+        if out.suffix.lower() == ".png":
+            out.write_bytes(to_png(drawing))
+        else:
+            out.write_text(to_svg(drawing), encoding="utf-8")
+    except OSError as error:
+        return usage_error(f"cannot write {args.out}: {error.strerror or error}")
+    world_size = layouts[domain].world_size
+    if drawing.ranks_per_cell == 1:
+        what = f"{world_size} ranks in {drawing.columns} x {drawing.rows} cells"
+    else:
+        what = (
+            f"{world_size} ranks summarised in {drawing.columns} x {drawing.rows} cells "
+            f"of {drawing.ranks_per_cell} ranks"
+        )
+    emit(lambda: print(f"wrote {args.out}: domain {domain}, {what}, groups of rank {args.rank}"))
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "render",
+        help="draw a domain's rank grid as SVG or PNG",
+        description="Draw one domain's ranks as a grid (the dims unflattened row-major), with "
+        "nodes outlined and one rank's group along each dim coloured. Worlds of more than 4096 "
+        "ranks are summarised, one cell per block of consecutive ranks.",
+    )
+    parser.add_argument("path", metavar="PATH")
+    parser.add_argument(
+        "-O",
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="picture to write: .svg, or .png (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--domain", metavar="D", help="domain to draw (default: dense, else the first)"
+    )
+    parser.add_argument(
+        "--rank", type=non_negative_int, default=0, metavar="R", help="whose groups to colour"
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        metavar="G",
+        help="GPUs per node, to outline nodes when the config does not say",
+    )
+    add_source_options(parser, formats=False)
+    parser.set_defaults(run=run)

@@ -1,0 +1,381 @@
+"""``meshconf render`` and ``meshconf.render``: the picture of a domain's rank grid."""
+
+from __future__ import annotations
+
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from meshconf.cli import main
+from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode
+from meshconf.render import FULL_LIMIT, SUMMARY_CELLS, draw_domain, render_svg, to_png, to_svg
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+TEXTBOOK = """\
+world_size: 256
+gpus_per_node: 8
+degrees: {dp_replicate: 8, pp: 4, tp: 8, dp_shard: 1}
+domains:
+  textbook: [dp_replicate, pp, tp]
+"""
+
+NO_WORLD = """\
+degrees: {tp: 8, dp_shard: -1}
+"""
+
+
+def textbook() -> DomainLayout:
+    return DomainLayout.row_major("textbook", [("dp_replicate", 8), ("pp", 4), ("tp", 8)])
+
+
+def parse(svg: str) -> ET.Element:
+    return ET.fromstring(svg)
+
+
+def cells(root: ET.Element) -> list[ET.Element]:
+    return [rect for rect in root.iter(f"{SVG}rect") if "cell" in rect.get("class", "").split()]
+
+
+def with_class(elements: list[ET.Element], css_class: str) -> list[ET.Element]:
+    return [e for e in elements if css_class in e.get("class", "").split()]
+
+
+def rank_labels(root: ET.Element) -> list[str]:
+    return [text.text or "" for text in root.iter(f"{SVG}text") if text.get("class") == "rank"]
+
+
+def node_outlines(root: ET.Element) -> list[ET.Element]:
+    return [path for path in root.iter(f"{SVG}path") if path.get("class") == "node"]
+
+
+# --- the drawing -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [("fsdp", 8)],
+        [("pp", 1), ("dp_replicate", 2), ("fsdp", 4), ("tp", 8)],
+        [("dp_replicate", 8), ("pp", 4), ("tp", 8)],
+        [("pp", 4), ("fsdp", 128), ("tp", 8)],
+    ],
+)
+def test_one_cell_and_one_label_per_rank(sizes: list[tuple[str, int]]) -> None:
+    layout = DomainLayout.row_major("dense", sizes)
+    root = parse(render_svg(layout, 0, 8))
+    ranks = sorted(int(cell.get("data-rank", "-1")) for cell in cells(root))
+    assert ranks == list(range(layout.world_size))
+    labels = rank_labels(root)
+    if labels:  # labels are dropped only where cells are too small to read them
+        assert sorted(map(int, labels)) == list(range(layout.world_size))
+    if layout.world_size <= 256:
+        assert len(labels) == layout.world_size
+
+
+@pytest.mark.parametrize("rank", [0, 37, 255])
+def test_the_highlighted_cells_are_the_layouts_groups(rank: int) -> None:
+    layout = textbook()
+    root = parse(render_svg(layout, rank, 8))
+    for dim in layout.dim_names:
+        highlighted = with_class(cells(root), f"group-{dim}")
+        assert sorted(int(cell.get("data-rank", "-1")) for cell in highlighted) == sorted(
+            layout.group(rank, dim)
+        )
+    (selected,) = with_class(cells(root), "selected")
+    assert selected.get("data-rank") == str(rank)
+
+
+def test_group_cells_take_their_dims_colour_and_the_rank_is_dark() -> None:
+    root = parse(render_svg(textbook(), 37, 8))
+    tp_cells = with_class(cells(root), "group-tp")
+    fills = {cell.get("fill") for cell in tp_cells if "selected" not in cell.get("class", "")}
+    assert len(fills) == 1
+    (selected,) = with_class(cells(root), "selected")
+    assert selected.get("fill") == "#222222"
+
+
+def test_one_outline_per_node() -> None:
+    root = parse(render_svg(textbook(), 0, 8))
+    assert len(node_outlines(root)) == 256 // 8
+    root = parse(render_svg(textbook(), 0, 32))
+    assert len(node_outlines(root)) == 256 // 32
+
+
+def test_no_outlines_without_gpus_per_node() -> None:
+    root = parse(render_svg(textbook(), 0, None))
+    assert node_outlines(root) == []
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend"]
+    assert "nodes: unknown (set gpus_per_node or pass --gpus-per-node)" in legend
+
+
+def test_a_node_inside_one_row_is_one_closed_rectangle() -> None:
+    # tp=8 along x, one node per row: each outline is the 4 sides of 8 cells (8 + 8 + 1 + 1).
+    root = parse(render_svg(textbook(), 0, 8))
+    for outline in node_outlines(root):
+        assert outline.get("d", "").count("M") == 18
+
+
+def test_the_legend_names_each_dim_with_size_stride_and_node_locality() -> None:
+    root = parse(render_svg(textbook(), 0, 8))
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend"]
+    assert legend == [
+        "rank 0: dp_replicate=0 pp=0 tp=0",
+        "dp_replicate: size 8, stride 32, 32 groups, inter-node; coloured: rank 0's group",
+        "pp: size 4, stride 8, 64 groups, inter-node; coloured: rank 0's group",
+        "tp: size 8, stride 1, 32 groups, intra-node; coloured: rank 0's group",
+        "outlined: 32 nodes of 8 GPUs",
+    ]
+
+
+def test_headers_label_blocks_with_their_coordinate() -> None:
+    layout = DomainLayout.row_major("dense", [("dp_replicate", 2), ("fsdp", 2), ("tp", 2)])
+    root = parse(render_svg(layout, 5, None))
+    headers = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "header"]
+    for label in ["tp=0", "tp=1", "fsdp=0", "fsdp=1", "dp_replicate=0", "dp_replicate=1"]:
+        assert label in headers
+
+
+def test_text_is_escaped() -> None:
+    layout = DomainLayout.row_major("a<b&c", [("tp", 2)])
+    svg = render_svg(layout)
+    assert "a&lt;b&amp;c" in svg
+    parse(svg)
+
+
+def test_multi_mode_dims_are_drawn_in_rank_order() -> None:
+    # 16 ranks, a dim 'inner' of modes (2, 8), (2, 2): groups such as [0, 2, 8, 10].
+    layout = DomainLayout(
+        "split",
+        16,
+        (
+            DimLayout("outer", (Mode(2, 4), Mode(2, 1))),
+            DimLayout("inner", (Mode(2, 8), Mode(2, 2))),
+        ),
+    )
+    root = parse(render_svg(layout, 0, 4))
+    highlighted = with_class(cells(root), "group-inner")
+    assert sorted(int(c.get("data-rank", "-1")) for c in highlighted) == [0, 2, 8, 10]
+    assert len(node_outlines(root)) == 4
+
+
+def test_a_single_rank() -> None:
+    layout = DomainLayout.row_major("dense", [("pp", 1), ("tp", 1)])
+    root = parse(render_svg(layout, 0, 8))
+    assert [cell.get("data-rank") for cell in cells(root)] == ["0"]
+    assert len(node_outlines(root)) == 1
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(LayoutError, match=r"rank 256 is outside the world \[0, 256\)"):
+        draw_domain(textbook(), 256)
+    with pytest.raises(ValueError, match="gpus_per_node must be >= 1, got 0"):
+        draw_domain(textbook(), 0, 0)
+
+
+# --- summaries of large worlds -------------------------------------------------------------
+
+
+def test_up_to_the_limit_every_rank_has_its_cell() -> None:
+    layout = DomainLayout.row_major("dense", [("pp", 4), ("fsdp", FULL_LIMIT // 32), ("tp", 8)])
+    drawing = draw_domain(layout, 0, 8)
+    assert drawing.ranks_per_cell == 1
+    assert drawing.cells == FULL_LIMIT
+
+
+def test_65536_ranks_are_summarised_quickly_and_small() -> None:
+    layout = DomainLayout.row_major(
+        "dense", [("pp", 8), ("dp_replicate", 4), ("fsdp", 256), ("tp", 8)]
+    )
+    start = time.perf_counter()
+    drawing = draw_domain(layout, 1234, 8)
+    svg = to_svg(drawing)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 2.0
+    assert len(svg.encode()) < 200_000
+    assert drawing.cells <= SUMMARY_CELLS
+    assert drawing.ranks_per_cell == 128  # tp=8 and 16 of fsdp's 256
+    root = parse(svg)
+    summary = [t.text or "" for t in root.iter(f"{SVG}text") if (t.text or "").startswith("summ")]
+    assert summary == [
+        "summary: 65536 ranks is more than 4096; each cell is 128 consecutive ranks "
+        "(tp=8 x 16 of fsdp=256), labelled with its first rank"
+    ]
+    # Rank 1234's cell holds ranks 1152-1279; its pp group passes through 8 cells.
+    (selected,) = with_class(cells(root), "selected")
+    assert selected.get("data-ranks") == "1152-1279"
+    pp_cells = with_class(cells(root), "group-pp")
+    starts = sorted(int(c.get("data-ranks", "").split("-")[0]) for c in pp_cells)
+    assert starts == [1152 + 8192 * k for k in range(8)]
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend"]
+    assert "8192 nodes of 8 GPUs; not outlined: each cell is 16 whole nodes" in legend
+    assert (
+        "tp: size 8, stride 1, 8192 groups, intra-node; rank 1234's group lies inside its cell"
+        in legend
+    )
+
+
+def test_a_summary_cell_may_be_part_of_a_node() -> None:
+    layout = DomainLayout.row_major("dense", [("fsdp", 1024), ("tp", 64)])
+    drawing = draw_domain(layout, 0, 256)
+    assert drawing.ranks_per_cell == 128
+    assert len(node_outlines(parse(to_svg(drawing)))) == 65536 // 256
+
+
+@pytest.mark.parametrize("world_size", [2**20, 2**24])
+def test_huge_worlds_cost_no_more_than_their_cells(world_size: int) -> None:
+    layout = DomainLayout.row_major("dense", [("fsdp", world_size // 8), ("tp", 8)])
+    start = time.perf_counter()
+    svg = render_svg(layout, world_size - 1, 8)
+    assert time.perf_counter() - start < 2.0
+    assert len(svg.encode()) < 200_000
+    parse(svg)
+
+
+def test_a_prime_sized_world_is_one_cell() -> None:
+    layout = DomainLayout.row_major("dense", [("fsdp", 1_048_573)])
+    drawing = draw_domain(layout, 5)
+    assert (drawing.cells, drawing.ranks_per_cell) == (1, 1_048_573)
+
+
+def test_png_draws_the_same_shapes() -> None:
+    pytest.importorskip("matplotlib")
+    png = to_png(draw_domain(textbook(), 0, 8), scale=1.0)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str, name: str = "mesh.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_cli_writes_an_svg(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = write(tmp_path, TEXTBOOK)
+    out = tmp_path / "grid.svg"
+    result = run_cli("render", config, "--out", str(out), "--rank", "37")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"wrote {out}: domain textbook, 256 ranks in 8 x 32 cells, groups of rank 37\n"
+    )
+    root = parse(out.read_text())
+    tp = with_class(cells(root), "group-tp")
+    assert sorted(int(c.get("data-rank", "-1")) for c in tp) == list(range(32, 40))
+    assert len(node_outlines(root)) == 32
+
+
+def test_cli_draws_dense_by_default_and_takes_overrides(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "grid.svg"
+    result = run_cli(
+        "render", "examples/llama3_8b_8gpu_fsdp.yaml", "-O", str(out), "-o", "degrees.tp=2",
+        "-o", "degrees.dp_shard=4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "domain dense, 8 ranks in 2 x 4 cells" in result.stdout
+
+
+def test_cli_gpus_per_node_outlines_nodes(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = write(tmp_path, "world_size: 16\ndegrees: {tp: 4}\n")
+    out = tmp_path / "grid.svg"
+    assert run_cli("render", config, "--out", str(out)).returncode == 0
+    assert node_outlines(parse(out.read_text())) == []
+    assert run_cli("render", config, "--out", str(out), "--gpus-per-node", "4").returncode == 0
+    assert len(node_outlines(parse(out.read_text()))) == 4
+
+
+def test_cli_writes_png(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "grid.png"
+    result = run_cli("render", "examples/llama3_70b_64gpu_hsdp_tp.yaml", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--domain", "nope"],
+            "unknown domain 'nope'; domains: dataloading, dense, sparse, loss",
+        ),
+        (["--rank", "8"], "--rank 8 is outside the world [0, 8)"),
+        (
+            ["--gpus-per-node", "4"],
+            "--gpus-per-node 4 disagrees with gpus_per_node 8 in the config",
+        ),
+        (["--gpus-per-node", "8192"], "--gpus-per-node 8192 is larger than 4096"),
+    ],
+)
+def test_cli_usage_errors(run_cli, tmp_path: Path, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "grid.svg"
+    result = run_cli("render", "examples/llama3_8b_8gpu_fsdp.yaml", "--out", str(out), *args)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        f"meshconf: error: {message}\n",
+    )
+    assert not out.exists()
+
+
+def test_cli_output_errors(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = "examples/llama3_8b_8gpu_fsdp.yaml"
+    result = run_cli("render", config, "--out", str(tmp_path / "grid.pdf"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"meshconf: error: --out {tmp_path / 'grid.pdf'}: the file name must end in .svg or .png\n"
+    )
+    missing = tmp_path / "no" / "such" / "dir.svg"
+    result = run_cli("render", config, "--out", str(missing))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"meshconf: error: cannot write {missing}: No such file or directory\n"
+    )
+    result = run_cli("render", config)
+    assert result.returncode == 2
+    assert "the following arguments are required: -O/--out" in result.stderr
+
+
+def test_cli_unknown_world_size(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    config = write(tmp_path, NO_WORLD)
+    out = tmp_path / "grid.svg"
+    result = run_cli("render", config, "--out", str(out))
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"meshconf: error: {config}: the world size is unknown (degrees.dp_shard is -1); "
+        "set world_size in the file or pass --world-size N\n",
+    )
+    result = run_cli("render", config, "--out", str(out), "--world-size", "64")
+    assert result.returncode == 0, result.stderr
+    assert "64 ranks in 8 x 8 cells" in result.stdout
+
+
+def test_cli_invalid_config_prints_problems_like_validate(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "grid.svg"
+    result = run_cli("render", "examples/invalid/world_product.yaml", "--out", str(out))
+    assert result.returncode == 1
+    assert result.stdout == (
+        "examples/invalid/world_product.yaml:9:3: degrees.tp: pp(1) * dp_replicate(2) * "
+        "dp_shard(2) * cp(1) * tp(3) = 12 != world_size 8\n"
+    )
+    assert not out.exists()
+
+
+def test_cli_png_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    out = tmp_path / "grid.png"
+    code = main(["render", str(REPO / "examples/llama3_8b_8gpu_fsdp.yaml"), "--out", str(out)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "meshconf: error: writing PNG needs matplotlib, which is not installed: "
+        "pip install matplotlib\n"
+    )
+    assert not out.exists()
