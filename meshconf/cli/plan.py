@@ -1,0 +1,227 @@
+"""``meshconf plan --world-size N``: every valid assignment of the degrees, ranked by node
+locality, and ``--emit`` to print one as a config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from meshconf.cli.common import EXIT_OK, emit, positive_int, usage_error
+from meshconf.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.plan import (
+    Assignment,
+    DimLocality,
+    Plan,
+    PlanError,
+    Request,
+    build_config,
+    config_data,
+    make_plan,
+    node_warning,
+    rationale,
+)
+
+DEFAULT_LIMIT = 10
+#: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
+_NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
+    """The integer options that were given, or the message of the first bad one."""
+    numbers: dict[str, int] = {}
+    for name in _NUMBER_OPTIONS:
+        text = getattr(args, name)
+        if text is None:
+            continue
+        try:
+            numbers[name] = positive_int(text)
+        except argparse.ArgumentTypeError as error:
+            return f"{_flag(name)}: {error}"
+    if "world_size" not in numbers:
+        return "--world-size N is required"
+    return numbers
+
+
+def _command_line(request: Request, index: int) -> str:
+    """The command that prints this config again, options in a fixed order."""
+    words = ["meshconf plan", f"--world-size {request.world_size}"]
+    if request.gpus_per_node is not None:
+        words.append(f"--gpus-per-node {request.gpus_per_node}")
+    words += [
+        f"{_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
+    ]
+    words.append(f"--emit {index}")
+    return " ".join(words)
+
+
+def _dims_text(dims: Sequence[DimLocality]) -> str:
+    return " ".join(f"{dim.name}({dim.size})" for dim in dims) or "-"
+
+
+def _split(dims: list[DimLocality]) -> tuple[str, str]:
+    """The dims of more than one rank whose groups cross nodes, and those that stay."""
+    used = [dim for dim in dims if dim.size > 1]
+    crossing = [dim for dim in used if dim.crosses_nodes]
+    staying = [dim for dim in used if not dim.crosses_nodes]
+    return _dims_text(crossing), _dims_text(staying)
+
+
+def _emit_yaml(plan: Plan, index: int) -> str:
+    request = plan.request
+    assignment = plan.best[index - 1]
+    config = build_config(request, assignment.degrees)
+    crossing, staying = _split(rationale(request, config))
+    locality = (
+        f"# groups cross nodes: {crossing}; stay in a node: {staying}\n"
+        if request.gpus_per_node is not None
+        else ""
+    )
+    body = yaml.safe_dump(config_data(request, assignment.degrees), sort_keys=False)
+    return (
+        f"# {_command_line(request, index)} (assignment {index} of {plan.total})\n{locality}{body}"
+    )
+
+
+def _header(plan: Plan) -> list[str]:
+    request = plan.request
+    gpus = request.gpus_per_node
+    if gpus is None:
+        world = f"world_size {request.world_size}"
+    elif request.world_size % gpus == 0:
+        world = (
+            f"world_size {request.world_size} = {request.world_size // gpus} nodes x {gpus} GPUs"
+        )
+    else:
+        world = f"world_size {request.world_size}, {gpus} GPUs per node"
+    pins = " ".join(f"{name}={value}" for name, value in request.pins.items()) or "none"
+    shown = len(plan.best)
+    if plan.total == 1:
+        count = "1 valid assignment"
+    else:
+        which = f"the best {shown}" if shown < plan.total else "all"
+        count = f"{plan.total} valid assignments; {which}, best first (ranking: docs/plan.md)"
+    lines = [f"{world}; pinned: {pins}", count]
+    if gpus is None:
+        lines.append(
+            "no --gpus-per-node: node locality unknown; ranked by smaller pp, dp_replicate, cp, "
+            "dp_shard in turn"
+        )
+    return lines
+
+
+def _rows(plan: Plan) -> list[list[str]]:
+    """The table, header first: index, world factors, rationale."""
+    located = plan.request.gpus_per_node is not None
+    header = ["#", *WORLD_FACTORS]
+    header += ["groups cross nodes", "groups stay in a node"] if located else ["dims (ranks)"]
+    rows = [header]
+    for index, assignment in enumerate(plan.best, start=1):
+        dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
+        cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
+        cells += list(_split(dims)) if located else [_dims_text([d for d in dims if d.size > 1])]
+        rows.append(cells)
+    return rows
+
+
+def _print_table(plan: Plan) -> None:
+    print("\n".join(_header(plan)))
+    rows = _rows(plan)
+    numeric = 1 + len(WORLD_FACTORS)
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if column < numeric else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any]:
+    dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
+    return {
+        "index": index,
+        "degrees": dict(assignment.degrees),
+        "dims": [
+            {"name": dim.name, "size": dim.size, "crosses_nodes": dim.crosses_nodes} for dim in dims
+        ],
+    }
+
+
+def _json_report(plan: Plan) -> dict[str, Any]:
+    request = plan.request
+    return {
+        "world_size": request.world_size,
+        "gpus_per_node": request.gpus_per_node,
+        "pins": dict(request.pins),
+        "total": plan.total,
+        "assignments": [
+            _json_entry(plan, index, assignment)
+            for index, assignment in enumerate(plan.best, start=1)
+        ],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    numbers = _numbers(args)
+    if isinstance(numbers, str):
+        return usage_error(numbers)
+    if "emit" in numbers and args.format == "json":
+        return usage_error("--emit prints a YAML config; leave out --format json")
+    request = Request(
+        world_size=numbers["world_size"],
+        gpus_per_node=numbers.get("gpus_per_node"),
+        pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
+    )
+    wanted = numbers.get("emit", numbers.get("limit", DEFAULT_LIMIT))
+    try:
+        plan = make_plan(request, wanted)
+    except PlanError as error:
+        return usage_error(str(error))
+    warning = node_warning(request)
+    if warning is not None:
+        print(f"meshconf: warning: {warning}", file=sys.stderr)
+    if "emit" in numbers:
+        index = numbers["emit"]
+        if index > plan.total:
+            return usage_error(
+                f"--emit {index} is not a row: there are {plan.total} valid assignments"
+            )
+        text = _emit_yaml(plan, index)
+        emit(lambda: print(text, end=""))
+    elif args.format == "json":
+        report = _json_report(plan)
+        emit(lambda: print(json.dumps(report)))
+    else:
+        emit(lambda: _print_table(plan))
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="list the valid degree assignments for a world size, ranked by node locality",
+        description="List every assignment of pp, dp_replicate, dp_shard, cp and tp whose "
+        "product is the world size, under the pinned degrees, ranked so that the groups "
+        "with the most traffic stay inside a node; --emit prints one as a config.",
+    )
+    parser.add_argument("--world-size", metavar="N", help="the number of ranks (required)")
+    parser.add_argument("--gpus-per-node", metavar="G", help="ranks per node, for locality")
+    for name in DEGREE_NAMES:
+        parser.add_argument(_flag(name), dest=name, metavar="D", help=f"pin {name} to D")
+    parser.add_argument(
+        "--limit", metavar="K", help=f"show the best K assignments (default {DEFAULT_LIMIT})"
+    )
+    parser.add_argument(
+        "--emit", metavar="INDEX", help="print assignment INDEX (1 is the best) as a config"
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.set_defaults(run=run)

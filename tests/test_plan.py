@@ -1,0 +1,401 @@
+"""``meshconf plan``: enumeration, ranking by node locality, --emit, and usage errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from meshconf.config import MeshConfig
+from meshconf.degrees import WORLD_FACTORS
+from meshconf.plan import (
+    SHOWN_DIMS,
+    PlanError,
+    Request,
+    _NodeLocality,
+    _row_major_blocks,
+    _valid,
+    build_config,
+    make_plan,
+    rationale,
+)
+
+# --- known answers ------------------------------------------------------------------------
+
+
+def test_textbook_32_nodes_of_8_with_tp_8_keeps_tp_groups_in_a_node() -> None:
+    plan = make_plan(Request(256, 8, {"tp": 8}), 10)
+    best = plan.best[0]
+    config = build_config(plan.request, best.degrees)
+    assert not config.layout("dense").crosses_nodes("tp", 8)
+    # dp = 32 across the nodes: DDP first (its traffic is the lighter), FSDP second.
+    assert [dict(a.degrees) for a in plan.best[:2]] == [
+        {"pp": 1, "dp_replicate": 32, "dp_shard": 1, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
+        {"pp": 1, "dp_replicate": 1, "dp_shard": 32, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
+    ]
+    # 32 = 2**5 split over pp, dp_replicate, dp_shard and cp: C(8, 3) tuples.
+    assert plan.total == math.comb(8, 3)
+
+
+def test_textbook_512_ranks_as_dp_8_pp_8_tp_8(run_cli) -> None:
+    result = run_cli(
+        "plan", "--world-size", "512", "--gpus-per-node", "8", "--tp", "8", "--pp", "8"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
+        "world_size 512 = 64 nodes x 8 GPUs; pinned: pp=8 tp=8",
+        "10 valid assignments; all, best first (ranking: docs/plan.md)",
+        " #  pp  dp_replicate  dp_shard  cp  tp  groups cross nodes                   groups stay in a node",
+        " 1   8             8         1   1   8  pp(8) dp_replicate(8)                tp(8)",
+        " 2   8             1         8   1   8  pp(8) fsdp(8)                        tp(8)",
+        " 3   8             2         4   1   8  pp(8) dp_replicate(2) fsdp(4)        tp(8)",
+        " 4   8             4         2   1   8  pp(8) dp_replicate(4) fsdp(2)        tp(8)",
+        " 5   8             1         4   2   8  pp(8) fsdp(8) cp(2)                  tp(8)",
+        " 6   8             1         2   4   8  pp(8) fsdp(8) cp(4)                  tp(8)",
+        " 7   8             1         1   8   8  pp(8) fsdp(8) cp(8)                  tp(8)",
+        " 8   8             2         2   2   8  pp(8) dp_replicate(2) fsdp(4) cp(2)  tp(8)",
+        " 9   8             2         1   4   8  pp(8) dp_replicate(2) fsdp(4) cp(4)  tp(8)",
+        "10   8             4         1   2   8  pp(8) dp_replicate(4) fsdp(2) cp(2)  tp(8)",
+    ]
+
+
+def test_textbook_512_json_lists_every_split_of_dp_8() -> None:
+    plan = make_plan(Request(512, 8, {"tp": 8, "pp": 8}), 100)
+    listed = {
+        (a.degrees["dp_replicate"], a.degrees["dp_shard"], a.degrees["cp"]) for a in plan.best
+    }
+    expected = {
+        (r, s, c) for r, s, c in itertools.product([1, 2, 4, 8], repeat=3) if r * s * c == 8
+    }
+    assert listed == expected
+    assert plan.total == len(expected) == 10
+
+
+def test_the_ranking_follows_the_documented_rules_in_turn() -> None:
+    plan = make_plan(Request(64, 8, {}), 1000)
+    keys = [assignment.key for assignment in plan.best]
+    assert keys == sorted(keys)
+    # Best: tp fills the node, no pipeline, one replica per node (DDP across nodes).
+    assert dict(plan.best[0].degrees) == {
+        "pp": 1,
+        "dp_replicate": 8,
+        "dp_shard": 1,
+        "cp": 1,
+        "tp": 8,
+        "ep": 1,
+        "etp": 1,
+    }
+    # The last ones put tp across nodes.
+    assert plan.best[-1].key[0] == 1
+
+
+def test_without_gpus_per_node_fewer_stages_replicas_cp_and_shards_win() -> None:
+    plan = make_plan(Request(8), 3)
+    assert [tuple(a.degrees[name] for name in WORLD_FACTORS) for a in plan.best] == [
+        (1, 1, 1, 1, 8),
+        (1, 1, 2, 1, 4),
+        (1, 1, 4, 1, 2),
+    ]
+
+
+# --- every row is a valid config, and the fast flags are its layouts' ---------------------
+
+REQUESTS = [
+    Request(256, 8, {"tp": 8}),
+    Request(512, 8, {"tp": 8, "pp": 8}),
+    Request(64, 8, {}),
+    Request(48, 6, {}),
+    Request(12, 8, {}),
+    Request(8, 16, {}),
+    Request(60, 4, {"cp": 3}),
+    Request(64, 8, {"ep": 4}),
+    Request(64, 8, {"ep": 2, "etp": 4}),
+    Request(96, 8, {"ep": 3, "etp": 2}),
+    Request(32, None, {"dp_shard": 4}),
+]
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=str)
+def test_every_assignment_validates_and_its_flags_are_the_layouts(request_: Request) -> None:
+    plan = make_plan(request_, 10**6)
+    assert len(plan.best) == plan.total
+    locality = _NodeLocality(request_)
+    for assignment in plan.best:
+        config = build_config(request_, assignment.degrees)  # raises if a rule fails
+        assert config.resolved_degrees == dict(assignment.degrees)
+        if request_.gpus_per_node is None:
+            continue
+        blocks = _row_major_blocks(
+            *(assignment.degrees[n] for n in ("dp_shard", "cp", "tp", "ep", "etp"))
+        )
+        blocks["dp_replicate"] = (
+            assignment.degrees["dp_replicate"],
+            assignment.degrees["dp_shard"] * assignment.degrees["cp"] * assignment.degrees["tp"],
+        )
+        for name, (size, stride) in blocks.items():
+            layout = config.layout(SHOWN_DIMS[name])
+            assert layout.dim(name).size == size
+            assert layout.dim(name).stride == stride or size == 1
+            expected = layout.crosses_nodes(name, request_.gpus_per_node)
+            assert locality._crosses(size, stride) == expected, (assignment, name)
+
+
+def test_rationale_reads_the_config_layouts() -> None:
+    request = Request(64, 8, {"ep": 8})
+    config = build_config(request, make_plan(request, 1).best[0].degrees)
+    dims = rationale(request, config)
+    assert [dim.name for dim in dims] == list(SHOWN_DIMS)
+    assert {dim.name: dim.crosses_nodes for dim in dims if dim.size > 1} == {
+        "dp_replicate": True,
+        "tp": False,
+        "ep": False,
+    }
+
+
+# --- the count equals a brute force over every tuple -------------------------------------
+
+
+def _brute_force_count(world: int, pins: dict[str, int]) -> int:
+    """Every 5-tuple in [1, world]^5, kept when its product is the world, it keeps the pins,
+    and MeshConfig accepts it with the pinned ep and etp."""
+    experts = {name: pins[name] for name in ("ep", "etp") if name in pins}
+    count = 0
+    for values in itertools.product(range(1, world + 1), repeat=len(WORLD_FACTORS)):
+        if math.prod(values) != world:
+            continue
+        degrees = dict(zip(WORLD_FACTORS, values, strict=True))
+        if any(degrees[name] != value for name, value in pins.items() if name in degrees):
+            continue
+        try:
+            MeshConfig(world_size=world, degrees={**degrees, **experts})
+        except ValidationError:
+            continue
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    ("world", "pins"),
+    [
+        (12, {}),
+        (16, {}),
+        (16, {"tp": 2}),
+        (18, {"cp": 3, "pp": 2}),
+        (16, {"ep": 4}),
+        (12, {"ep": 2, "etp": 2}),
+        (24, {"ep": 3, "etp": 4}),
+    ],
+)
+def test_the_count_equals_a_brute_force(world: int, pins: dict[str, int]) -> None:
+    plan = make_plan(Request(world, 4, pins), 1)
+    assert plan.total == _brute_force_count(world, pins)
+    assert plan.total == sum(1 for _ in _valid(Request(world, 4, pins)))
+
+
+# --- --emit -----------------------------------------------------------------------------
+
+
+def test_emit_prints_a_config_that_validates(run_cli, tmp_path: Path) -> None:
+    args = ["--world-size", "64", "--gpus-per-node", "8", "--ep", "4", "--etp", "2", "--emit", "1"]
+    result = run_cli("plan", *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "# meshconf plan --world-size 64 --gpus-per-node 8 --ep 4 --etp 2 --emit 1 (assignment 1 of 40)",
+        "# groups cross nodes: dp_replicate(8); stay in a node: fsdp(4) tp(2) ep(4) etp(2)",
+        "world_size: 64",
+        "gpus_per_node: 8",
+        "degrees:",
+        "  pp: 1",
+        "  dp_replicate: 8",
+        "  dp_shard: 4",
+        "  cp: 1",
+        "  tp: 2",
+        "  ep: 4",
+        "  etp: 2",
+    ]
+    path = tmp_path / "planned.yaml"
+    path.write_text(result.stdout)
+    checked = run_cli("validate", str(path))
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout == f"{path}: ok (world_size 64)\n"
+
+
+@pytest.mark.parametrize("index", ["1", "5", "56"])
+def test_every_emitted_row_validates(run_cli, tmp_path: Path, index: str) -> None:
+    result = run_cli(
+        "plan", "--world-size", "256", "--gpus-per-node", "8", "--tp", "8", "--emit", index
+    )
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "planned.yaml"
+    path.write_text(result.stdout)
+    assert run_cli("validate", str(path)).returncode == 0
+
+
+def test_emit_without_gpus_per_node_leaves_out_the_key_and_the_locality_line(run_cli) -> None:
+    result = run_cli("plan", "--world-size", "8", "--tp", "2", "--emit", "1")
+    assert result.stdout.splitlines()[:3] == [
+        "# meshconf plan --world-size 8 --tp 2 --emit 1 (assignment 1 of 10)",
+        "world_size: 8",
+        "degrees:",
+    ]
+
+
+# --- output forms -------------------------------------------------------------------------
+
+
+def test_json_lists_the_rows_with_their_dims(run_cli) -> None:
+    result = run_cli(
+        "plan",
+        "--world-size",
+        "4",
+        "--gpus-per-node",
+        "2",
+        "--tp",
+        "2",
+        "--limit",
+        "1",
+        "--format",
+        "json",
+    )
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {
+        "world_size": 4,
+        "gpus_per_node": 2,
+        "pins": {"tp": 2},
+        "total": 4,
+        "assignments": [
+            {
+                "index": 1,
+                "degrees": {
+                    "pp": 1,
+                    "dp_replicate": 2,
+                    "dp_shard": 1,
+                    "cp": 1,
+                    "tp": 2,
+                    "ep": 1,
+                    "etp": 1,
+                },
+                "dims": [
+                    {"name": "pp", "size": 1, "crosses_nodes": False},
+                    {"name": "dp_replicate", "size": 2, "crosses_nodes": True},
+                    {"name": "fsdp", "size": 1, "crosses_nodes": False},
+                    {"name": "cp", "size": 1, "crosses_nodes": False},
+                    {"name": "tp", "size": 2, "crosses_nodes": False},
+                ],
+            }
+        ],
+    }
+
+
+def test_a_world_that_does_not_fill_its_last_node_is_planned_with_a_warning(run_cli) -> None:
+    result = run_cli("plan", "--world-size", "12", "--gpus-per-node", "8", "--limit", "1")
+    assert result.returncode == 0
+    assert result.stderr == (
+        "meshconf: warning: --world-size 12 is not a multiple of --gpus-per-node 8: "
+        "the last node holds 4 ranks\n"
+    )
+    assert result.stdout.splitlines()[-1].split()[:6] == ["1", "1", "3", "1", "1", "4"]
+
+
+def test_a_node_larger_than_the_world_is_planned_with_a_warning(run_cli) -> None:
+    result = run_cli("plan", "--world-size", "8", "--gpus-per-node", "16", "--limit", "1")
+    assert result.returncode == 0
+    assert result.stderr == (
+        "meshconf: warning: --gpus-per-node 16 is more than --world-size 8: all ranks are in "
+        "one node, so no group crosses nodes\n"
+    )
+
+
+# --- usage errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "8", "--tp", "3"], "--tp 3 does not divide --world-size 8"),
+        (
+            ["--world-size", "64", "--tp", "16", "--pp", "8"],
+            "--pp 8 --tp 16 do not fit --world-size 64: pp(8) * tp(16) = 128 does not divide 64",
+        ),
+        (
+            [
+                "--world-size",
+                "16",
+                "--pp",
+                "1",
+                "--dp-replicate",
+                "2",
+                "--dp-shard",
+                "2",
+                "--cp",
+                "1",
+                "--tp",
+                "2",
+            ],
+            "--pp 1 --dp-replicate 2 --dp-shard 2 --cp 1 --tp 2 do not fit --world-size 16: "
+            "pp(1) * dp_replicate(2) * dp_shard(2) * cp(1) * tp(2) = 8 != 16, and no degree is "
+            "left free to take the rest",
+        ),
+        (
+            ["--world-size", "64", "--tp", "8", "--etp", "4"],
+            "--tp 8 --etp 4 conflict: etp(4) must be 1 or equal to tp(8)",
+        ),
+        (
+            ["--world-size", "16", "--pp", "2", "--ep", "16"],
+            "--pp 2 --ep 16 conflict at --world-size 16: no assignment has ep(16) * etp(1) = 16 "
+            "dividing dp_shard * cp * tp",
+        ),
+        (
+            ["--world-size", "16", "--ep", "8", "--etp", "4"],
+            "--ep 8 --etp 4 conflict at --world-size 16: no assignment has ep(8) * etp(4) = 32 "
+            "dividing dp_shard * cp * tp (and tp = etp(4))",
+        ),
+        (["--world-size", "0"], "--world-size: expected an integer >= 1, got '0'"),
+        (["--world-size", "8", "--tp", "-2"], "--tp: expected an integer >= 1, got '-2'"),
+        (["--world-size", "8", "--cp", "two"], "--cp: expected an integer >= 1, got 'two'"),
+        (["--world-size", "8", "--limit", "0"], "--limit: expected an integer >= 1, got '0'"),
+        (["--tp", "2"], "--world-size N is required"),
+        (
+            ["--world-size", "8", "--emit", "99"],
+            "--emit 99 is not a row: there are 35 valid assignments",
+        ),
+        (
+            ["--world-size", "8", "--emit", "1", "--format", "json"],
+            "--emit prints a YAML config; leave out --format json",
+        ),
+        (
+            ["--world-size", "8", "--gpus-per-node", "5000"],
+            "--gpus-per-node 5000 is more than any node holds (at most 4096)",
+        ),
+        (
+            ["--world-size", "4294967296"],
+            "--world-size 4294967296 is more ranks than torch can number (2147483647)",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(run_cli, args: list[str], message: str) -> None:
+    result = run_cli("plan", *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == f"meshconf: error: {message}\n"
+
+
+def test_plan_error_is_a_value_error() -> None:
+    with pytest.raises(PlanError, match="does not divide"):
+        make_plan(Request(8, None, {"pp": 3}), 1)
+
+
+# --- large worlds (their timings are in docs/plan.md, not asserted here) ----------------------
+
+
+@pytest.mark.parametrize("world", [2**16, 2**20])
+def test_highly_composite_worlds_count_every_assignment(world: int) -> None:
+    # 2**16 has C(20, 4) = 4845 assignments and 2**20 has C(24, 4) = 10626.
+    plan = make_plan(Request(world, 8), 10)
+    exponent = world.bit_length() - 1
+    assert plan.total == math.comb(exponent + 4, 4)
