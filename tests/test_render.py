@@ -243,7 +243,6 @@ def test_a_prime_sized_world_is_one_cell() -> None:
 
 
 def test_png_draws_the_same_shapes() -> None:
-    pytest.importorskip("matplotlib")
     png = to_png(draw_domain(textbook(), 0, 8), scale=1.0)
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
 
@@ -291,7 +290,6 @@ def test_cli_gpus_per_node_outlines_nodes(run_cli, tmp_path: Path) -> None:  # t
 
 
 def test_cli_writes_png(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("matplotlib")
     out = tmp_path / "grid.png"
     result = run_cli("render", "examples/llama3_70b_64gpu_hsdp_tp.yaml", "--out", str(out))
     assert result.returncode == 0, result.stderr
@@ -376,6 +374,6 @@ def test_cli_png_without_matplotlib(
     assert code == 2
     assert capsys.readouterr().err == (
         "meshconf: error: writing PNG needs matplotlib, which is not installed: "
-        "pip install matplotlib\n"
+        "pip install 'meshconf[png]'\n"
     )
     assert not out.exists()

@@ -28,7 +28,7 @@ def _output_problem(out: str) -> str | None:
     if suffix not in _FORMATS:
         return f"--out {out}: the file name must end in .svg or .png"
     if suffix == ".png" and not _has_matplotlib():
-        return "writing PNG needs matplotlib, which is not installed: pip install matplotlib"
+        return "writing PNG needs matplotlib, which is not installed: pip install 'meshconf[png]'"
     return None
 
 
