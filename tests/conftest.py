@@ -9,6 +9,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: The textbook seed's exercise: 256 GPUs (32 nodes of 8) as dp=8, pp=4, tp=8, outer to inner.
+TEXTBOOK = """\
+# The textbook's exercise: 256 GPUs as dp=8, pp=4, tp=8, outer to inner.
+world_size: 256
+gpus_per_node: 8
+degrees: {dp_replicate: 8, pp: 4, tp: 8, dp_shard: 1}
+domains:
+  textbook: [dp_replicate, pp, tp]
+"""
+
 
 @pytest.fixture
 def run_cli():

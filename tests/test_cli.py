@@ -7,16 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
-
-TEXTBOOK = """\
-# The textbook's exercise: 256 GPUs as dp=8, pp=4, tp=8, outer to inner.
-world_size: 256
-gpus_per_node: 8
-degrees: {dp_replicate: 8, pp: 4, tp: 8, dp_shard: 1}
-domains:
-  textbook: [dp_replicate, pp, tp]
-"""
+from conftest import REPO, TEXTBOOK
 
 TORCHTITAN = """\
 world_size: 8

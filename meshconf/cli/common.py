@@ -96,4 +96,23 @@ def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
         )
     if args.rank >= world_size:
         return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    given = getattr(args, "gpus_per_node", None)
+    if given is not None:
+        if config.gpus_per_node not in (None, given):
+            return usage_error(
+                f"--gpus-per-node {given} disagrees with gpus_per_node "
+                f"{config.gpus_per_node} in {args.path}"
+            )
+        # The option is range-checked by its argparse type, and no rule depends on it.
+        config = config.model_copy(update={"gpus_per_node": given})
     return config
+
+
+def add_gpus_per_node_option(parser: argparse.ArgumentParser, purpose: str) -> None:
+    parser.add_argument(
+        "--gpus-per-node",
+        type=gpus_per_node,
+        metavar="G",
+        help=f"ranks per node, {purpose}, for a config without gpus_per_node "
+        "(must agree if it has one)",
+    )

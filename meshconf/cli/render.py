@@ -8,15 +8,14 @@ from typing import Any
 
 from meshconf.cli.common import (
     EXIT_OK,
+    add_gpus_per_node_option,
     add_source_options,
     emit,
     load_for_rank,
     non_negative_int,
-    positive_int,
     usage_error,
 )
 from meshconf.config import MeshConfig
-from meshconf.fields import MAX_GPUS_PER_NODE
 from meshconf.render import draw_domain, to_png, to_svg
 
 _FORMATS = (".svg", ".png")
@@ -41,20 +40,6 @@ def _has_matplotlib() -> bool:
     return True
 
 
-def _gpus_per_node(config: MeshConfig, given: int | None) -> int | str | None:
-    """The GPUs per node to draw with, or the problem with ``--gpus-per-node``."""
-    if given is None:
-        return config.gpus_per_node
-    if given > MAX_GPUS_PER_NODE:
-        return f"--gpus-per-node {given} is larger than {MAX_GPUS_PER_NODE}"
-    if config.gpus_per_node is not None and config.gpus_per_node != given:
-        return (
-            f"--gpus-per-node {given} disagrees with gpus_per_node {config.gpus_per_node} "
-            "in the config"
-        )
-    return given
-
-
 def _domain(config: MeshConfig, asked: str | None) -> str:
     if asked is not None:
         return asked
@@ -72,11 +57,8 @@ def run(args: argparse.Namespace) -> int:
     layouts = config.layouts
     if args.domain is not None and args.domain not in layouts:
         return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
-    gpus_per_node = _gpus_per_node(config, args.gpus_per_node)
-    if isinstance(gpus_per_node, str):
-        return usage_error(gpus_per_node)
     domain = _domain(config, args.domain)
-    drawing = draw_domain(layouts[domain], args.rank, gpus_per_node)
+    drawing = draw_domain(layouts[domain], args.rank, config.gpus_per_node)
     out = Path(args.out)
     try:
         if out.suffix.lower() == ".png":
@@ -119,11 +101,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--rank", type=non_negative_int, default=0, metavar="R", help="whose groups to colour"
     )
-    parser.add_argument(
-        "--gpus-per-node",
-        type=positive_int,
-        metavar="G",
-        help="GPUs per node, to outline nodes when the config does not say",
-    )
+    add_gpus_per_node_option(parser, "to outline nodes")
     add_source_options(parser, formats=False)
     parser.set_defaults(run=run)

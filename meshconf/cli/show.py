@@ -8,9 +8,9 @@ from typing import Any
 
 from meshconf.cli.common import (
     EXIT_OK,
+    add_gpus_per_node_option,
     add_source_options,
     emit,
-    gpus_per_node,
     load_for_rank,
     non_negative_int,
     usage_error,
@@ -112,13 +112,6 @@ def run(args: argparse.Namespace) -> int:
     config = load_for_rank(args)
     if isinstance(config, int):
         return config
-    if args.gpus_per_node is not None:
-        if config.gpus_per_node not in (None, args.gpus_per_node):
-            return usage_error(
-                f"--gpus-per-node {args.gpus_per_node} disagrees with gpus_per_node "
-                f"{config.gpus_per_node} in {args.path}"
-            )
-        config = config.model_copy(update={"gpus_per_node": args.gpus_per_node})
     layouts = config.layouts
     if args.domain is not None and args.domain not in layouts:
         return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
@@ -142,11 +135,6 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")
     parser.add_argument("--domain", metavar="D", help="show only this domain")
-    parser.add_argument(
-        "--gpus-per-node",
-        type=gpus_per_node,
-        metavar="G",
-        help="ranks per node, for a config without gpus_per_node (must agree if it has one)",
-    )
+    add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)
     parser.set_defaults(run=run)
