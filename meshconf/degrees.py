@@ -28,6 +28,25 @@ def auto_factor(degrees: Mapping[str, int]) -> str | None:
     return next((name for name in WORLD_FACTORS if degrees[name] == AUTO), None)
 
 
+def divisors(number: int) -> list[int]:
+    """Divisors of ``number`` in increasing order, from its prime factorisation: every size
+    a degree of a world of ``number`` ranks can take."""
+    found = [1]
+    remaining = number
+    prime = 2
+    while prime * prime <= remaining:
+        exponent = 0
+        while remaining % prime == 0:
+            remaining //= prime
+            exponent += 1
+        if exponent:
+            found = [d * prime**power for d in found for power in range(exponent + 1)]
+        prime += 1 if prime == 2 else 2
+    if remaining > 1:
+        found += [d * remaining for d in found]
+    return sorted(found)
+
+
 def product_text(degrees: Mapping[str, int], names: tuple[str, ...]) -> str:
     """``pp(4) * tp(8)``: a product written out with its values."""
     return " * ".join(f"{name}({degrees[name]})" for name in names)

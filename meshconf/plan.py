@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from meshconf.config import MeshConfig
-from meshconf.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
 from meshconf.domains import DATALOADING, DENSE, SPARSE
 from meshconf.errors import Problem
 from meshconf.fields import MAX_GPUS_PER_NODE
@@ -179,12 +179,14 @@ def _check_ranges(request: Request) -> None:
         )
 
 
-def _flag(name: str) -> str:
+def option_flag(name: str) -> str:
+    """The command-line option of a request field: ``dp_replicate`` -> ``--dp-replicate``."""
     return "--" + name.replace("_", "-")
 
 
 def _pins_text(request: Request, names: tuple[str, ...]) -> str:
-    return " ".join(f"{_flag(name)} {request.pins[name]}" for name in names if name in request.pins)
+    pinned = (name for name in names if name in request.pins)
+    return " ".join(f"{option_flag(name)} {request.pins[name]}" for name in pinned)
 
 
 def _check_pins_fit(request: Request) -> None:
@@ -194,7 +196,7 @@ def _check_pins_fit(request: Request) -> None:
     for name in pinned:
         if world % request.pins[name]:
             raise PlanError(
-                f"{_flag(name)} {request.pins[name]} does not divide --world-size {world}"
+                f"{option_flag(name)} {request.pins[name]} does not divide --world-size {world}"
             )
     product = math.prod(request.pins[name] for name in pinned)
     written = " * ".join(f"{name}({request.pins[name]})" for name in pinned)
@@ -226,29 +228,11 @@ def _no_assignment_message(request: Request) -> str:
     )
 
 
-def _divisors(number: int) -> list[int]:
-    """Divisors of ``number`` in increasing order, from its prime factorisation."""
-    divisors = [1]
-    remaining = number
-    prime = 2
-    while prime * prime <= remaining:
-        exponent = 0
-        while remaining % prime == 0:
-            remaining //= prime
-            exponent += 1
-        if exponent:
-            divisors = [d * prime**power for d in divisors for power in range(exponent + 1)]
-        prime += 1 if prime == 2 else 2
-    if remaining > 1:
-        divisors += [d * remaining for d in divisors]
-    return sorted(divisors)
-
-
 class _Divisors:
     """Divisors of the divisors of one world, computed from the world's own once."""
 
     def __init__(self, world_size: int) -> None:
-        self._world = _divisors(world_size)
+        self._world = divisors(world_size)
         self._cache: dict[int, list[int]] = {}
 
     def of(self, number: int) -> list[int]:

@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import Literal
 from xml.sax.saxutils import escape, quoteattr
 
+from meshconf.degrees import divisors
 from meshconf.layout import DomainLayout
 
 FULL_LIMIT = 4096
@@ -145,11 +146,6 @@ class _Digit:
         return f"{self.dim}={start}", str(start)
 
 
-def _divisors(number: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
-    return sorted({*small, *(number // d for d in small)})
-
-
 def _rank_digits(layout: DomainLayout) -> list[_Digit]:
     """The digits of a rank, innermost (stride 1) first; size-1 modes are left out."""
     digits: list[_Digit] = []
@@ -171,7 +167,7 @@ def ranks_per_cell(layout: DomainLayout) -> int:
     for digit in _rank_digits(layout):
         # The digits form a complete mixed radix, so a digit's stride is the product of the
         # smaller digits' sizes: every candidate is a block of whole inner digits.
-        for factor in _divisors(digit.size):
+        for factor in divisors(digit.size):
             if world_size // (digit.stride * factor) <= SUMMARY_CELLS:
                 return digit.stride * factor
     return world_size
@@ -193,7 +189,7 @@ def _fold(digit: _Digit) -> list[_Digit]:
     """A long digit as an inner part (at least its square root) and an outer part."""
     if digit.size <= WRAP_SIZE:
         return [digit]
-    inner = next(d for d in _divisors(digit.size) if d * d >= digit.size)
+    inner = next(d for d in divisors(digit.size) if d * d >= digit.size)
     if inner == digit.size:  # a prime size cannot be folded
         return [digit]
     outer = _Digit(

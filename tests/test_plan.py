@@ -399,3 +399,11 @@ def test_highly_composite_worlds_count_every_assignment(world: int) -> None:
     plan = make_plan(Request(world, 8), 10)
     exponent = world.bit_length() - 1
     assert plan.total == math.comb(exponent + 4, 4)
+
+
+@pytest.mark.parametrize("number", [1, 2, 12, 97, 360, 720720, 2**20, 2 * 1_000_003])
+def test_divisors_match_trial_division(number: int) -> None:
+    from meshconf.degrees import divisors
+
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    assert divisors(number) == sorted({*small, *(number // d for d in small)})

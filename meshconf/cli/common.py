@@ -96,6 +96,10 @@ def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
         )
     if args.rank >= world_size:
         return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    layouts = config.layouts
+    domain = getattr(args, "domain", None)
+    if domain is not None and domain not in layouts:
+        return usage_error(f"unknown domain {domain!r}; domains: {', '.join(layouts)}")
     given = getattr(args, "gpus_per_node", None)
     if given is not None:
         if config.gpus_per_node not in (None, given):

@@ -23,16 +23,13 @@ from meshconf.plan import (
     config_data,
     make_plan,
     node_warning,
+    option_flag,
     rationale,
 )
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
 _NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
@@ -45,7 +42,7 @@ def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
         try:
             numbers[name] = positive_int(text)
         except argparse.ArgumentTypeError as error:
-            return f"{_flag(name)}: {error}"
+            return f"{option_flag(name)}: {error}"
     if "world_size" not in numbers:
         return "--world-size N is required"
     return numbers
@@ -57,7 +54,7 @@ def _command_line(request: Request, index: int) -> str:
     if request.gpus_per_node is not None:
         words.append(f"--gpus-per-node {request.gpus_per_node}")
     words += [
-        f"{_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
+        f"{option_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
     ]
     words.append(f"--emit {index}")
     return " ".join(words)
@@ -216,7 +213,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--world-size", metavar="N", help="the number of ranks (required)")
     parser.add_argument("--gpus-per-node", metavar="G", help="ranks per node, for locality")
     for name in DEGREE_NAMES:
-        parser.add_argument(_flag(name), dest=name, metavar="D", help=f"pin {name} to D")
+        parser.add_argument(option_flag(name), dest=name, metavar="D", help=f"pin {name} to D")
     parser.add_argument(
         "--limit", metavar="K", help=f"show the best K assignments (default {DEFAULT_LIMIT})"
     )

@@ -13,7 +13,6 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
-    usage_error,
 )
 from meshconf.config import MeshConfig
 from meshconf.errors import format_key
@@ -27,16 +26,15 @@ def _dim_entry(
     layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None
 ) -> dict[str, Any]:
     dim = layout.dim(name)
+    placement = None if gpus_per_node is None else layout.placement(name, gpus_per_node)
     return {
         "name": dim.name,
         "size": dim.size,
         "stride": dim.stride,
         "num_groups": layout.num_groups(name),
         "group": layout.group(rank, name).ranks(),
-        "crosses_nodes": None
-        if gpus_per_node is None
-        else layout.crosses_nodes(name, gpus_per_node),
-        "placement": None if gpus_per_node is None else layout.placement(name, gpus_per_node),
+        "crosses_nodes": None if placement is None else placement != "intra-node",
+        "placement": placement,
     }
 
 
@@ -113,8 +111,6 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(config, int):
         return config
     layouts = config.layouts
-    if args.domain is not None and args.domain not in layouts:
-        return usage_error(f"unknown domain {args.domain!r}; domains: {', '.join(layouts)}")
     domains = list(layouts) if args.domain is None else [args.domain]
     report = build_report(config, args.rank, domains)
     if args.format == "json":
