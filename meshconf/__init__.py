@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from meshconf.config import Degrees, MeshConfig, RuntimeOptions
+from meshconf.config import Degrees, InsideNode, MeshConfig, RuntimeOptions
 from meshconf.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS, DENSE, LOSS, SPARSE
 from meshconf.errors import (
     ConfigError,
@@ -41,6 +41,7 @@ __all__ = [
     "Diagnostic",
     "DimLayout",
     "DomainLayout",
+    "InsideNode",
     "LayoutError",
     "MeshConfig",
     "MeshconfError",

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from meshconf import formulas
-from meshconf.degrees import AUTO, auto_factor, default_dp_shard
+from meshconf.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
 from meshconf.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.errors import WorldSizeUnknownError
 from meshconf.fields import (
@@ -89,6 +89,48 @@ class Degrees(_Strict):
         return auto_factor(self.model_dump())
 
 
+class InsideNode(_Strict):
+    """The part of each world factor placed inside a node; the rest of it goes across nodes.
+    Parts left out are 1; together the parts multiply to gpus_per_node."""
+
+    pp: GpusPerNode = Field(1, description="Pipeline stages inside a node.", examples=[1])
+    dp_replicate: GpusPerNode = Field(1, description="Replicas inside a node.", examples=[1])
+    dp_shard: GpusPerNode = Field(1, description="FSDP shards inside a node.", examples=[2])
+    cp: GpusPerNode = Field(1, description="Context-parallel ranks inside a node.", examples=[2])
+    tp: GpusPerNode = Field(1, description="Tensor-parallel ranks inside a node.", examples=[8])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_expert_degrees(cls, data: Any) -> Any:
+        # ep and etp are not world factors, so the generic "unknown key 'ep' (did you mean
+        # 'pp'?)" would mislead; say where their ranks come from instead.
+        if isinstance(data, dict):
+            expert = [key for key in EXPERT_DEGREES if key in data]
+            if expert:
+                raise ValidationError.from_exception_data(
+                    "InsideNode",
+                    [
+                        InitErrorDetails(
+                            type=PydanticCustomError(
+                                "inside_node_expert",
+                                "{key} is not a world factor: experts borrow their ranks from "
+                                "dp_shard * cp * tp, so place those; inside_node takes {factors}",
+                                {"key": key, "factors": ", ".join(WORLD_FACTORS)},
+                            ),
+                            loc=(key,),
+                            input=data[key],
+                        )
+                        for key in expert
+                    ],
+                )
+        return data
+
+    @property
+    def explicit(self) -> frozenset[str]:
+        """The world factors the user placed."""
+        return frozenset(self.model_fields_set)
+
+
 class RuntimeOptions(_Strict):
     """How DistributedContext picks device, backend and timeouts."""
 
@@ -137,6 +179,12 @@ class MeshConfig(_Strict):
         default_factory=lambda: Degrees(),
         description="Parallel degrees; their product (with -1 filled in) is the world size.",
         examples=[{"pp": 4, "dp_shard": -1, "tp": 8}],
+    )
+    inside_node: InsideNode | None = Field(
+        None,
+        description="Hierarchical placement: the part of each degree inside a node, the rest "
+        "across nodes. Needs gpus_per_node; the parts multiply to it.",
+        examples=[{"dp_shard": 2, "tp": 8}],
     )
     derived: dict[Name, FormulaText] = Field(
         default_factory=dict,
@@ -194,6 +242,8 @@ class MeshConfig(_Strict):
         """The plain values the rules check."""
         return MeshSpec(
             world_size=self.world_size,
+            gpus_per_node=self.gpus_per_node,
+            inside_node=None if self.inside_node is None else self.inside_node.model_dump(),
             degrees=self.degrees.model_dump(),
             explicit_degrees=self.degrees.explicit,
             derived=self.effective_derived,
@@ -293,6 +343,9 @@ class MeshConfig(_Strict):
             "domains": [[name, list(dims)] for name, dims in self.effective_domains.items()],
             "runtime": self.runtime.model_dump(),
         }
+        if self.inside_node is not None:
+            # Only when set, so that configs without it keep the fingerprints they had.
+            resolved["inside_node"] = self.inside_node.model_dump()
         canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -112,6 +112,28 @@ class LayoutError(ValueError):
     """A layout that is not a bijection, or a query outside it."""
 
 
+class UnevenSplitError(LayoutError):
+    """A dim that would take a share of the numbering that is not a sub-lattice: the dim
+    still needs ``needed`` ranks, the numbering's modes at ``mode_indices`` (fused) have
+    ``mode_size`` left, and neither divides the other."""
+
+    def __init__(
+        self,
+        domain: str,
+        dim: str,
+        dim_size: int,
+        mode_indices: tuple[int, ...],
+        mode_size: int,
+        needed: int,
+    ) -> None:
+        super().__init__(
+            f"domain {domain!r}: dim {dim!r} of size {dim_size} needs {needed} more ranks from a "
+            f"part of {mode_size}, and neither divides the other"
+        )
+        self.domain, self.dim, self.dim_size = domain, dim, dim_size
+        self.mode_indices, self.mode_size, self.needed = mode_indices, mode_size, needed
+
+
 @dataclass(frozen=True)
 class DomainLayout:
     """The ranks of a world laid out over a domain's named dims."""
@@ -145,13 +167,72 @@ class DomainLayout:
         cls, name: str, sizes: Sequence[tuple[str, int]], world_size: int | None = None
     ) -> DomainLayout:
         """Unflatten the world into ``sizes`` (outer to inner), the last dim varying fastest."""
+        total = math.prod(size for _, size in sizes) if world_size is None else world_size
+        return cls.unflatten(name, sizes, (Mode(total, 1),))
+
+    @classmethod
+    def unflatten(
+        cls, name: str, sizes: Sequence[tuple[str, int]], numbering: Sequence[Mode]
+    ) -> DomainLayout:
+        """Unflatten a numbering of the world into ``sizes``, row-major.
+
+        ``numbering`` maps a logical index to a rank: its modes, outer to inner, are the
+        mixed-radix digits of the index, and each digit moves the rank by the mode's stride.
+        ``(Mode(world_size, 1),)`` numbers ranks as themselves, which gives plain row-major
+        dims. Each dim takes the next inner digits of the index; a dim that ends inside a mode
+        splits it, which needs one size to divide the other (:class:`UnevenSplitError`).
+
+        A dim's modes are kept in decreasing stride (contiguous ones fused), so its groups list
+        their ranks in increasing order: the order torch gives the ranks of a process group,
+        which a DeviceMesh needs its coordinates to follow.
+        """
+        world_size = math.prod(mode.size for mode in numbering)
+        # Fused contiguous modes split more ways than their pieces: (3, 2) then (2, 6) is
+        # (6, 2), which a dim of 4 can share evenly with the dims after it.
+        pending: list[tuple[tuple[int, ...], Mode]] = []
+        for index, mode in enumerate(numbering):
+            if mode.size == 1:
+                continue
+            if pending and pending[-1][1].stride == mode.stride * mode.size:
+                indices, outer = pending.pop()
+                pending.append(((*indices, index), Mode(outer.size * mode.size, mode.stride)))
+            else:
+                pending.append(((index,), mode))
         dims: list[DimLayout] = []
-        stride = 1
         for dim_name, size in reversed(sizes):
-            dims.append(DimLayout(dim_name, (Mode(size, stride),)))
-            stride *= size
-        total = stride if world_size is None else world_size
-        return cls(name, total, tuple(reversed(dims)))
+            taken: list[Mode] = []
+            remaining = size
+            while remaining > 1:
+                if not pending:
+                    raise LayoutError(
+                        f"domain {name!r}: the dims cover more than {world_size} ranks"
+                    )
+                indices, mode = pending.pop()
+                if remaining % mode.size == 0:
+                    taken.append(mode)
+                    remaining //= mode.size
+                elif mode.size % remaining == 0:
+                    taken.append(Mode(remaining, mode.stride))
+                    pending.append((indices, Mode(mode.size // remaining, mode.stride * remaining)))
+                    remaining = 1
+                else:
+                    raise UnevenSplitError(name, dim_name, size, indices, mode.size, remaining)
+            modes = group_identity(taken) or (
+                Mode(1, pending[-1][1].stride if pending else world_size),
+            )
+            dims.append(DimLayout(dim_name, modes))
+        return cls(name, world_size, tuple(reversed(dims)))
+
+    @cached_property
+    def is_row_major(self) -> bool:
+        """Whether the domain is the world reshaped: one mode per dim, strides row-major."""
+        expected = DomainLayout.row_major(
+            self.name, [(dim.name, dim.size) for dim in self.dims], self.world_size
+        )
+        return all(
+            canonical_modes(dim.modes) == canonical_modes(plain.modes)
+            for dim, plain in zip(self.dims, expected.dims, strict=True)
+        )
 
     @cached_property
     def _by_name(self) -> dict[str, DimLayout]:

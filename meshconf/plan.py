@@ -295,6 +295,8 @@ class _ExpertRules:
 def _expert_problems(degrees: dict[str, int]) -> list[Problem]:
     spec = MeshSpec(
         world_size=None,
+        gpus_per_node=None,
+        inside_node=None,
         degrees=degrees,
         explicit_degrees=frozenset(degrees),
         derived={},

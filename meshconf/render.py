@@ -527,8 +527,9 @@ def _legend_lines(grid: _Grid) -> list[_LegendLine]:
     lines = [_LegendLine(f"rank {rank}{where}: {coordinate}", _RANK_FILL)]
     drawn = {digit.dim for digit in grid.digits}
     for dim in layout.dims:
+        strides = " and ".join(str(mode.stride) for mode in dim.modes)
         facts = (
-            f"{dim.name}: size {dim.size}, stride {dim.stride}, "
+            f"{dim.name}: size {dim.size}, stride{'s' if len(dim.modes) > 1 else ''} {strides}, "
             f"{_plural(layout.num_groups(dim.name), 'group')}"
             f"{_locality(layout, dim.name, grid.gpus_per_node)}"
         )

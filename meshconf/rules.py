@@ -24,7 +24,8 @@ from meshconf.degrees import (
     world_product,
 )
 from meshconf.errors import KeyPath, Problem
-from meshconf.layout import DomainLayout, Mode, canonical_modes
+from meshconf.hierarchy import NodePart, describe_parts, node_numbering
+from meshconf.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class MeshSpec:
     """The inputs of the rules, as plain values."""
 
     world_size: int | None
+    gpus_per_node: int | None
+    inside_node: Mapping[str, int] | None
     degrees: Mapping[str, int]
     explicit_degrees: frozenset[str]
     derived: Mapping[str, str]
@@ -49,6 +52,7 @@ class Analysis:
     degrees: dict[str, int] | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     layouts: dict[str, DomainLayout] = field(default_factory=dict)
+    node_parts: tuple[NodePart, ...] | None = None
     problems: list[Problem] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     waiting_for_world: bool = False
@@ -156,6 +160,41 @@ def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
         )
 
 
+def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
+    """The inside-node parts divide their degrees and multiply to gpus_per_node."""
+    if spec.inside_node is None:
+        return
+    inside = spec.inside_node
+    placed = [name for name in WORLD_FACTORS if inside[name] > 1]
+    product = math.prod(inside[name] for name in placed)
+    written = " * ".join(f"{name}({inside[name]})" for name in placed) or "no part above 1"
+    if spec.gpus_per_node is None:
+        result.fail(
+            ("inside_node",),
+            f"needs gpus_per_node: it places ranks inside nodes of that many GPUs "
+            f"({written}: {product} per node)",
+        )
+        return
+    if product != spec.gpus_per_node:
+        result.fail(
+            ("inside_node",),
+            f"{written}: {product} ranks per node != gpus_per_node {spec.gpus_per_node}; the "
+            "parts inside a node must fill it exactly (a world factor left out has 1 inside)",
+        )
+    degrees = result.degrees or spec.degrees
+    for name in placed:
+        if degrees[name] == AUTO:
+            result.wait(f"inside_node.{name}: divides the -1 degree {name}")
+        elif degrees[name] % inside[name]:
+            result.fail(
+                ("inside_node", name),
+                f"{inside[name]} ranks of {name} inside a node must divide {name}"
+                f"({degrees[name]}), so that the rest go across nodes in whole groups",
+            )
+    if not result.problems and result.degrees is not None:
+        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node)
+
+
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
     """Derived dims: a name of their own, a formula over degrees and earlier derived dims,
     exact division, and a size >= 1."""
@@ -257,9 +296,26 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
                 f"{written} = {product} != world_size {result.world_size}{default}",
             )
             continue
-        result.layouts[domain] = DomainLayout.row_major(
-            domain, [(dim, result.sizes[dim]) for dim in dims], result.world_size
-        )
+        sizes = [(dim, result.sizes[dim]) for dim in dims]
+        if result.node_parts is None:
+            if spec.inside_node is None:
+                result.layouts[domain] = DomainLayout.row_major(domain, sizes, result.world_size)
+            continue
+        try:
+            result.layouts[domain] = DomainLayout.unflatten(
+                domain, sizes, [part.mode for part in result.node_parts]
+            )
+        except UnevenSplitError as error:
+            parts = describe_parts([result.node_parts[index] for index in error.mode_indices])
+            result.fail(
+                ("domains", domain, dims.index(error.dim))
+                if spec.user_domains
+                else ("inside_node",),
+                f"{error.dim}({error.dim_size}) in domain {domain!r} would split {parts} "
+                f"unevenly: it needs {error.needed} ranks where {error.mode_size} remain; a dim "
+                f"must take whole parts or an even share of one, so change inside_node or "
+                f"the size of {error.dim}",
+            )
 
 
 def _describe(modes: tuple[Mode, ...]) -> str:
@@ -296,6 +352,7 @@ RULES = (
     resolve_world,
     check_etp,
     check_expert_borrow,
+    check_inside_node,
     check_derived,
     check_domain_dims,
     check_domain_products,

@@ -3,7 +3,7 @@
 pydantic derives types, ranges, defaults, descriptions and examples from the fields. This
 module adds what pydantic cannot see in the models but JSON Schema can still say (at most one
 ``-1`` degree, no ``nccl`` on ``cpu``, derived names that are not degree names), inlines the
-two nested models so that editors show their documentation in place, and writes a variant for
+nested models so that editors show their documentation in place, and writes a variant for
 Hydra config groups. Formulas are left to ``meshconf validate``.
 """
 
@@ -69,6 +69,7 @@ def build_schema(flavor: Flavor = "plain") -> dict[str, Any]:
     properties = generated["properties"]
     for name in ("degrees", "runtime"):
         properties[name] = _inline(properties[name], definitions)
+    properties["inside_node"] = _inline_optional(properties["inside_node"], definitions)
     _add_cross_field_rules(properties)
     schema = {
         "$schema": DIALECT,
@@ -94,6 +95,14 @@ def _inline(reference: dict[str, Any], definitions: dict[str, Any]) -> dict[str,
         **documentation,
         **{key: value for key, value in model.items() if key not in documentation},
     }
+
+
+def _inline_optional(field: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """An optional nested model (``anyOf: [$ref, null]``), inlined as a mapping or null."""
+    reference, _ = field["anyOf"]
+    documentation = {key: value for key, value in field.items() if key != "anyOf"}
+    inlined = _inline({**reference, **documentation}, definitions)
+    return {**inlined, "type": ["object", "null"]}
 
 
 def _add_cross_field_rules(properties: dict[str, Any]) -> None:

@@ -39,9 +39,19 @@ def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
     return warnings
 
 
+def _placed_on_purpose(config: MeshConfig, dim: str) -> bool:
+    """A dim whose world factor inside_node names: the user chose its split already."""
+    if config.inside_node is None:
+        return False
+    degree = "tp" if dim == "etp" else dim
+    return degree in config.inside_node.explicit
+
+
 def _high_traffic_warning(
     config: MeshConfig, dim: str, reason: str, gpus_per_node: int
 ) -> Problem | None:
+    if _placed_on_purpose(config, dim):
+        return None
     for domain, layout in config.layouts.items():
         if dim not in layout.dim_names or layout.dim(dim).size == 1:
             continue
@@ -51,6 +61,13 @@ def _high_traffic_warning(
         size = layout.dim(dim).size
         if size > gpus_per_node or gpus_per_node % size:
             fix = f"use a {dim} that divides {gpus_per_node}"
+        elif config.inside_node is not None:
+            degree = "tp" if dim == "etp" else dim
+            fix = (
+                f"give {degree} its part in inside_node: {degree}: {config.dim_sizes[degree]} "
+                f"puts it inside (shrink another part to keep their product {gpus_per_node}), "
+                f"{degree}: 1 keeps it across nodes on purpose"
+            )
         else:
             fix = f"put {dim} innermost in domain {domain!r} (only dims of size 1 after it)"
         return Problem(

@@ -30,22 +30,33 @@ def environ(
 
 
 def _entry(
-    rank: int, function: Callable[..., None], world_size: int, port: int, args: tuple[Any, ...]
+    rank: int,
+    function: Callable[..., None],
+    world_size: int,
+    local_world_size: int | None,
+    port: int,
+    args: tuple[Any, ...],
 ) -> None:
     import torch
 
     torch.set_num_threads(1)
-    function(rank, environ(rank, world_size, port), *args)
+    function(rank, environ(rank, world_size, port, local_world_size), *args)
 
 
-def run_ranks(function: Callable[..., None], world_size: int, *args: Any) -> None:
-    """Call ``function(rank, environ, *args)`` on ``world_size`` forked processes.
+def run_ranks(
+    function: Callable[..., None],
+    world_size: int,
+    *args: Any,
+    local_world_size: int | None = None,
+) -> None:
+    """Call ``function(rank, environ, *args)`` on ``world_size`` forked processes, which
+    the environment says run ``local_world_size`` to a node (default: all on one).
 
     Any assertion that fails on any rank fails the caller with that rank's traceback.
     """
     mp.start_processes(
         _entry,
-        args=(function, world_size, free_port(), args),
+        args=(function, world_size, local_world_size, free_port(), args),
         nprocs=world_size,
         start_method="fork",
     )

@@ -38,6 +38,7 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "name": "tp",
         "size": 8,
         "stride": 1,
+        "modes": [[8, 1]],
         "num_groups": 32,
         "group": list(range(64, 72)),
         "crosses_nodes": False,
@@ -47,6 +48,7 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "name": "pp",
         "size": 4,
         "stride": 8,
+        "modes": [[4, 8]],
         "num_groups": 64,
         "group": [64, 72, 80, 88],
         "crosses_nodes": True,
@@ -63,6 +65,7 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
     assert set(report) == {
         "world_size",
         "gpus_per_node",
+        "inside_node",
         "rank",
         "domains",
         "coordinates",
@@ -70,12 +73,14 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
         "warnings",
     }
     assert report["world_size"] == 8 and report["gpus_per_node"] is None and report["rank"] == 5
+    assert report["inside_node"] is None
     dense = dims(report, "dense")
     assert [dense[n]["size"] for n in ("pp", "dp_replicate", "fsdp", "tp")] == [1, 2, 2, 2]
     assert dense["pp"] == {
         "name": "pp",
         "size": 1,
         "stride": 8,
+        "modes": [[1, 8]],
         "num_groups": 8,
         "group": [5],
         "crosses_nodes": None,

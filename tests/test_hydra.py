@@ -16,11 +16,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, InstantiationException
 from omegaconf import DictConfig
 
-from meshconf import ConfigError, MeshConfig
+from meshconf import ConfigError, InsideNode, MeshConfig
 from meshconf.integrations.hydra import (
     SCHEMA_NAME,
     DegreesNode,
     HydraConfigError,
+    InsideNodeNode,
     MeshConfigNode,
     RuntimeNode,
     instantiate,
@@ -148,6 +149,32 @@ def test_schema_node_has_the_models_keys() -> None:
     assert degrees is not None and runtime is not None
     assert set(DegreesNode.__dataclass_fields__) == set(degrees.model_fields)
     assert set(RuntimeNode.__dataclass_fields__) == set(runtime.model_fields)
+    assert set(InsideNodeNode.__dataclass_fields__) == set(InsideNode.model_fields)
+
+
+def test_inside_node_left_unset_means_plain_row_major(composer) -> None:
+    config = instantiate(composer().parallelism)
+    assert config.inside_node is None
+
+
+def test_inside_node_from_the_command_line(composer) -> None:
+    """Two nodes of 4: tp 2 and dp_shard 2 inside each node, dp_shard 2 across."""
+    cfg = composer(
+        "parallelism.gpus_per_node=4",
+        "parallelism.degrees.tp=2",
+        "parallelism.inside_node.tp=2",
+        "parallelism.inside_node.dp_shard=2",
+    )
+    config = instantiate(cfg.parallelism)
+    assert config.inside_node is not None and config.inside_node.explicit == {"tp", "dp_shard"}
+    assert config.layout("dense").placement("fsdp", 4) == "mixed"
+    cfg = composer("parallelism.gpus_per_node=4", "parallelism.inside_node.dp_shard=2")
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert str(raised.value) == (
+        "parallelism.inside_node: dp_shard(2): 2 ranks per node != gpus_per_node 4; the parts "
+        "inside a node must fill it exactly (a world factor left out has 1 inside)"
+    )
 
 
 def _run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

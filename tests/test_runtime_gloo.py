@@ -9,7 +9,7 @@ from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
 from meshconf.layout import process_group_count
-from meshconf.runtime import all_reduce
+from meshconf.runtime import TopologyWarning, all_reduce
 
 CONFIG = {"world_size": 8, "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2}}
 
@@ -82,3 +82,82 @@ def _world_spanning(rank: int, environ: dict[str, str]) -> None:
 
 def test_a_dim_spanning_the_world_reuses_the_default_group() -> None:
     run_ranks(_world_spanning, 8)
+
+
+# Two "nodes" of 4 ranks: dp_shard and tp inside each node, cp across the two. Row-major
+# would put cp inside a node (ranks 0 and 2) and dp_shard across (0 and 4).
+TWO_NODES = {
+    "world_size": 8,
+    "gpus_per_node": 4,
+    "degrees": {"dp_shard": 2, "cp": 2, "tp": 2, "ep": 2},
+    "inside_node": {"dp_shard": 2, "cp": 1, "tp": 2},
+}
+
+
+def _hierarchical_groups(rank: int, environ: dict[str, str]) -> None:
+    with DistributedContext(load_config(TWO_NODES), environ=environ) as ctx:
+        assert (ctx.local_rank, ctx.local_world_size) == (rank % 4, 4)
+        assert ctx.topology_warnings == []
+        node, local = divmod(rank, 4)
+        expected = {
+            "tp": [rank - rank % 2, rank - rank % 2 + 1],
+            "cp": [local, local + 4],
+            "fsdp": [rank % 2, rank % 2 + 2, rank % 2 + 4, rank % 2 + 6],
+            "batch": [node * 4 + local % 2, node * 4 + local % 2 + 2],
+            "ep": [rank - rank % 2, rank - rank % 2 + 1],
+        }
+        meshes = ctx.build_all()
+        seen = set()
+        for domain, mesh in meshes.items():
+            layout = ctx.config.layout(domain)
+            assert mesh.mesh.flatten().sort().values.tolist() == list(range(8))
+            for dim in layout.dims:
+                group = layout.group(rank, dim.name).ranks()
+                if dim.name in expected:
+                    assert group == expected[dim.name], (domain, dim.name, group)
+                    seen.add(dim.name)
+                assert dist.get_process_group_ranks(mesh.get_group(dim.name)) == group
+                assert mesh.get_local_rank(dim.name) == group.index(rank)
+                if dim.size > 1:
+                    total = all_reduce(torch.tensor([float(rank)]), "sum", ctx.get_mesh(dim.name))
+                    assert total.item() == sum(group), (domain, dim.name)
+        assert seen == set(expected)
+        assert ctx.mismatched_groups() == []
+        # Every domain's mesh numbers the ranks the same way, so meshes of one dim taken from
+        # two domains are equal, and DTensors built on either can meet.
+        assert not ctx.config.layout("dataloading").is_row_major
+        assert ctx.mesh_for("dataloading")["tp"] == ctx.mesh_for("dense")["tp"]
+        # batch (inside a node, stride 2) before cp (across, stride 4): torch will not slice
+        # that pair out of the domain's mesh, so get_mesh builds it over the same groups.
+        pair = ctx.get_mesh(["batch", "cp"])
+        group = ctx.config.layout("dataloading").group(rank, ["batch", "cp"]).ranks()
+        assert pair.mesh.flatten().tolist() == group
+        assert list(pair.get_coordinate() or ()) == [group.index(rank) // 2, group.index(rank) % 2]
+        assert all_reduce(torch.tensor([float(rank)]), "sum", pair).item() == sum(group)
+        assert ctx.get_mesh(["batch", "cp"]) is pair
+
+
+def test_hierarchical_placement_on_2_nodes_of_4_processes() -> None:
+    run_ranks(_hierarchical_groups, 8, local_world_size=4)
+
+
+def _node_size_from_the_launcher(rank: int, environ: dict[str, str]) -> None:
+    import warnings
+
+    config = load_config({"world_size": 8, "degrees": {"dp_shard": 1, "tp": 8}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx = DistributedContext(config, environ=environ)
+    with ctx:
+        assert ctx.config.gpus_per_node == 4
+        assert ctx.topology_warnings == [
+            "degrees.tp: tp groups of 8 ranks are mixed in domain 'dataloading' with 4 GPUs per "
+            "node; tensor parallelism exchanges activations in every layer, so they belong on "
+            "one node's fast links: use a tp that divides 4"
+        ]
+        emitted = [str(w.message) for w in caught if issubclass(w.category, TopologyWarning)]
+        assert emitted == (ctx.topology_warnings if rank == 0 else [])
+
+
+def test_the_launcher_s_node_size_drives_the_warnings_on_rank_0() -> None:
+    run_ranks(_node_size_from_the_launcher, 8, local_world_size=4)

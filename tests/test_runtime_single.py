@@ -18,7 +18,13 @@ from torch.distributed.fsdp import fully_shard
 
 from meshconf import ConfigError, DistributedContext, load_config
 from meshconf.layout import process_group_count
-from meshconf.runtime import LaunchError, RuntimeSetupError, all_reduce, read_launch
+from meshconf.runtime import (
+    LaunchError,
+    RuntimeSetupError,
+    TopologyWarning,
+    all_reduce,
+    read_launch,
+)
 
 
 def test_a_single_process_needs_no_environment_and_builds_real_meshes() -> None:
@@ -207,3 +213,46 @@ def test_an_existing_default_group_is_used_and_left_alone() -> None:
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_hierarchical_placement_simulated_on_4096_nodes_of_8() -> None:
+    """Fake process group: rank 20,013 of 32,768 (4,096 nodes of 8), with tp and 2 FSDP
+    shards inside each node and cp across nodes; every group equals the layout math."""
+    config = load_config(
+        {
+            "gpus_per_node": 8,
+            "degrees": {"pp": 4, "dp_shard": -1, "cp": 4, "tp": 4, "ep": 8},
+            "inside_node": {"dp_shard": 2, "cp": 1, "tp": 4},
+        }
+    )
+    rank = 20_013
+    context = DistributedContext.simulate(config, rank=rank, world_size=4096 * 8)
+    try:
+        assert context.mismatched_groups() == []
+        assert context.topology_warnings == []
+        layouts = context.config.layouts
+        assert not layouts["dataloading"].is_row_major
+        node = rank // 8
+        assert context.get_mesh("tp").mesh.tolist() == [node * 8 + i for i in range(4, 8)]
+        cp = layouts["dataloading"].group(rank, "cp").ranks()
+        assert len({member // 8 for member in cp}) == 4
+        distinct = process_group_count(list(layouts.values()), rank)
+        assert context.counters.real_groups == distinct
+    finally:
+        context.close()
+    assert not dist.is_initialized()
+
+
+def test_rank_0_warns_when_the_launcher_runs_another_node_size() -> None:
+    config = load_config({"world_size": 1, "gpus_per_node": 8})
+    with pytest.warns(TopologyWarning) as caught:
+        context = DistributedContext(config, environ=environ(0, 1, free_port()))
+    context.close()
+    assert [str(warning.message) for warning in caught] == [
+        "gpus_per_node: the config places groups on nodes of 8 ranks, but torchrun runs 1 on "
+        "this node, so the groups do not sit where the config says (they still work); set "
+        "gpus_per_node to 1 or start 8 ranks per node",
+        "world_size: world_size 1 is not a multiple of gpus_per_node 8: the last node would run "
+        "1 ranks, but launchers start the same number on every node; use a multiple of 8, or "
+        "set gpus_per_node to the ranks each node runs",
+    ]

@@ -3,6 +3,8 @@ gives the parameters of a single-process reference step."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from distributed import run_ranks
 from torch import nn
@@ -41,9 +43,9 @@ def reference_step() -> dict[str, torch.Tensor]:
 
 
 def _train_one_step(
-    rank: int, environ: dict[str, str], degrees: dict[str, int], use_tp: bool
+    rank: int, environ: dict[str, str], layout: dict[str, Any], use_tp: bool
 ) -> None:
-    config = load_config({"world_size": 8, "degrees": degrees})
+    config = load_config({"world_size": 8, **layout})
     with DistributedContext(config, environ=environ) as ctx:
         torch.manual_seed(0)
         model = MLP()
@@ -70,8 +72,19 @@ def _train_one_step(
 
 
 def test_hsdp_2d_with_tensor_parallel_matches_a_single_process_step() -> None:
-    run_ranks(_train_one_step, 8, {"dp_replicate": 2, "dp_shard": 2, "tp": 2}, True)
+    run_ranks(_train_one_step, 8, {"degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2}}, True)
 
 
 def test_fsdp_1d_over_the_whole_world_matches_a_single_process_step() -> None:
-    run_ranks(_train_one_step, 8, {"dp_shard": 8}, False)
+    run_ranks(_train_one_step, 8, {"degrees": {"dp_shard": 8}}, False)
+
+
+def test_hierarchical_hsdp_with_replicas_inside_nodes_matches_a_single_process_step() -> None:
+    """Two nodes of 4: the two replicas and tp inside each node, the FSDP shards across
+    nodes. The HSDP mesh's rows are ranks {0, 4}, {1, 5}, ...: not row-major."""
+    layout = {
+        "gpus_per_node": 4,
+        "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2},
+        "inside_node": {"dp_replicate": 2, "tp": 2},
+    }
+    run_ranks(_train_one_step, 8, layout, True, local_world_size=4)

@@ -31,6 +31,7 @@ def _dim_entry(
         "name": dim.name,
         "size": dim.size,
         "stride": dim.stride,
+        "modes": [[mode.size, mode.stride] for mode in dim.modes],
         "num_groups": layout.num_groups(name),
         "group": layout.group(rank, name).ranks(),
         "crosses_nodes": None if placement is None else placement != "intra-node",
@@ -44,6 +45,7 @@ def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str,
     return {
         "world_size": config.resolved_world_size,
         "gpus_per_node": config.gpus_per_node,
+        "inside_node": None if config.inside_node is None else config.inside_node.model_dump(),
         "rank": rank,
         "domains": {
             domain: {
@@ -81,6 +83,15 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
     sizes = config.dim_sizes
     derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
     print("derived: " + " ".join(derived))
+    if config.inside_node is not None:
+        inside = config.inside_node.model_dump()
+        across = {name: degrees[name] // inside[name] for name in inside}
+        print(
+            "inside each node: "
+            + (" ".join(f"{name}={size}" for name, size in inside.items() if size > 1) or "-")
+            + "; across nodes: "
+            + (" ".join(f"{name}={size}" for name, size in across.items() if size > 1) or "-")
+        )
     for warning in report["warnings"]:
         print(f"warning: {warning['key']}: {warning['message']}")
     for domain, body in report["domains"].items():
@@ -88,13 +99,17 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
         shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in dims)
         print(f"\ndomain {domain} [{shape}]")
         width = max(len("dim"), *(len(dim["name"]) for dim in dims))
+        # A dim placed partly inside and partly across nodes has one stride per part.
+        strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
+        stride_width = max(7, *(len(text) for text in strides.values()))
         print(
-            f"  {'dim':<{width}}  {'size':>7}  {'stride':>7}  {'groups':>7}  placement   "
-            f"group of rank {rank}"
+            f"  {'dim':<{width}}  {'size':>7}  {'stride':>{stride_width}}  {'groups':>7}  "
+            f"placement   group of rank {rank}"
         )
         for dim in dims:
+            stride = strides[dim["name"]]
             print(
-                f"  {dim['name']:<{width}}  {dim['size']:>7}  {dim['stride']:>7}  "
+                f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
                 f"{dim['num_groups']:>7}  {dim['placement'] or '-':<10}  "
                 f"{_ranks_text(dim['group'])}"
             )

@@ -46,6 +46,15 @@ class DegreesNode:
 
 
 @dataclass
+class InsideNodeNode:
+    pp: Optional[int] = None  # noqa: UP045
+    dp_replicate: Optional[int] = None  # noqa: UP045
+    dp_shard: Optional[int] = None  # noqa: UP045
+    cp: Optional[int] = None  # noqa: UP045
+    tp: Optional[int] = None  # noqa: UP045
+
+
+@dataclass
 class RuntimeNode:
     device: Optional[str] = None  # noqa: UP045
     backend: Optional[str] = None  # noqa: UP045
@@ -60,6 +69,9 @@ class MeshConfigNode:
     world_size: Optional[int] = None  # noqa: UP045
     gpus_per_node: Optional[int] = None  # noqa: UP045
     degrees: DegreesNode = field(default_factory=DegreesNode)
+    # A node rather than None, so that `parallelism.inside_node.tp=8` works on the command
+    # line; left all None, it means no inside_node at all.
+    inside_node: InsideNodeNode = field(default_factory=InsideNodeNode)
     derived: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     domains: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
     runtime: RuntimeNode = field(default_factory=RuntimeNode)
@@ -119,9 +131,9 @@ def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in fields.items():
         if isinstance(value, Container):
             value = OmegaConf.to_container(value, resolve=True)
-        if isinstance(value, Mapping) and name in ("degrees", "runtime"):
+        if isinstance(value, Mapping) and name in ("degrees", "inside_node", "runtime"):
             value = _set_values(value)
-        if value is not None:
+        if value is not None and not (name == "inside_node" and not value):
             plain[name] = value
     return plain
 

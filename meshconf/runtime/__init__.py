@@ -14,7 +14,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'"
     ) from error
 
-from meshconf.runtime.context import DistributedContext, RuntimeSetupError
+from meshconf.runtime.context import DistributedContext, RuntimeSetupError, TopologyWarning
 from meshconf.runtime.groups import GroupCounters
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.reductions import all_reduce
@@ -25,6 +25,7 @@ __all__ = [
     "Launch",
     "LaunchError",
     "RuntimeSetupError",
+    "TopologyWarning",
     "all_reduce",
     "read_launch",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -19,17 +20,23 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshconf.config import MeshConfig
-from meshconf.errors import MeshconfError
-from meshconf.layout import DomainLayout
+from meshconf.errors import MeshconfError, format_key
+from meshconf.layout import DimLayout, DomainLayout
 from meshconf.loading import at_world_size, load_config
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
+from meshconf.topology import topology_warnings
 
 _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 
 
 class RuntimeSetupError(MeshconfError):
     """The process group or device cannot be set up as the config asks."""
+
+
+class TopologyWarning(UserWarning):
+    """The meshes work, but their groups sit badly on the nodes, or the config and the
+    launcher disagree about how many ranks a node runs."""
 
 
 def _register_fake_backend() -> None:
@@ -77,6 +84,50 @@ def _rank_grid(layout: DomainLayout) -> torch.Tensor:
     return grid.to(torch.int)
 
 
+def _layout_mesh(
+    domain: str,
+    dims: Sequence[DimLayout],
+    world_size: int,
+    groups: list[dist.ProcessGroup],
+    device_type: str,
+) -> DeviceMesh:
+    """A mesh over ``dims`` that is not the world reshaped, as torch's own ``_unflatten``
+    and ``_flatten`` would describe it: a layout over the ranks in order, a dim's modes nested.
+
+    A mesh tensor would do for the mesh alone, but its flattening would become the mesh's
+    rank map, and torch only concatenates meshes (FSDP over ``fsdp`` with TP over ``tp``) or
+    lets their DTensors meet when the rank maps agree; those of every other mesh are the
+    ranks in order. torch has no public constructor for this, so this is the private one
+    that ``DeviceMesh.from_group`` uses.
+    """
+    try:
+        from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
+
+        axes = [
+            _FlatLayout(
+                tuple(mode.size for mode in dim.modes), tuple(mode.stride for mode in dim.modes)
+            )
+            for dim in dims
+        ]
+        mesh = DeviceMesh(
+            device_type,
+            _layout=_MeshLayout(axes),
+            _rank_map=torch.arange(world_size, dtype=torch.int),
+            mesh_dim_names=tuple(dim.name for dim in dims),
+            _init_backend=False,
+        )
+    except (ImportError, TypeError) as error:
+        raise RuntimeSetupError(
+            f"domain {domain!r} places dims partly inside and partly across nodes, which "
+            f"needs the layout-based DeviceMesh of torch 2.10 or later (torch {torch.__version__}: "
+            f"{error})"
+        ) from None
+    mesh._dim_group_names = [group.group_name for group in groups]
+    for group in groups:
+        mesh._pg_registry[group.group_name] = group
+    return mesh
+
+
 class DistributedContext:
     """This rank's view of a mesh config: launcher facts, devices and lazily built meshes.
 
@@ -89,6 +140,9 @@ class DistributedContext:
     device: torch.device
     backend: str
     build_seconds: float
+    #: Where the groups sit badly on nodes (``meshconf show``'s warnings, for the node size
+    #: in the config or else the launcher's LOCAL_WORLD_SIZE); rank 0 also warns with them.
+    topology_warnings: list[str]
 
     def __init__(self, config: MeshConfig, *, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
@@ -130,6 +184,9 @@ class DistributedContext:
             if owns_default_group:
                 dist.destroy_process_group()
             raise
+        if self.is_main_process:
+            for message in self.topology_warnings:
+                warnings.warn(message, TopologyWarning, stacklevel=2)
 
     @classmethod
     def from_yaml(
@@ -188,9 +245,11 @@ class DistributedContext:
         self._owns_default_group = owns_default_group
         self._closed = False
         self._meshes: dict[str, DeviceMesh] = {}
+        self._unsorted_submeshes: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
         self._registry = GroupRegistry(
             launch.world_size, backend, timedelta(seconds=self.config.runtime.timeout_s)
         )
+        self.topology_warnings = _node_warnings(self.config, launch)
         _register_fake_backend()
 
     def _check_same_config(self) -> None:
@@ -261,9 +320,14 @@ class DistributedContext:
             )
             for dim in layout.dims
         ]
-        mesh = DeviceMesh.from_group(
-            groups, self.device.type, mesh=_rank_grid(layout), mesh_dim_names=layout.dim_names
-        )
+        if layout.is_row_major:
+            mesh = DeviceMesh.from_group(
+                groups, self.device.type, mesh=_rank_grid(layout), mesh_dim_names=layout.dim_names
+            )
+        else:
+            mesh = _layout_mesh(
+                layout.name, layout.dims, layout.world_size, groups, self.device.type
+            )
         self.build_seconds += time.perf_counter() - start
         self._meshes[domain] = mesh
         return mesh
@@ -306,7 +370,29 @@ class DistributedContext:
         if not all(self._enabled(name) for name in names):
             return None
         mesh = self.mesh_for(domain)
-        return mesh[names[0]] if len(names) == 1 else mesh[tuple(names)]
+        if len(names) == 1:
+            return mesh[names[0]]
+        layout = self.config.layout(domain)
+        strides = [
+            mode.stride for name in names for mode in layout.dim(name).modes if mode.size > 1
+        ]
+        if strides == sorted(strides, reverse=True):
+            return mesh[tuple(names)]
+        # torch slices only dims whose ranks step down in stride from dim to dim (replicas
+        # inside a node and shards across nodes do not); such a mesh is built on its own,
+        # over the same groups and rank map.
+        key = (domain, tuple(names))
+        submesh = self._unsorted_submeshes.get(key)
+        if submesh is None:
+            submesh = _layout_mesh(
+                layout.name,
+                [layout.dim(name) for name in names],
+                layout.world_size,
+                [mesh.get_group(name) for name in names],
+                self.device.type,
+            )
+            self._unsorted_submeshes[key] = submesh
+        return submesh
 
     def get_mesh(self, dims: str | Sequence[str]) -> DeviceMesh:
         """Like get_optional_mesh, but a dim of size 1 is a ValueError."""
@@ -374,6 +460,7 @@ class DistributedContext:
             return
         self._closed = True
         self._meshes.clear()
+        self._unsorted_submeshes.clear()
         self._registry.destroy()
         if self._owns_default_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -394,6 +481,24 @@ class DistributedContext:
             f"DistributedContext(rank={self.rank}, world_size={self.world_size}, "
             f"device={self.device}, backend={self.backend!r}, domains={list(self.config.layouts)})"
         )
+
+
+def _node_warnings(config: MeshConfig, launch: Launch) -> list[str]:
+    """``show``'s topology warnings for the node size in use, and a launcher that runs
+    another number of ranks per node than the config places groups on."""
+    gpus_per_node = config.gpus_per_node
+    if gpus_per_node is None:
+        return []
+    messages = []
+    if launch.source != "none" and launch.local_world_size not in (None, gpus_per_node):
+        messages.append(
+            f"gpus_per_node: the config places groups on nodes of {gpus_per_node} ranks, but "
+            f"{launch.source} runs {launch.local_world_size} on this node, so the groups do not "
+            "sit where the config says (they still work); set gpus_per_node to "
+            f"{launch.local_world_size} or start {gpus_per_node} ranks per node"
+        )
+    problems = topology_warnings(config, gpus_per_node)
+    return messages + [f"{format_key(problem.path)}: {problem.message}" for problem in problems]
 
 
 def _init_default_group(
