@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from meshconf.cli import plan, render, schema, show, simulate, validate
+from meshconf.cli import convert, plan, render, schema, show, simulate, validate
 
-_VERBS = (validate, show, simulate, schema, render, plan)
+_VERBS = (validate, show, simulate, schema, render, plan, convert)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,8 @@ import hashlib
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -245,6 +246,7 @@ class DistributedContext:
         self._owns_default_group = owns_default_group
         self._closed = False
         self._meshes: dict[str, DeviceMesh] = {}
+        self._world_mesh: DeviceMesh | None = None
         self._unsorted_submeshes: dict[tuple[str, tuple[str, ...]], DeviceMesh] = {}
         self._registry = GroupRegistry(
             launch.world_size, backend, timedelta(seconds=self.config.runtime.timeout_s)
@@ -286,6 +288,71 @@ class DistributedContext:
     @property
     def is_main_process(self) -> bool:
         return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Local rank 0: the first process on this node."""
+        return self.local_rank == 0
+
+    @property
+    def current_device(self) -> torch.device:
+        """The device this rank computes on (d9d's name for ``device``)."""
+        return self.device
+
+    @property
+    def node_rank(self) -> int | None:
+        """This rank's node, when the launcher says how many ranks a node runs."""
+        local = self.local_world_size
+        return None if local is None else self.rank // local
+
+    @property
+    def num_nodes(self) -> int | None:
+        """How many nodes the world spans, when the launcher says how many ranks a node runs."""
+        local = self.local_world_size
+        return None if local is None else -(-self.world_size // local)
+
+    # Synchronisation -------------------------------------------------------------------
+
+    def wait_world(self) -> None:
+        """Block until every rank of the world gets here (a barrier on the default group)."""
+        if self.device.type == "cuda" and self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index or 0])
+        else:
+            dist.barrier()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on rank 0 first and on the other ranks after it (say, to download
+        or preprocess once and read the result everywhere)."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local rank 0 first and on the other ranks after."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextmanager
+    def _first(self, goes_first: bool) -> Iterator[None]:
+        if not goes_first:
+            self.wait_world()
+        try:
+            yield
+        finally:
+            if goes_first:
+                self.wait_world()
+
+    def set_timeout(self, seconds: float) -> None:
+        """Change the timeout of the default group and of every process group this context
+        created, and of those it creates from now on (``runtime.timeout_s`` sets the first)."""
+        if isinstance(seconds, bool) or not seconds > 0:
+            raise ValueError(f"a timeout must be a positive number of seconds, got {seconds!r}")
+        timeout = timedelta(seconds=seconds)
+        self._registry.set_timeout(timeout)
+        if self.backend in ("nccl", "gloo"):
+            # torch changes the timeout of nccl and gloo groups only; fake ones have none.
+            dist.distributed_c10d._set_pg_timeout(timeout)
 
     @property
     def counters(self) -> GroupCounters:
@@ -332,6 +399,17 @@ class DistributedContext:
         self._meshes[domain] = mesh
         return mesh
 
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        """The whole world as a 1-D mesh named ``world``, over the default group."""
+        if self._world_mesh is None:
+            world = dist.group.WORLD
+            assert world is not None
+            self._world_mesh = DeviceMesh.from_group(
+                world, self.device.type, mesh_dim_names=("world",)
+            )
+        return self._world_mesh
+
     def build_all(self) -> dict[str, DeviceMesh]:
         """Every domain's mesh, in config order."""
         return {domain: self.mesh_for(domain) for domain in self.config.layouts}
@@ -366,9 +444,14 @@ class DistributedContext:
         ``fsdp`` (and ``efsdp`` when ``ep > 1``) is present even at size 1, so that
         ``fully_shard(model, mesh=ctx.get_mesh("fsdp"))`` runs unchanged on one GPU."""
         names = [dims] if isinstance(dims, str) else list(dims)
-        domain = self._domain_of(names)
+        self._domain_of(names)
         if not all(self._enabled(name) for name in names):
             return None
+        return self._mesh_over(names)
+
+    def _mesh_over(self, names: list[str]) -> DeviceMesh:
+        """The mesh over dims of one domain, whatever their sizes."""
+        domain = self._domain_of(names)
         mesh = self.mesh_for(domain)
         if len(names) == 1:
             return mesh[names[0]]
@@ -460,6 +543,7 @@ class DistributedContext:
             return
         self._closed = True
         self._meshes.clear()
+        self._world_mesh = None
         self._unsorted_submeshes.clear()
         self._registry.destroy()
         if self._owns_default_group and dist.is_initialized():

@@ -79,6 +79,14 @@ class GroupRegistry:
         self._groups[key] = process_group
         return process_group
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Apply ``timeout`` to the real groups made so far and to those made from now on."""
+        self.timeout = timeout
+        if self.backend in ("nccl", "gloo"):
+            for group in self._created:
+                if dist.get_backend(group) == self.backend:
+                    dist.distributed_c10d._set_pg_timeout(timeout, group)
+
     def destroy(self) -> None:
         """Destroy every group this registry created, once."""
         while self._created:

@@ -1,0 +1,1 @@
+"""Drop-ins for the mesh APIs of other training frameworks, backed by meshconf."""
