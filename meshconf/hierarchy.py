@@ -41,20 +41,23 @@ def describe_parts(parts: Sequence[NodePart]) -> str:
     return f"the {size} ranks of " + " and ".join(f"{part.degree} {part.place}" for part in parts)
 
 
+def split_degrees(
+    degrees: Mapping[str, int], inside: Mapping[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each world factor's part inside a node (1 when ``inside`` leaves it out) and across."""
+    inner = {name: inside.get(name, 1) for name in WORLD_FACTORS}
+    return inner, {name: degrees[name] // inner[name] for name in WORLD_FACTORS}
+
+
 def node_numbering(
     degrees: Mapping[str, int], inside: Mapping[str, int], gpus_per_node: int
 ) -> tuple[NodePart, ...]:
     """The parts of every world factor, outer to inner in the logical index.
 
-    ``inside`` gives each world factor's part inside a node (1 when absent); each must divide
-    its degree, and together they must multiply to ``gpus_per_node``.
+    ``inside`` must be valid for ``degrees`` (the rules check it first): each part divides
+    its degree, and together they multiply to ``gpus_per_node``.
     """
-    inner = {name: inside.get(name, 1) for name in WORLD_FACTORS}
-    outer = {name: degrees[name] // inner[name] for name in WORLD_FACTORS}
-    if math.prod(inner.values()) != gpus_per_node or any(
-        degrees[name] != inner[name] * outer[name] for name in WORLD_FACTORS
-    ):
-        raise ValueError(f"inside parts {inner} do not split {dict(degrees)} into nodes")
+    inner, outer = split_degrees(degrees, inside)
     parts: list[NodePart] = []
     inside_stride, across_stride = 1, gpus_per_node
     for name in reversed(WORLD_FACTORS):

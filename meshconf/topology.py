@@ -39,12 +39,16 @@ def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
     return warnings
 
 
+def _world_factor_of(dim: str) -> str:
+    """The world factor whose placement decides a high-traffic dim's: etp sits where tp does."""
+    return "tp" if dim == "etp" else dim
+
+
 def _placed_on_purpose(config: MeshConfig, dim: str) -> bool:
     """A dim whose world factor inside_node names: the user chose its split already."""
     if config.inside_node is None:
         return False
-    degree = "tp" if dim == "etp" else dim
-    return degree in config.inside_node.explicit
+    return _world_factor_of(dim) in config.inside_node.explicit
 
 
 def _high_traffic_warning(
@@ -62,7 +66,7 @@ def _high_traffic_warning(
         if size > gpus_per_node or gpus_per_node % size:
             fix = f"use a {dim} that divides {gpus_per_node}"
         elif config.inside_node is not None:
-            degree = "tp" if dim == "etp" else dim
+            degree = _world_factor_of(dim)
             fix = (
                 f"give {degree} its part in inside_node: {degree}: {config.dim_sizes[degree]} "
                 f"puts it inside (shrink another part to keep their product {gpus_per_node}), "

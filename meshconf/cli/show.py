@@ -16,6 +16,7 @@ from meshconf.cli.common import (
 )
 from meshconf.config import MeshConfig
 from meshconf.errors import format_key
+from meshconf.hierarchy import split_degrees
 from meshconf.layout import DomainLayout, process_group_count
 from meshconf.topology import topology_warnings
 
@@ -84,8 +85,7 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
     derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
     print("derived: " + " ".join(derived))
     if config.inside_node is not None:
-        inside = config.inside_node.model_dump()
-        across = {name: degrees[name] // inside[name] for name in inside}
+        inside, across = split_degrees(degrees, config.inside_node.model_dump())
         print(
             "inside each node: "
             + (" ".join(f"{name}={size}" for name, size in inside.items() if size > 1) or "-")

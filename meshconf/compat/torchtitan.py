@@ -134,7 +134,8 @@ class ParallelDims:
         # Slicing makes a new DeviceMesh each time; torchtitan hands out the same one.
         key = tuple(names)
         if key not in self._meshes:
-            self._meshes[key] = self.context._mesh_over(names)
+            context = self.context
+            self._meshes[key] = context._mesh_over(context._domain_of(names), names)
         return self._meshes[key]
 
     def get_mesh(self, dims: str | list[str]) -> DeviceMesh:

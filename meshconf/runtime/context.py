@@ -348,11 +348,7 @@ class DistributedContext:
         created, and of those it creates from now on (``runtime.timeout_s`` sets the first)."""
         if isinstance(seconds, bool) or not seconds > 0:
             raise ValueError(f"a timeout must be a positive number of seconds, got {seconds!r}")
-        timeout = timedelta(seconds=seconds)
-        self._registry.set_timeout(timeout)
-        if self.backend in ("nccl", "gloo"):
-            # torch changes the timeout of nccl and gloo groups only; fake ones have none.
-            dist.distributed_c10d._set_pg_timeout(timeout)
+        self._registry.set_timeout(timedelta(seconds=seconds))
 
     @property
     def counters(self) -> GroupCounters:
@@ -444,14 +440,13 @@ class DistributedContext:
         ``fsdp`` (and ``efsdp`` when ``ep > 1``) is present even at size 1, so that
         ``fully_shard(model, mesh=ctx.get_mesh("fsdp"))`` runs unchanged on one GPU."""
         names = [dims] if isinstance(dims, str) else list(dims)
-        self._domain_of(names)
+        domain = self._domain_of(names)
         if not all(self._enabled(name) for name in names):
             return None
-        return self._mesh_over(names)
+        return self._mesh_over(domain, names)
 
-    def _mesh_over(self, names: list[str]) -> DeviceMesh:
-        """The mesh over dims of one domain, whatever their sizes."""
-        domain = self._domain_of(names)
+    def _mesh_over(self, domain: str, names: list[str]) -> DeviceMesh:
+        """The mesh over dims of ``domain``, whatever their sizes."""
         mesh = self.mesh_for(domain)
         if len(names) == 1:
             return mesh[names[0]]

@@ -80,10 +80,12 @@ class GroupRegistry:
         return process_group
 
     def set_timeout(self, timeout: timedelta) -> None:
-        """Apply ``timeout`` to the real groups made so far and to those made from now on."""
+        """Apply ``timeout`` to the default group and the real groups made so far, and to
+        those made from now on."""
         self.timeout = timeout
+        # torch changes the timeout of nccl and gloo groups only; fake ones have none.
         if self.backend in ("nccl", "gloo"):
-            for group in self._created:
+            for group in (dist.group.WORLD, *self._created):
                 if dist.get_backend(group) == self.backend:
                     dist.distributed_c10d._set_pg_timeout(timeout, group)
 
