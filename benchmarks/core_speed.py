@@ -34,8 +34,8 @@ from typing import Any
 
 import meshconf
 from meshconf import MeshConfig, load_config
-from meshconf.layout import process_group_count
-from meshconf.yaml_reader import decode, read_yaml
+from meshconf.core.layout import process_group_count
+from meshconf.sources.yaml_reader import decode, read_yaml
 
 NUM_FILES = 100
 WORLD_MIN, WORLD_MAX = 8, 65536

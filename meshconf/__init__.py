@@ -2,18 +2,25 @@
 
 from typing import TYPE_CHECKING, Any
 
-from meshconf.config import Degrees, InsideNode, MeshConfig, RuntimeOptions
-from meshconf.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS, DENSE, LOSS, SPARSE
-from meshconf.errors import (
+from meshconf.core.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS, DENSE, LOSS, SPARSE
+from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
     MeshconfError,
     SourceError,
     WorldSizeUnknownError,
 )
-from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, RankGroup
-from meshconf.loading import load_config
-from meshconf.schema import build_schema
+from meshconf.core.layout import (
+    DimLayout,
+    DomainLayout,
+    LayoutError,
+    Mode,
+    RankGroup,
+    UnevenSplitError,
+)
+from meshconf.model.config import Degrees, InsideNode, MeshConfig, RuntimeOptions
+from meshconf.model.schema import build_schema
+from meshconf.sources.loading import load_config
 
 if TYPE_CHECKING:
     from meshconf.runtime import DistributedContext as DistributedContext
@@ -49,6 +56,7 @@ __all__ = [
     "RankGroup",
     "RuntimeOptions",
     "SourceError",
+    "UnevenSplitError",
     "WorldSizeUnknownError",
     "build_schema",
     "load_config",

@@ -14,7 +14,7 @@ from distributed import run_ranks
 
 from meshconf import ConfigError
 from meshconf.compat.torchtitan import ParallelDims
-from meshconf.layout import process_group_count
+from meshconf.core.layout import process_group_count
 from meshconf.runtime import all_reduce
 
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 import meshconf
-from meshconf.convert import KEMPNERFORGE, TORCHTITAN, convert
+from meshconf.features.convert import KEMPNERFORGE, TORCHTITAN, convert
 
 KEMPNERFORGE_EXAMPLE = "examples/migration/kempnerforge_moe_32gpu.toml"
 TORCHTITAN_EXAMPLE = "examples/migration/torchtitan_llama3_70b.toml"

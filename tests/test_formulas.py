@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshconf import formulas
+from meshconf.core import formulas
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshconf import ConfigError, load_config
-from meshconf.degrees import WORLD_FACTORS, divisors
-from meshconf.topology import topology_warnings
+from meshconf.core.degrees import WORLD_FACTORS, divisors
+from meshconf.features.topology import topology_warnings
 
 
 def errors(data: dict[str, Any]) -> list[str]:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode, process_group_count
+from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode, process_group_count
 
 
 def dim(name: str, modes: list[tuple[int, int]]) -> DimLayout:

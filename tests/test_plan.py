@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from meshconf.config import MeshConfig
-from meshconf.degrees import WORLD_FACTORS
-from meshconf.plan import (
+from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.features.plan import (
     SHOWN_DIMS,
     PlanError,
     Request,
@@ -23,6 +22,7 @@ from meshconf.plan import (
     make_plan,
     rationale,
 )
+from meshconf.model.config import MeshConfig
 
 # --- known answers ------------------------------------------------------------------------
 
@@ -403,7 +403,7 @@ def test_highly_composite_worlds_count_every_assignment(world: int) -> None:
 
 @pytest.mark.parametrize("number", [1, 2, 12, 97, 360, 720720, 2**20, 2 * 1_000_003])
 def test_divisors_match_trial_division(number: int) -> None:
-    from meshconf.degrees import divisors
+    from meshconf.core.degrees import divisors
 
     small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
     assert divisors(number) == sorted({*small, *(number // d for d in small)})

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from meshconf import MeshConfig
-from meshconf.degrees import WORLD_FACTORS
-from meshconf.layout import canonical_modes
+from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.core.layout import canonical_modes
 
 MAX_WORLD = 2**20
 factor = st.sampled_from([1, 1, 1, 2, 2, 3, 4, 8, 16, 32])

@@ -1,4 +1,4 @@
-"""``meshconf render`` and ``meshconf.render``: the picture of a domain's rank grid."""
+"""``meshconf render`` and ``meshconf.features.render``: the picture of a domain's rank grid."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import pytest
 from conftest import REPO, TEXTBOOK
 
 from meshconf.cli import main
-from meshconf.layout import DimLayout, DomainLayout, LayoutError, Mode
-from meshconf.render import FULL_LIMIT, SUMMARY_CELLS, draw_domain, render_svg, to_png, to_svg
+from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode
+from meshconf.features.render import (
+    FULL_LIMIT,
+    SUMMARY_CELLS,
+    draw_domain,
+    render_svg,
+    to_png,
+    to_svg,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
-from meshconf.layout import process_group_count
+from meshconf.core.layout import process_group_count
 from meshconf.runtime import TopologyWarning, all_reduce
 
 CONFIG = {"world_size": 8, "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2}}

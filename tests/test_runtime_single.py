@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from meshconf import ConfigError, DistributedContext, load_config
-from meshconf.layout import process_group_count
+from meshconf.core.layout import process_group_count
 from meshconf.runtime import (
     LaunchError,
     RuntimeSetupError,

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from meshconf import load_config
-from meshconf.errors import format_key
-from meshconf.topology import topology_warnings
+from meshconf.core.errors import format_key
+from meshconf.features.topology import topology_warnings
 
 
 def _placements(config_data: dict, domain: str, gpus_per_node: int) -> dict[str, str]:  # type: ignore[type-arg]

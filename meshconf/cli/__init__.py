@@ -1,4 +1,8 @@
-"""The ``meshconf`` command line: argument parsing and dispatch to one module per verb."""
+"""The ``meshconf`` command line: argument parsing and dispatch to one module per verb.
+
+The top layer: may import every layer below (``core``, ``model``, ``sources``, ``features``)
+and, lazily, ``runtime``. Nothing in meshconf imports it.
+"""
 
 from __future__ import annotations
 

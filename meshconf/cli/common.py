@@ -7,10 +7,10 @@ import os
 import sys
 from collections.abc import Callable
 
-from meshconf.config import MeshConfig
-from meshconf.errors import ConfigError, SourceError
-from meshconf.fields import MAX_GPUS_PER_NODE
-from meshconf.loading import load_config
+from meshconf.core.errors import ConfigError, SourceError
+from meshconf.model.config import MeshConfig
+from meshconf.model.fields import MAX_GPUS_PER_NODE
+from meshconf.sources.loading import load_config
 
 EXIT_OK = 0
 EXIT_INVALID = 1

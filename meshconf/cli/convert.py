@@ -20,7 +20,7 @@ from meshconf.cli.common import (
     positive_int,
     usage_error,
 )
-from meshconf.convert import (
+from meshconf.features.convert import (
     SOURCES,
     TABLES,
     TOOL_NAMES,

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from meshconf.cli.common import EXIT_OK, emit, positive_int, usage_error
-from meshconf.degrees import DEGREE_NAMES, WORLD_FACTORS
-from meshconf.plan import (
+from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.features.plan import (
     Assignment,
     DimLocality,
     Plan,

@@ -15,8 +15,8 @@ from meshconf.cli.common import (
     non_negative_int,
     usage_error,
 )
-from meshconf.config import MeshConfig
-from meshconf.render import draw_domain, to_png, to_svg
+from meshconf.features.render import draw_domain, to_png, to_svg
+from meshconf.model.config import MeshConfig
 
 _FORMATS = (".svg", ".png")
 _PREFERRED_DOMAIN = "dense"

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error
-from meshconf.reference import reference_markdown
-from meshconf.schema import FLAVORS, build_schema, render
+from meshconf.model.reference import reference_markdown
+from meshconf.model.schema import FLAVORS, build_schema, render
 
 #: Where each output lives in a repository that follows meshconf's layout.
 DEFAULT_OUT = {

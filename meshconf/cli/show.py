@@ -14,11 +14,11 @@ from meshconf.cli.common import (
     load_for_rank,
     non_negative_int,
 )
-from meshconf.config import MeshConfig
-from meshconf.errors import format_key
-from meshconf.hierarchy import split_degrees
-from meshconf.layout import DomainLayout, process_group_count
-from meshconf.topology import topology_warnings
+from meshconf.core.errors import format_key
+from meshconf.core.hierarchy import split_degrees
+from meshconf.core.layout import DomainLayout, process_group_count
+from meshconf.features.topology import topology_warnings
+from meshconf.model.config import MeshConfig
 
 _SHOWN_RANKS = 8
 

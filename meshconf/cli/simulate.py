@@ -16,7 +16,7 @@ from meshconf.cli.common import (
     non_negative_int,
     usage_error,
 )
-from meshconf.errors import MeshconfError
+from meshconf.core.errors import MeshconfError
 
 
 def run(args: argparse.Namespace) -> int:

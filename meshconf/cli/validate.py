@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options, emit
-from meshconf.config import MeshConfig
-from meshconf.errors import ConfigError, Diagnostic, SourceError
-from meshconf.loading import load_config
+from meshconf.core.errors import ConfigError, Diagnostic, SourceError
+from meshconf.model.config import MeshConfig
+from meshconf.sources.loading import load_config
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from meshconf.config import MeshConfig
-from meshconf.fields import Positive
-from meshconf.loading import load_config
+from meshconf.model.config import MeshConfig
+from meshconf.model.fields import Positive
+from meshconf.sources.loading import load_config
 
 if TYPE_CHECKING:
     from meshconf.runtime import DistributedContext

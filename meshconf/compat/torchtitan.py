@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from meshconf.config import MeshConfig
-from meshconf.loading import load_config
+from meshconf.model.config import MeshConfig
+from meshconf.sources.loading import load_config
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

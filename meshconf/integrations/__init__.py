@@ -1,1 +1,5 @@
-"""Integrations with other tools; each is imported only by its users."""
+"""Integrations with other tools (Hydra); each is imported only by its users.
+
+Beside the layers: may import ``core``, ``model`` and ``sources``, and the tool it integrates.
+Never imported by meshconf itself.
+"""

@@ -1,5 +1,5 @@
 """Hydra: a typed schema node for a ``parallelism`` config group, and a ``_target_`` that
-returns the validated :class:`~meshconf.config.MeshConfig`.
+returns the validated :class:`~meshconf.model.config.MeshConfig`.
 
 The schema node lets Hydra refuse a mistyped value or an unknown key while it composes
 (``parallelism.degrees.tp=abc``); meshconf's own rules run when the node is instantiated. Every
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf 2.3 reads these forms
 
-from meshconf.config import MeshConfig
-from meshconf.errors import ConfigError, Diagnostic, MeshconfError
-from meshconf.loading import load_config
+from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
+from meshconf.model.config import MeshConfig
+from meshconf.sources.loading import load_config
 
 try:
     from hydra.core.config_store import ConfigStore

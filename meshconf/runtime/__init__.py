@@ -1,6 +1,8 @@
 """The torch side of meshconf: DeviceMeshes from a validated MeshConfig.
 
 The only package of meshconf that imports torch. Install it with ``pip install meshconf[torch]``.
+Beside the layers: may import ``core``, ``model``, ``sources`` and ``features``; never the
+command line, ``compat`` or ``integrations``.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 try:
     import torch  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
-    from meshconf.errors import MeshconfError
+    from meshconf.core.errors import MeshconfError
 
     raise MeshconfError(
         "meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'"

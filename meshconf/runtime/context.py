@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.config import MeshConfig
-from meshconf.errors import MeshconfError, format_key
-from meshconf.layout import DimLayout, DomainLayout
-from meshconf.loading import at_world_size, load_config
+from meshconf.core.errors import MeshconfError, format_key
+from meshconf.core.layout import DimLayout, DomainLayout
+from meshconf.features.topology import topology_warnings
+from meshconf.model.config import MeshConfig
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
-from meshconf.topology import topology_warnings
+from meshconf.sources.loading import at_world_size, load_config
 
 _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 

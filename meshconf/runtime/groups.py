@@ -18,7 +18,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from meshconf.layout import Mode, RankGroup, group_identity
+from meshconf.core.layout import Mode, RankGroup, group_identity
 
 GroupKey = tuple[int, tuple[Mode, ...], bool]
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from meshconf.errors import MeshconfError
+from meshconf.core.errors import MeshconfError
 
 
 class LaunchError(MeshconfError):

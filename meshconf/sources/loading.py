@@ -2,7 +2,7 @@
 
 Steps: read (YAML with key positions) -> apply overrides and resolve ``${...}`` (OmegaConf,
 only when used) -> pick the ``key`` block -> validate. Every problem comes back as a
-:class:`~meshconf.errors.Diagnostic` placed at ``file:line:column`` or on the override that
+:class:`~meshconf.core.errors.Diagnostic` placed at ``file:line:column`` or on the override that
 set the key.
 """
 
@@ -20,8 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from meshconf.config import MeshConfig
-from meshconf.errors import (
+from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
     KeyPath,
@@ -29,9 +28,16 @@ from meshconf.errors import (
     describe_value,
     format_key,
 )
-from meshconf.overrides import InterpolationError, Override, apply, parse_key, parse_override
-from meshconf.rules import did_you_mean
-from meshconf.yaml_reader import Position, YamlError, decode, read_yaml
+from meshconf.model.config import MeshConfig
+from meshconf.model.rules import did_you_mean
+from meshconf.sources.overrides import (
+    InterpolationError,
+    Override,
+    apply,
+    parse_key,
+    parse_override,
+)
+from meshconf.sources.yaml_reader import Position, YamlError, decode, read_yaml
 
 
 @dataclass
@@ -155,7 +161,7 @@ def _read(source: Any) -> _Source:
         if isinstance(source, Container):
             from omegaconf import OmegaConf
 
-            from meshconf.overrides import resolve
+            from meshconf.sources.overrides import resolve
 
             unresolved = OmegaConf.to_container(source, resolve=False)
             try:
@@ -330,8 +336,8 @@ def load_config(
     block out of a larger file. ``world_size`` supplies the world size when the config has
     none (and must agree with it when it has one).
 
-    Raises :class:`~meshconf.errors.ConfigError` (one diagnostic per problem) for an invalid
-    config and :class:`~meshconf.errors.SourceError` when there is nothing to validate.
+    Raises :class:`~meshconf.core.errors.ConfigError` (one diagnostic per problem) for an invalid
+    config and :class:`~meshconf.core.errors.SourceError` when there is nothing to validate.
     """
     parsed = tuple(parse_override(text) for text in overrides)
     prefix = _block_path(key)

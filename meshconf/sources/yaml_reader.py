@@ -24,7 +24,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
-from meshconf.errors import KeyPath
+from meshconf.core.errors import KeyPath
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64

@@ -13,9 +13,9 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from meshconf.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
-from meshconf.domains import MAX_NAME_LENGTH, NAME_PATTERN
-from meshconf.errors import describe_value
+from meshconf.core.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
+from meshconf.core.errors import describe_value
 
 # Strings that PyYAML's YAML 1.1 resolver would have turned into numbers or booleans; the
 # loader keeps them as strings so that they can be refused here with the reason.

@@ -20,13 +20,13 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from meshconf.config import MeshConfig
-from meshconf.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
-from meshconf.domains import DATALOADING, DENSE, SPARSE
-from meshconf.errors import Problem
-from meshconf.fields import MAX_GPUS_PER_NODE
-from meshconf.layout import DomainLayout
-from meshconf.rules import Analysis, MeshSpec, check_etp, check_expert_borrow
+from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
+from meshconf.core.domains import DATALOADING, DENSE, SPARSE
+from meshconf.core.errors import Problem
+from meshconf.core.layout import DomainLayout
+from meshconf.model.config import MeshConfig
+from meshconf.model.fields import MAX_GPUS_PER_NODE
+from meshconf.model.rules import Analysis, MeshSpec, check_etp, check_expert_borrow
 
 #: Dims whose groups carry the most traffic, most first: their locality is ranked before the
 #: number of pipeline stages. ``etp`` and ``ep`` count only for a mixture of experts.

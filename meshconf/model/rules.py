@@ -1,7 +1,7 @@
 """Every formula rule of a mesh configuration, each a function of its own.
 
 The rules work on plain values (:class:`MeshSpec`), know nothing of pydantic or files, and
-report :class:`~meshconf.errors.Problem` objects placed on the key they concern, with the
+report :class:`~meshconf.core.errors.Problem` objects placed on the key they concern, with the
 arithmetic written out. A rule that needs the world size while none is known is not run;
 its description goes to :attr:`Analysis.pending` instead.
 """
@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshconf import formulas
-from meshconf.degrees import (
+from meshconf.core import formulas
+from meshconf.core.degrees import (
     AUTO,
     DEGREE_NAMES,
     MAX_WORLD_SIZE,
@@ -23,9 +23,9 @@ from meshconf.degrees import (
     product_text,
     world_product,
 )
-from meshconf.errors import KeyPath, Problem
-from meshconf.hierarchy import NodePart, describe_parts, node_numbering
-from meshconf.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
+from meshconf.core.errors import KeyPath, Problem
+from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering
+from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 
 
 @dataclass(frozen=True)

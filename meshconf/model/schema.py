@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema
 
-from meshconf.config import MeshConfig
-from meshconf.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
+from meshconf.model.config import MeshConfig
 
 Flavor = Literal["plain", "hydra"]
 FLAVORS: tuple[Flavor, ...] = ("plain", "hydra")

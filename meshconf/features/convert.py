@@ -4,7 +4,7 @@
 
 The conversion is pure: a table as read from TOML goes in; the meshconf mapping, short
 comments on changed values, and one note per semantic difference come out. The mapping is
-validated with :func:`~meshconf.loading.load_config`, and each problem meshconf finds is
+validated with :func:`~meshconf.sources.loading.load_config`, and each problem meshconf finds is
 placed on the TOML key it came from. Reading the TOML and printing the YAML are left to
 ``meshconf convert`` (``cli/convert.py``).
 """
@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshconf.config import MeshConfig
-from meshconf.degrees import AUTO, DEGREE_NAMES, product_text
-from meshconf.errors import ConfigError, KeyPath, MeshconfError, describe_value
-from meshconf.loading import load_config
-from meshconf.rules import did_you_mean
+from meshconf.core.degrees import AUTO, DEGREE_NAMES, product_text
+from meshconf.core.errors import ConfigError, KeyPath, MeshconfError, describe_value
+from meshconf.model.config import MeshConfig
+from meshconf.model.rules import did_you_mean
+from meshconf.sources.loading import load_config
 
 TORCHTITAN = "torchtitan"
 KEMPNERFORGE = "kempnerforge"

@@ -6,8 +6,8 @@ Nodes hold consecutive ranks, ``gpus_per_node`` each, as torchrun and SLURM numb
 
 from __future__ import annotations
 
-from meshconf.config import MeshConfig
-from meshconf.errors import Problem
+from meshconf.core.errors import Problem
+from meshconf.model.config import MeshConfig
 
 #: Dims that talk in every layer, and why their groups belong inside one node.
 HIGH_TRAFFIC = {

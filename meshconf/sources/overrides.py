@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from meshconf.errors import KeyPath, SourceError, format_key
-from meshconf.yaml_reader import YamlError, parse_value
+from meshconf.core.errors import KeyPath, SourceError, format_key
+from meshconf.sources.yaml_reader import YamlError, parse_value
 
 _SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+)(?P<indices>(\[[0-9]+\])*)")
 _INDEX = re.compile(r"\[([0-9]+)\]")

@@ -1,7 +1,7 @@
 """The configuration models: strict, frozen pydantic v2 models with every rule attached.
 
-Field types (:mod:`meshconf.fields`) check types and ranges with messages written for people;
-one model validator then runs the formula rules of :mod:`meshconf.rules` and places each
+Field types (:mod:`meshconf.model.fields`) check types and ranges with messages written for people;
+one model validator then runs the formula rules of :mod:`meshconf.model.rules` and places each
 problem on the field it concerns.
 """
 
@@ -22,11 +22,12 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from meshconf import formulas
-from meshconf.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
-from meshconf.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
-from meshconf.errors import WorldSizeUnknownError
-from meshconf.fields import (
+from meshconf.core import formulas
+from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
+from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
+from meshconf.core.errors import WorldSizeUnknownError
+from meshconf.core.layout import DomainLayout
+from meshconf.model.fields import (
     DimList,
     ExpertDegree,
     FormulaText,
@@ -37,8 +38,7 @@ from meshconf.fields import (
     WorldFactor,
     device_value,
 )
-from meshconf.layout import DomainLayout
-from meshconf.rules import Analysis, MeshSpec, analyze
+from meshconf.model.rules import Analysis, MeshSpec, analyze
 
 
 class _Strict(BaseModel):

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from meshconf.degrees import WORLD_FACTORS
-from meshconf.layout import Mode
+from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.core.layout import Mode
 
 
 @dataclass(frozen=True)

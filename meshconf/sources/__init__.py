@@ -1,0 +1,4 @@
+"""Reading input: YAML with positions, OmegaConf interpolation, overrides, ``load_config``.
+
+Layer 3. May import ``meshconf.core``, ``meshconf.model``, PyYAML and OmegaConf; never torch.
+"""
