@@ -7,27 +7,47 @@ and, lazily, ``runtime``. Nothing in meshconf imports it.
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import sys
 from collections.abc import Sequence
 
-from meshconf.cli import convert, plan, render, schema, show, simulate, validate
+from meshconf._version import __version__
 
-_VERBS = (validate, show, simulate, schema, render, plan, convert)
+#: Each verb, in the order ``meshconf --help`` lists them, is the module of the same name.
+VERBS = ("validate", "show", "simulate", "schema", "render", "plan", "convert")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verbs: Sequence[str] = VERBS) -> argparse.ArgumentParser:
+    """The parser of ``meshconf``, with a subparser for each of ``verbs``."""
     parser = argparse.ArgumentParser(
         prog="meshconf",
         description="Validate and inspect declarative N-D parallel device-mesh configs.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"meshconf {__version__}", help="print the version"
+    )
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for verb in _VERBS:
-        verb.add_parser(subparsers)
+    for verb in verbs:
+        importlib.import_module(f"meshconf.cli.{verb}").add_parser(subparsers)
     return parser
 
 
+def _named_verb(argv: Sequence[str]) -> str | None:
+    """The verb ``argv`` names, when it starts with one."""
+    return argv[0] if argv and argv[0] in VERBS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # A command validates and exits: looking for pydantic plugins would first read the metadata
+    # of every installed package, which costs more than checking a config.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    verb = _named_verb(arguments)
+    # pre-commit hands `validate` one or two files, so start-up is most of its time: a named
+    # verb imports its own module only (each verb's features cost tens of milliseconds).
+    parser = build_parser(VERBS if verb is None else (verb,))
+    args = parser.parse_args(arguments)
     code: int = args.run(args)
     return code
 
