@@ -3,16 +3,16 @@ lines its ``# expect:`` comments promise.
 
 Each file in ``examples/invalid/`` breaks one rule. It starts with ``# rule: ...`` and lists,
 in ``# expect: ...`` lines, every line ``meshconf validate examples/invalid/<file>`` prints
-when run from the repository root. The CLI runs in a subprocess, as a user would run it.
+when run from the repository root. The CLI runs through ``main(argv)``, in this process.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -33,13 +33,7 @@ def _relative(path: Path) -> str:
 
 
 def _validate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "meshconf", "validate", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_in_process("validate", *args, cwd=ROOT)
 
 
 def _comment_lines(path: Path, prefix: str) -> list[str]:
