@@ -94,8 +94,14 @@ def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
             f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
             "set world_size in the file or pass --world-size N"
         )
-    if args.rank >= world_size:
-        return usage_error(f"--rank {args.rank} is outside the world [0, {world_size})")
+    # simulate takes several ranks.
+    outside = [
+        rank
+        for rank in (args.rank if isinstance(args.rank, list) else [args.rank])
+        if rank >= world_size
+    ]
+    if outside:
+        return usage_error(f"--rank {outside[0]} is outside the world [0, {world_size})")
     layouts = config.layouts
     domain = getattr(args, "domain", None)
     if domain is not None and domain not in layouts:

@@ -75,7 +75,36 @@ def _ranks_text(group: list[int]) -> str:
     return f"{head}, ..., {group[-1]} ({len(group)} ranks)"
 
 
-def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
+def left_out(config: MeshConfig, domains: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What the text view leaves out as trivial without ``--all``: the dims of size 1 (a
+    rank's group along one is the rank alone), and the domains whose dims all have size 1 or
+    that hold the ``ep`` dim when ep is 1 (no expert is split across ranks, so expert layers
+    use the dense meshes). Returns the dims, and each domain with the reason, in config order.
+    """
+    layouts = config.layouts
+    sizes = config.dim_sizes
+    dims = [
+        name
+        for name in dict.fromkeys(name for domain in domains for name in layouts[domain].dim_names)
+        if sizes[name] == 1
+    ]
+    reasons = {}
+    for domain in domains:
+        names = layouts[domain].dim_names
+        if all(sizes[name] == 1 for name in names):
+            reasons[domain] = "only dims of size 1"
+        elif "ep" in names and sizes["ep"] == 1:
+            reasons[domain] = "ep is 1"
+    return dims, reasons
+
+
+def report_text(
+    config: MeshConfig,
+    report: dict[str, Any],
+    hidden: tuple[list[str], dict[str, str]] = ([], {}),
+) -> None:
+    """Print ``report`` as text, without the dims and domains in ``hidden``."""
+    hidden_dims, hidden_domains = hidden
     rank = report["rank"]
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
     print(f"world_size {report['world_size']}{nodes}; showing rank {rank}")
@@ -94,10 +123,21 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
         )
     for warning in report["warnings"]:
         print(f"warning: {warning['key']}: {warning['message']}")
+    if hidden_dims or hidden_domains:
+        parts = [f"dims {', '.join(hidden_dims)} (size 1)"] if hidden_dims else []
+        for reason in dict.fromkeys(hidden_domains.values()):
+            names = [domain for domain, why in hidden_domains.items() if why == reason]
+            parts.append(f"domain{'s' if len(names) > 1 else ''} {', '.join(names)} ({reason})")
+        print(f"not shown (trivial; --all shows them): {'; '.join(parts)}")
     for domain, body in report["domains"].items():
-        dims = body["dims"]
-        shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in dims)
+        if domain in hidden_domains:
+            continue
+        shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in body["dims"])
+        dims = [dim for dim in body["dims"] if dim["name"] not in hidden_dims]
         print(f"\ndomain {domain} [{shape}]")
+        if not dims:
+            print(f"  every dim has size 1: rank {rank} is alone in each of its groups")
+            continue
         width = max(len("dim"), *(len(dim["name"]) for dim in dims))
         # A dim placed partly inside and partly across nodes has one stride per part.
         strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
@@ -113,7 +153,9 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
                 f"{dim['num_groups']:>7}  {dim['placement'] or '-':<10}  "
                 f"{_ranks_text(dim['group'])}"
             )
-        coordinate = " ".join(f"{k}={v}" for k, v in report["coordinates"][domain].items())
+        coordinate = " ".join(
+            f"{k}={v}" for k, v in report["coordinates"][domain].items() if k not in hidden_dims
+        )
         print(f"  coordinate of rank {rank}: {coordinate}")
     print(
         f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
@@ -131,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))
     else:
-        emit(lambda: report_text(config, report))
+        # A domain asked for by name is shown even when trivial.
+        dims, trivial_domains = left_out(config, domains)
+        hidden = ([], {}) if args.all else (dims, {} if args.domain else trivial_domains)
+        emit(lambda: report_text(config, report, hidden))
     return EXIT_OK
 
 
@@ -143,9 +188,21 @@ def add_parser(subparsers: Any) -> None:
         "groups, the rank's group and, given gpus_per_node, where the groups sit: inside one "
         "node, one rank per node, or mixed; and warn when tp, etp or cp groups leave a node.",
     )
-    parser.add_argument("path", metavar="PATH")
-    parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")
+    parser.add_argument("path", metavar="PATH", help="the config file")
+    parser.add_argument(
+        "--rank",
+        type=non_negative_int,
+        default=0,
+        metavar="R",
+        help="the rank to show (default: 0)",
+    )
     parser.add_argument("--domain", metavar="D", help="show only this domain")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also show the dims of size 1 and the trivial domains (those with the ep dim "
+        "when ep is 1, or with only dims of size 1); --format json always has them",
+    )
     add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)
     parser.set_defaults(run=run)
