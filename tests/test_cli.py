@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import REPO, TEXTBOOK
+
+from meshconf.cli import VERBS, build_parser
 
 TORCHTITAN = """\
 world_size: 8
@@ -235,3 +238,20 @@ def test_no_torch_on_the_validate_path(tmp_path: Path) -> None:
     assert "meshconf" in imported
     assert not {name for name in imported if name == "torch" or name.startswith("torch.")}
     assert "omegaconf" not in imported
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {"meshconf": parser, **{f"meshconf {verb}": sub for verb, sub in subparsers.choices.items()}}
+
+
+def test_every_option_and_argument_has_help_text() -> None:
+    missing = [
+        f"{name} {action.option_strings[0] if action.option_strings else action.metavar or action.dest}"
+        for name, parser in _parsers().items()
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()
+    ]
+    assert missing == []
+    assert set(_parsers()) == {"meshconf", *(f"meshconf {verb}" for verb in VERBS)}

@@ -130,6 +130,6 @@ def test_the_repositorys_own_config(hook_repo: tuple[Path, str], tmp_path: Path)
         schema.write_text(original)
     assert result.returncode == 1
     assert (
-        "schemas/meshconf.schema.json: out of date with the models; run `meshconf schema` "
-        "to regenerate it"
+        "schemas/meshconf.schema.json: out of date with the models; run "
+        "`meshconf schema --out schemas/meshconf.schema.json` to regenerate it"
     ) in result.stdout

@@ -85,7 +85,13 @@ def test_writing_makes_the_check_pass(run_cli, tmp_path: Path) -> None:
 
 
 def test_stdout_and_usage_errors(run_cli) -> None:
-    assert json.loads(run_cli("schema", "--out", "-").stdout) == build_schema()
+    assert json.loads(run_cli("schema").stdout) == build_schema()
+    assert run_cli("schema", "--out", "-").stdout == run_cli("schema").stdout
+    assert run_cli("schema", "--flavor", "hydra").stdout == HYDRA_SCHEMA.read_text()
+    assert (
+        run_cli("schema", "--format", "markdown").stdout
+        == (ROOT / "docs" / "reference.md").read_text()
+    )
     result = run_cli("schema", "--format", "markdown", "--flavor", "hydra")
     assert result.returncode == 2
     assert result.stderr == (

@@ -58,7 +58,12 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
         help="override a value before validation (repeatable): degrees.tp=4, +key=v, ~key",
     )
     if formats:
-        parser.add_argument("--format", choices=("text", "json"), default="text")
+        parser.add_argument(
+            "--format",
+            choices=("text", "json"),
+            default="text",
+            help="text for people (default) or json for programs",
+        )
 
 
 def usage_error(message: str) -> int:

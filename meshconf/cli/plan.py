@@ -220,5 +220,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--emit", metavar="INDEX", help="print assignment INDEX (1 is the best) as a config"
     )
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: a table (default); json: the same as data",
+    )
     parser.set_defaults(run=run)

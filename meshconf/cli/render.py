@@ -85,7 +85,7 @@ def add_parser(subparsers: Any) -> None:
         "nodes outlined and one rank's group along each dim coloured. Worlds of more than 4096 "
         "ranks are summarised, one cell per block of consecutive ranks.",
     )
-    parser.add_argument("path", metavar="PATH")
+    parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(
         "-O",
         "--out",

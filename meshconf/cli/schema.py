@@ -1,5 +1,5 @@
-"""``meshconf schema``: write the JSON Schema (or the Markdown reference made from it), or
-check that a committed copy is up to date."""
+"""``meshconf schema``: print or write the JSON Schema (or the Markdown reference made from
+it), or check that a committed copy is up to date."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
 
-#: Where each output lives in a repository that follows meshconf's layout.
+#: Where each output lives in meshconf's repository: what ``--check`` reads without ``--out``.
 DEFAULT_OUT = {
     ("json", "plain"): "schemas/meshconf.schema.json",
     ("json", "hydra"): "schemas/meshconf.hydra.schema.json",
@@ -24,15 +24,16 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("--format markdown documents the plain schema; drop --flavor hydra")
     schema = build_schema(args.flavor)
     text = reference_markdown(schema) if args.format == "markdown" else render(schema)
-    out = args.out or DEFAULT_OUT[args.format, args.flavor]
-    if out == "-":
-        if args.check:
+    if args.check:
+        if args.out == "-":
             return usage_error("--check needs a file to compare with, not --out -")
+        out = args.out or DEFAULT_OUT[args.format, args.flavor]
+        return _check(Path(out), text, _regenerate_command(args, out))
+    out = args.out or "-"
+    if out == "-":
         emit(lambda: print(text, end=""))
         return EXIT_OK
     path = Path(out)
-    if args.check:
-        return _check(path, text, _regenerate_command(args))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -58,24 +59,24 @@ def _check(path: Path, text: str, command: str) -> int:
     return EXIT_OK
 
 
-def _regenerate_command(args: argparse.Namespace) -> str:
+def _regenerate_command(args: argparse.Namespace, out: str) -> str:
     parts = ["meshconf schema"]
     if args.format != "json":
         parts.append(f"--format {args.format}")
     if args.flavor != "plain":
         parts.append(f"--flavor {args.flavor}")
-    if args.out:
-        parts.append(f"--out {args.out}")
+    parts.append(f"--out {out}")
     return " ".join(parts)
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "schema",
-        help="write the JSON Schema of the config (or check a committed copy)",
+        help="print or write the JSON Schema of the config (or check a committed copy)",
         description=(
-            "Write the JSON Schema of meshconf configs, generated from the models. Editors use "
-            "it for completion and checking; formulas are checked by `meshconf validate`."
+            "Print the JSON Schema of meshconf configs, generated from the models, or write it "
+            "with --out. Editors use it for completion and checking; formulas are checked by "
+            "`meshconf validate`."
         ),
     )
     parser.add_argument(
@@ -93,12 +94,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--out",
         metavar="FILE",
-        help="where to write ('-' for stdout); default: "
-        + ", ".join(f"{path} ({fmt}, {flavor})" for (fmt, flavor), path in DEFAULT_OUT.items()),
+        help="write to FILE instead of standard output ('-' is standard output)",
     )
     parser.add_argument(
         "--check",
         action="store_true",
-        help="write nothing; exit 1 if FILE differs from what would be written",
+        help="write nothing; exit 1 if FILE differs from what would be written. Without "
+        "--out, FILE is the copy in meshconf's repository: "
+        + ", ".join(f"{path} ({fmt}, {flavor})" for (fmt, flavor), path in DEFAULT_OUT.items()),
     )
     parser.set_defaults(run=run)

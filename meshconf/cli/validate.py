@@ -125,6 +125,6 @@ def add_parser(subparsers: Any) -> None:
         description="Check each config against every rule. Exit 0 if all are valid, 1 if "
         "any is invalid, 2 if one cannot be read.",
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="the config files to check")
     add_source_options(parser)
     parser.set_defaults(run=run)
