@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, TEXTBOOK
+from conftest import REPO, TEXTBOOK, run_in_process
 
+import meshconf
 from meshconf.cli import VERBS, build_parser
 
 TORCHTITAN = """\
@@ -243,7 +245,10 @@ def test_no_torch_on_the_validate_path(tmp_path: Path) -> None:
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return {"meshconf": parser, **{f"meshconf {verb}": sub for verb, sub in subparsers.choices.items()}}
+    return {
+        "meshconf": parser,
+        **{f"meshconf {verb}": sub for verb, sub in subparsers.choices.items()},
+    }
 
 
 def test_every_option_and_argument_has_help_text() -> None:
@@ -255,3 +260,97 @@ def test_every_option_and_argument_has_help_text() -> None:
     ]
     assert missing == []
     assert set(_parsers()) == {"meshconf", *(f"meshconf {verb}" for verb in VERBS)}
+
+
+def test_simulate_several_ranks_in_one_process(run_cli) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "simulate",
+        "examples/llama3_70b_512gpu.yaml",
+        "--rank",
+        "0,77,511",
+        "--rank",
+        "5",
+        "--rank",
+        "77",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "simulated ranks 0, 77, 511, 5 of 512 against torch's fake process group: 4 domains each, built in "
+    )
+    counters = (
+        "7 new_group calls, 6 real groups, 1 fake (size-1) groups, 0 reuses of the default "
+        "group, 9 dims served by an existing group"
+    )
+    assert lines[1:] == [
+        "  dataloading [pp=4, batch=16, cp=1, tp=8]: groups ok",
+        "  dense [pp=4, dp_replicate=2, fsdp=8, tp=8]: groups ok",
+        "  sparse [pp=4, dp_replicate=2, efsdp=64, ep=1, etp=1]: groups ok",
+        "  loss [pp=4, loss=16, tp=8]: groups ok",
+        *(f"process groups of rank {rank}: {counters}" for rank in (0, 77, 511, 5)),
+        "every group equals the layout math",
+    ]
+    result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "0,512")
+    assert (result.returncode, result.stderr) == (
+        2,
+        "meshconf: error: --rank 512 is outside the world [0, 512)\n",
+    )
+    result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "0,,5")
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        "meshconf simulate: error: argument --rank: expected ranks (integers >= 0) separated "
+        "by commas, got '0,,5'\n"
+    )
+
+
+def test_show_leaves_out_trivial_dims_and_domains_unless_all(run_cli) -> None:  # type: ignore[no-untyped-def]
+    shown = run_cli("show", "examples/llama3_70b_512gpu.yaml").stdout
+    everything = run_cli("show", "examples/llama3_70b_512gpu.yaml", "--all").stdout
+    assert shown.splitlines()[3] == (
+        "not shown (trivial; --all shows them): dims cp, ep, etp (size 1); domain sparse (ep is 1)"
+    )
+    assert "\ndomain sparse [" not in shown and "\ndomain sparse [" in everything
+    assert "  cp           1        8      512  intra-node  0" in everything.splitlines()
+    assert not [
+        line for line in shown.splitlines() if line.startswith(("  cp ", "  ep ", "  etp "))
+    ]
+    assert "  coordinate of rank 0: pp=0 batch=0 tp=0" in shown.splitlines()
+    assert "not shown" not in everything
+    # Expert parallelism on: the sparse domain is shown, without its size-1 dims.
+    moe = run_cli("show", "examples/moe_ep8_etp1.yaml").stdout.splitlines()
+    assert (
+        moe[3] == "not shown (trivial; --all shows them): dims pp, cp, dp_replicate, etp (size 1)"
+    )
+    assert "domain sparse [pp=1, dp_replicate=1, efsdp=4, ep=8, etp=1]" in moe
+    # One GPU: every domain is trivial; a domain asked for by name is shown all the same.
+    single = run_cli("show", "examples/single_gpu.yaml").stdout.splitlines()
+    assert single[3] == (
+        "not shown (trivial; --all shows them): dims pp, batch, cp, tp, dp_replicate, fsdp, "
+        "efsdp, ep, etp, loss (size 1); domains dataloading, dense, sparse, loss (only dims of size 1)"
+    )
+    assert not [line for line in single if line.startswith("domain ")]
+    sparse = run_cli("show", "examples/single_gpu.yaml", "--domain", "sparse").stdout.splitlines()
+    assert sparse[-4:] == [
+        "domain sparse [pp=1, dp_replicate=1, efsdp=1, ep=1, etp=1]",
+        "  every dim has size 1: rank 0 is alone in each of its groups",
+        "",
+        "rank 0 belongs to 0 distinct process groups of more than one rank across all domains",
+    ]
+    # JSON is data: it always has every dim and domain.
+    report = json.loads(
+        run_cli("show", "examples/llama3_70b_512gpu.yaml", "--format", "json").stdout
+    )
+    assert list(report["domains"]) == ["dataloading", "dense", "sparse", "loss"]
+    assert [dim["name"] for dim in report["domains"]["sparse"]["dims"]] == [
+        "pp",
+        "dp_replicate",
+        "efsdp",
+        "ep",
+        "etp",
+    ]
+
+
+def test_version() -> None:
+    result = run_in_process("--version")
+    assert (result.returncode, result.stdout) == (0, f"meshconf {meshconf.__version__}\n")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", meshconf.__version__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,3 +257,15 @@ def test_rank_0_warns_when_the_launcher_runs_another_node_size() -> None:
         "1 ranks, but launchers start the same number on every node; use a multiple of 8, or "
         "set gpus_per_node to the ranks each node runs",
     ]
+
+
+def test_a_topology_warning_points_at_the_users_line(tmp_path: Path) -> None:
+    """from_yaml calls the constructor, which warns: the warning names the caller's line."""
+    path = tmp_path / "nodes.yaml"
+    path.write_text("world_size: 1\ngpus_per_node: 8\n")
+    env = environ(0, 1, free_port())
+    with pytest.warns(TopologyWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        context = DistributedContext.from_yaml(path, environ=env)
+    context.close()
+    assert {(warning.filename, warning.lineno) for warning in caught} == {(__file__, line)}

@@ -98,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
     def report() -> None:
         ranks = ", ".join(str(result.rank) for result in results)
         which = f"rank {ranks}" if len(results) == 1 else f"ranks {ranks}"
-        each = "" if len(results) == 1 else " each"
+        each = "" if len(results) == 1 else " each,"
         print(
             f"simulated {which} of {world_size} against torch's fake process group: "
-            f"{len(results[0].shapes)} domains{each}, built in {built:.3f} s"
+            f"{len(results[0].shapes)} domains{each} built in {built:.3f} s"
         )
         for domain, shape in results[0].shapes.items():
             bad = [r.rank for r in results if any(p.startswith(f"{domain}.") for p in r.problems)]

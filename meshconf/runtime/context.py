@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,6 +39,18 @@ class RuntimeSetupError(MeshconfError):
 class TopologyWarning(UserWarning):
     """The meshes work, but their groups sit badly on the nodes, or the config and the
     launcher disagree about how many ranks a node runs."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside meshconf, so the
+    warning names the user's line however many of meshconf's own calls lie between."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _register_fake_backend() -> None:
@@ -187,7 +200,7 @@ class DistributedContext:
             raise
         if self.is_main_process:
             for message in self.topology_warnings:
-                warnings.warn(message, TopologyWarning, stacklevel=2)
+                warnings.warn(message, TopologyWarning, stacklevel=_caller_stacklevel())
 
     @classmethod
     def from_yaml(
