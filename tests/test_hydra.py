@@ -217,3 +217,71 @@ def test_app_reports_an_invalid_mesh_without_a_traceback(tmp_path: Path) -> None
         "parallelism.degrees.dp_shard: -1 cannot fill the remaining ranks: world_size 8 is "
         "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
     ]
+
+
+@pytest.fixture
+def plain_composer(tmp_path: Path) -> Iterator[object]:
+    """An app whose `parallelism` options leave the schema node out of their defaults, so
+    the composed node has no _target_."""
+    conf = tmp_path / "conf"
+    (conf / "parallelism").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - parallelism: plain\n  - _self_\n")
+    (conf / "parallelism" / "plain.yaml").write_text("world_size: 8\ndegrees: {tp: 2}\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        yield lambda *overrides: compose("config", overrides=list(overrides))
+
+
+def test_a_node_without_target_is_validated(plain_composer) -> None:
+    cfg = plain_composer()
+    assert "_target_" not in cfg.parallelism
+    config = instantiate(cfg.parallelism)
+    assert isinstance(config, MeshConfig)
+    assert config.resolved_degrees["dp_shard"] == 4
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(plain_composer("parallelism.degrees.tp=3").parallelism)
+    assert str(raised.value) == (
+        "parallelism.degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults to -1): world_size 8 is "
+        "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+    )
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(plain_composer("+parallelism.degrees.tpp=2").parallelism)
+    assert str(raised.value).startswith("parallelism.degrees.tpp: unknown key")
+    assert isinstance(instantiate({"world_size": 4, "degrees": {"tp": 4}}), MeshConfig)
+
+
+def test_another_target_is_refused(plain_composer) -> None:
+    cfg = plain_composer("+parallelism._target_=builtins.dict")
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert str(raised.value) == (
+        "parallelism._target_: 'builtins.dict' is not meshconf's "
+        "'meshconf.integrations.hydra.build_config'; list _meshconf_schema in the option's "
+        "defaults, or leave _target_ out"
+    )
+
+
+def test_an_unset_environment_variable_is_one_error_at_its_key(
+    composer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = composer("parallelism=moe_64gpu", "parallelism.world_size=${oc.env:MESHCONF_UNSET}")
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert str(raised.value) == (
+        "parallelism.world_size: cannot resolve: KeyError raised while resolving interpolation: "
+        "\"Environment variable 'MESHCONF_UNSET' not found\""
+    )
+    assert raised.value.diagnostics[0].path == ("parallelism", "world_size")
+
+
+def test_app_reports_an_unset_environment_variable_in_one_line(tmp_path: Path) -> None:
+    override = "parallelism.world_size=${oc.env:MESHCONF_UNSET}"
+    result = _run_app(override, f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"Error executing job with overrides: ['{override}']",
+        "parallelism.world_size: cannot resolve: KeyError raised while resolving interpolation: "
+        "\"Environment variable 'MESHCONF_UNSET' not found\"",
+        "",
+        "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+    ]

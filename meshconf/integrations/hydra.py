@@ -16,11 +16,11 @@ from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf 2.3 read
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
+from meshconf.sources.overrides import InterpolationError, resolve
 
 try:
     from hydra.core.config_store import ConfigStore
-    from hydra.errors import CompactHydraException, InstantiationException
-    from hydra.utils import instantiate as hydra_instantiate
+    from hydra.errors import CompactHydraException
     from omegaconf import Container, OmegaConf
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise MeshconfError(
@@ -106,23 +106,49 @@ def build_config(**fields: Any) -> MeshConfig:
 
 
 def instantiate(node: Any) -> MeshConfig:
-    """Instantiate a meshconf node; an invalid one raises :class:`HydraConfigError` (a
-    :class:`ConfigError`) with every key placed at its full path, such as
-    ``parallelism.degrees.tp``, which Hydra prints as it is, without a traceback."""
+    """Validate a meshconf node of a composed Hydra config and return its :class:`MeshConfig`.
+
+    The node may extend the schema node (its ``_target_`` is meshconf's) or be a plain
+    mapping of meshconf keys (an option that left ``_meshconf_schema`` out of its defaults);
+    both are validated the same way. Raises :class:`HydraConfigError` (a
+    :class:`ConfigError`), which Hydra prints as its message alone, for an invalid node, an
+    interpolation that cannot be resolved (such as ``${oc.env:VAR}`` with ``VAR`` unset), or
+    another ``_target_``; every key is placed at its full path, such as
+    ``parallelism.degrees.tp``."""
+    prefix = _full_key(node)
     try:
-        config: MeshConfig = hydra_instantiate(node, _convert_="all")
-    except InstantiationException as error:
-        cause = error.__cause__
-        if not isinstance(cause, ConfigError):
-            raise
-        prefix = _full_key(node)
+        values = resolve(node) if isinstance(node, Container) else dict(node)
+    except InterpolationError as error:
+        key = tuple(error.key.split(".")) if error.key else prefix
+        raise HydraConfigError([Diagnostic(key, error.message)]) from None
+    if not isinstance(values, dict):
+        raise HydraConfigError(
+            [
+                Diagnostic(
+                    prefix, f"expected a mapping of meshconf keys, got {type(values).__name__}"
+                )
+            ]
+        )
+    target = values.pop("_target_", TARGET)
+    if target != TARGET:
+        raise HydraConfigError(
+            [
+                Diagnostic(
+                    (*prefix, "_target_"),
+                    f"{target!r} is not meshconf's {TARGET!r}; list {SCHEMA_NAME} in the "
+                    "option's defaults, or leave _target_ out",
+                )
+            ]
+        )
+    try:
+        return build_config(**values)
+    except ConfigError as error:
         raise HydraConfigError(
             [
                 Diagnostic((*prefix, *d.path), d.message, d.source, d.line, d.column, d.override)
-                for d in cause.diagnostics
+                for d in error.diagnostics
             ]
         ) from None
-    return config
 
 
 def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
