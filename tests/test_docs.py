@@ -1,6 +1,6 @@
 """Every command and snippet in the Markdown docs runs, and prints what the docs show.
 
-The convention is written out in docs/index.md, "How the docs are tested". In short:
+The convention is written out in CONTRIBUTING.md, "How the docs are tested". In short:
 
 - A fenced ``console`` block holds commands, each on a line starting with ``$ ``, followed
   by its exact output (stdout and stderr merged). ``$ echo $?`` asserts the exit code of the
@@ -10,9 +10,9 @@ The convention is written out in docs/index.md, "How the docs are tested". In sh
   block, must print that JSON on stdout.
 - A ``python`` block runs as a script and must exit 0. If the next fenced block is a ``text``
   block whose first line is ``# output``, the script's stdout must be the rest of that block.
-- A ``bash``, ``sh``, ``shell`` or ``python`` block that is not run starts with
-  ``# not run by the docs test: <reason>`` (after its ``#!`` line, if any). ``$ `` lines
-  appear only in console blocks.
+- A ``bash``, ``sh``, ``shell`` or ``python`` block that is not run has the HTML comment
+  ``<!-- docs-test: skip (<reason>) -->`` on the line before its fence, which Markdown does
+  not render. ``$ `` lines appear only in console blocks.
 
 Each doc runs in its own scratch copy of the repository's README, docs, examples, schemas,
 benchmarks and top-level dotfiles, with this interpreter's bin directory first on PATH. Its
@@ -41,7 +41,8 @@ COPIED_DIRS = ("docs", "examples", "schemas", "benchmarks")
 TIMEOUT_S = 120
 # Docs run side by side on this many threads (each waits on its subprocesses).
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-NOT_RUN = "# not run by the docs test:"
+SKIP = re.compile(r"^<!-- docs-test: skip \((?P<reason>.*)\) -->$")
+OLD_MARKER = "# not run by the docs test"
 OUTPUT_MARKER = "# output"
 SHELL_INFOS = {"bash", "sh", "shell"}
 
@@ -59,6 +60,7 @@ class Block:
     line: int
     lines: list[str]
     follows_directly: bool  # only blank lines between the previous block and this one
+    skip_reason: str | None = None  # from a skip comment on the line before the fence
 
 
 @dataclass
@@ -97,6 +99,7 @@ def parse_blocks(lines: list[str], problems: list[str], name: str) -> list[Block
             continue
         indent = len(match["indent"])
         fence = match["fence"]
+        skip = SKIP.match(lines[index - 1].strip()) if index else None
         info = match["info"].strip().split(" ")[0].lower() if match["info"].strip() else ""
         start = index + 1
         content: list[str] = []
@@ -116,7 +119,13 @@ def parse_blocks(lines: list[str], problems: list[str], name: str) -> list[Block
         else:
             problems.append(f"{name}:{start}: fenced block is never closed")
         blocks.append(
-            Block(info, start, content, follows_directly=bool(blocks) and blank_since_last)
+            Block(
+                info,
+                start,
+                content,
+                follows_directly=bool(blocks) and blank_since_last,
+                skip_reason=skip["reason"].strip() if skip else None,
+            )
         )
         blank_since_last = True
         index += 1
@@ -168,14 +177,6 @@ def parse_console(block: Block, steps: list[Step], problems: list[str], name: st
         steps.append(Command(line_no, text, output))
 
 
-def first_line(block: Block) -> str:
-    """The block's first non-blank line, after a ``#!`` line if it starts with one."""
-    lines = [line for line in block.lines if line.strip()]
-    if lines and lines[0].startswith("#!"):
-        lines = lines[1:]
-    return lines[0] if lines else ""
-
-
 def parse_doc(text: str, name: str) -> tuple[list[Step], list[str]]:
     """The steps a doc runs, in order, and the problems with how it is written."""
     lines = text.splitlines()
@@ -192,10 +193,14 @@ def parse_doc(text: str, name: str) -> tuple[list[Step], list[str]]:
     steps: list[Step] = []
     for position, block in enumerate(blocks):
         following = blocks[position + 1] if position + 1 < len(blocks) else None
-        first = first_line(block)
-        not_run = first.startswith(NOT_RUN)
-        if not_run and not first[len(NOT_RUN) :].strip():
-            problems.append(f"{name}:{block.line}: '{NOT_RUN}' needs a reason")
+        not_run = block.skip_reason is not None
+        if block.skip_reason == "":
+            problems.append(f"{name}:{block.line}: a skip comment needs a reason")
+        if any(line.lstrip().startswith(OLD_MARKER) for line in block.lines):
+            problems.append(
+                f"{name}:{block.line}: '{OLD_MARKER}' shows to readers; put "
+                "'<!-- docs-test: skip (<reason>) -->' before the block instead"
+            )
         if block.info == "console":
             count = len(steps)
             parse_console(block, steps, problems, name)
@@ -214,8 +219,9 @@ def parse_doc(text: str, name: str) -> tuple[list[Step], list[str]]:
                     problems.append(f"{name}:{following.line}: invalid JSON: {error}")
         elif block.info in SHELL_INFOS and not not_run:
             problems.append(
-                f"{name}:{block.line}: a {block.info} block is not run; start it with "
-                f"'{NOT_RUN} <reason>', or make it a console block"
+                f"{name}:{block.line}: a {block.info} block is not run; put "
+                "'<!-- docs-test: skip (<reason>) -->' on the line before it, or make it a "
+                "console block"
             )
         elif block.info == "python" and not not_run:
             script = Script(block.line, "\n".join(block.lines) + "\n")
@@ -230,11 +236,7 @@ def parse_doc(text: str, name: str) -> tuple[list[Step], list[str]]:
             steps.append(script)
         elif block.info == "text" and block.lines and block.lines[0].strip() == OUTPUT_MARKER:
             previous = blocks[position - 1] if position else None
-            if (
-                previous is None
-                or previous.info != "python"
-                or first_line(previous).startswith(NOT_RUN)
-            ):
+            if previous is None or previous.info != "python" or previous.skip_reason is not None:
                 problems.append(
                     f"{name}:{block.line}: a '{OUTPUT_MARKER}' block must follow a run python block"
                 )
@@ -421,14 +423,24 @@ def test_the_convention_catches_mistakes() -> None:
             "$ meshconf show x.yaml",
             "```",
             "",
+            "<!-- docs-test: skip (needs a cluster) -->",
             "```sh",
-            "# not run by the docs test: needs a cluster",
             "srun python train.py",
             "```",
             "",
+            "<!-- docs-test: skip (needs a SLURM cluster) -->",
             "```bash",
             "#!/bin/bash",
-            "# not run by the docs test: needs a SLURM cluster",
+            "srun python train.py",
+            "```",
+            "",
+            "<!-- docs-test: skip () -->",
+            "```python",
+            "import torch",
+            "```",
+            "",
+            "```bash",
+            "# not run by the docs test: old style",
             "srun python train.py",
             "```",
             "",
@@ -462,9 +474,14 @@ def test_the_convention_catches_mistakes() -> None:
         ]
     )
     steps, problems = parse_doc(text, "probe.md")
-    assert len(problems) == 2, problems
+    assert len(problems) == 5, problems
     assert any(problem.startswith("probe.md:1: a bash block is not run") for problem in problems)
     assert "probe.md:6: a '$ ' command line outside a console block" in problems
+    assert "probe.md:21: a skip comment needs a reason" in problems
+    assert any(
+        problem.startswith("probe.md:25: '# not run by the docs test' shows to readers")
+        for problem in problems
+    )
     heredoc, json_command, false, herestring, script = steps
     assert isinstance(heredoc, Command) and heredoc.text.endswith("\nEOF")
     assert isinstance(json_command, Command) and json_command.json_value == {"valid": True}
