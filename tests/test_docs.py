@@ -1,6 +1,7 @@
 """Every command and snippet in the Markdown docs runs, and prints what the docs show.
 
-The convention is written out in CONTRIBUTING.md, "How the docs are tested". In short:
+The convention is written out in CONTRIBUTING.md, "How the docs are tested", which this test
+runs too. In short:
 
 - A fenced ``console`` block holds commands, each on a line starting with ``$ ``, followed
   by its exact output (stdout and stderr merged). ``$ echo $?`` asserts the exit code of the
@@ -36,7 +37,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 COPIED_DIRS = ("docs", "examples", "schemas", "benchmarks")
 TIMEOUT_S = 120
 # Docs run side by side on this many threads (each waits on its subprocesses).
