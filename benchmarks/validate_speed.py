@@ -4,7 +4,7 @@ Run from the repository root with the interpreter meshconf is installed in (the 
 brings check-jsonschema and pre-commit)::
 
     python benchmarks/validate_speed.py                      # full run (about 1.5 minutes)
-    python benchmarks/validate_speed.py --quick              # smoke run: 100 files, 2 s
+    python benchmarks/validate_speed.py --quick              # smoke run: 1 and 100 files, 3 s
     python benchmarks/validate_speed.py --quick --pre-commit # and the hooks: 15 to 25 s
 
 Prints Markdown tables. The script generates realistic configs with a seeded RNG, 10% of
@@ -13,7 +13,7 @@ Schema accepts them.
 
 1. ``meshconf validate FILES`` and ``check-jsonschema --schemafile
    schemas/meshconf.schema.json FILES``, as a user runs them: one process over all files,
-   interpreter start included. It runs on 100 and 1,000 files, with the two tools
+   interpreter start included. It runs on 1, 100 and 1,000 files, with the two tools
    alternating which goes first. Each table row counts the files the tool flagged.
 2. The same two checks as pre-commit hooks in a consumer git repository. meshconf's hook
    comes from a committed copy of this repository, and check-jsonschema's from a
@@ -83,7 +83,7 @@ class Settings:
         return cls(
             quick=quick,
             pre_commit=(not quick) if pre_commit is None else pre_commit,
-            sizes=(100,) if quick else (100, 1000),
+            sizes=(1, 100) if quick else (1, 100, 1000),
             repetitions=2 if quick else 7,
         )
 
