@@ -402,6 +402,9 @@ def doc_runs(
     }
 
 
+# A doc's run starts when one of the WORKERS threads is free, so the first test may wait for
+# most of the docs; each command and snippet still has its own TIMEOUT_S.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("doc", DOCS, ids=[doc.relative_to(ROOT).as_posix() for doc in DOCS])
 def test_doc(doc: Path, doc_runs: dict[Path, Future[list[str]]]) -> None:
     failures = doc_runs[doc].result()
