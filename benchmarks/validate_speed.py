@@ -789,7 +789,7 @@ def print_header(settings: Settings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 100 files, 2 rounds, no pre-commit"
+        "--quick", action="store_true", help="smoke run: 1 and 100 files, 2 rounds, no pre-commit"
     )
     parser.add_argument(
         "--pre-commit",
