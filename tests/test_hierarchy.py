@@ -300,7 +300,7 @@ def test_shared_dims_must_still_agree_across_domains() -> None:
 
 def test_show_prints_the_split_and_each_part_s_stride(run_cli) -> None:  # type: ignore[no-untyped-def]
     path = "examples/hierarchical_long_context.yaml"
-    result = run_cli("show", path, "--rank", "5", "--domain", "dataloading")
+    result = run_cli("show", path, "--rank", "5", "--domain", "dataloading", "--all")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[3:10] == [
         "inside each node: dp_shard=2 tp=4; across nodes: dp_shard=4 cp=4",
