@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
 from meshconf.core.domains import DATALOADING, DENSE, SPARSE
-from meshconf.core.errors import Problem
+from meshconf.core.errors import MeshconfError, Problem
 from meshconf.core.layout import DomainLayout
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
@@ -51,7 +51,7 @@ _EXPERT_DIMS = frozenset({"efsdp", "ep", "etp"})
 Factors = tuple[int, int, int, int, int]
 
 
-class PlanError(ValueError):
+class PlanError(MeshconfError, ValueError):
     """Pins that no assignment satisfies, or values out of range; the message says which."""
 
 

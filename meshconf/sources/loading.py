@@ -28,8 +28,8 @@ from meshconf.core.errors import (
     describe_value,
     format_key,
 )
+from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
-from meshconf.model.rules import did_you_mean
 from meshconf.sources.overrides import (
     InterpolationError,
     Override,

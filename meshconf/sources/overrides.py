@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from meshconf.core.errors import KeyPath, SourceError, format_key
+from meshconf.core.errors import KeyPath, MeshconfError, SourceError, format_key
 from meshconf.sources.yaml_reader import YamlError, parse_value
 
 _SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+)(?P<indices>(\[[0-9]+\])*)")
@@ -112,7 +112,9 @@ def resolve(config: Any) -> Any:
         ) from None
 
 
-class InterpolationError(ValueError):
+class InterpolationError(MeshconfError, ValueError):
+    """A ``${...}`` that cannot be resolved, or resolves past meshconf's limits."""
+
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key

@@ -24,7 +24,7 @@ from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
-from meshconf.core.errors import KeyPath
+from meshconf.core.errors import KeyPath, MeshconfError
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
@@ -111,7 +111,7 @@ class Position:
     column: int
 
 
-class YamlError(ValueError):
+class YamlError(MeshconfError, ValueError):
     """Unreadable YAML; ``position`` says where, when known."""
 
     def __init__(self, message: str, position: Position | None = None, path: KeyPath = ()) -> None:
