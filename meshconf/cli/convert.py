@@ -28,6 +28,8 @@ from meshconf.features.convert import (
     ConversionError,
     convert,
 )
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
+from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,9 +55,12 @@ class _Failure(Exception):
 
 def _read_toml(path: str) -> dict[str, Any]:
     try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise _Failure(EXIT_USAGE, f"{path}: is a directory, not a TOML file") from None
+        raw = read_limited(path, MAX_BYTES)
+    except TooLargeError as error:
+        raise _Failure(EXIT_INVALID, f"{path}: {too_large(error.size).message}") from None
+    except NotAFileError as error:
+        what = "is a directory, not a TOML file" if error.directory else str(error)
+        raise _Failure(EXIT_USAGE, f"{path}: {what}") from None
     except OSError as error:
         raise _Failure(EXIT_USAGE, f"{path}: cannot read: {error.strerror or error}") from None
     try:

@@ -27,9 +27,11 @@ from meshconf.core.errors import (
     SourceError,
     describe_value,
     format_key,
+    printable,
 )
 from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.overrides import (
     InterpolationError,
     Override,
@@ -37,7 +39,14 @@ from meshconf.sources.overrides import (
     parse_key,
     parse_override,
 )
-from meshconf.sources.yaml_reader import Position, YamlError, decode, read_yaml
+from meshconf.sources.yaml_reader import (
+    MAX_BYTES,
+    Position,
+    YamlError,
+    decode,
+    read_yaml,
+    too_large,
+)
 
 
 @dataclass
@@ -134,26 +143,19 @@ def _read(source: Any) -> _Source:
         path = Path(source)
         name = str(source)
         try:
-            raw = path.read_bytes()
-        except IsADirectoryError:
-            raise SourceError(f"{name}: is a directory, not a config file") from None
+            raw = read_limited(path, MAX_BYTES)
+        except TooLargeError as error:
+            raise _unreadable(too_large(error.size), name) from None
+        except NotAFileError as error:
+            raise SourceError(f"{printable(name)}: {error}") from None
         except OSError as error:
-            raise SourceError(f"{name}: cannot read: {error.strerror or error}") from None
+            raise SourceError(
+                f"{printable(name)}: cannot read: {error.strerror or error}"
+            ) from None
         try:
             document = read_yaml(decode(raw))
         except YamlError as error:
-            position = error.position
-            raise ConfigError(
-                [
-                    Diagnostic(
-                        error.path,
-                        error.message,
-                        name,
-                        position.line if position else None,
-                        position.column if position else None,
-                    )
-                ]
-            ) from None
+            raise _unreadable(error, name) from None
         return _Source(document.data, name, document.positions, document.has_interpolation)
     if "omegaconf" in sys.modules:
         from omegaconf import Container
@@ -175,6 +177,12 @@ def _read(source: Any) -> _Source:
         f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
         "OmegaConf DictConfig"
     )
+
+
+def _unreadable(error: YamlError, name: str) -> ConfigError:
+    position = error.position
+    line, column = (position.line, position.column) if position else (None, None)
+    return ConfigError([Diagnostic(error.path, error.message, name, line, column)])
 
 
 def _safe_key(text: str) -> KeyPath:

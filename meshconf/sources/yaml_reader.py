@@ -6,9 +6,12 @@ Differences from ``yaml.safe_load``, each deliberate:
   and dates stay strings, so the models can refuse them with the reason instead of silently
   reading ``010`` as 8.
 * A key given twice in one mapping is an error (PyYAML keeps the last one silently).
-* Hostile input fails fast with a located message: more than ``MAX_BYTES``, nesting deeper
-  than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to themselves,
-  integers with more than ``MAX_INT_DIGITS`` digits.
+* Hostile input fails fast with a located message: more than ``MAX_BYTES`` bytes, nesting
+  deeper than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to
+  themselves, integers with more than ``MAX_INT_DIGITS`` digits, characters YAML forbids.
+* An explicit tag must agree with its text (``!!int abc`` is an error, not a crash), and only
+  the tags of plain data are accepted: ``!!set`` (no order), ``!!timestamp``, ``!!binary``,
+  ``!!omap``, ``!!pairs`` and every application tag are refused. A key must not be null.
 
 libyaml's C parser is used when PyYAML has it; the pure-Python one otherwise.
 """
@@ -33,32 +36,46 @@ MAX_INT_DIGITS = 30
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
+_NULL_TAG = "tag:yaml.org,2002:null"
+_TAG_PREFIX = "tag:yaml.org,2002:"
+_COLLECTION_TAGS = {MappingNode: "tag:yaml.org,2002:map", SequenceNode: "tag:yaml.org,2002:seq"}
+_REFUSED_TAGS = {
+    "set": "a !!set has no order, and where order matters the layout would depend on the "
+    "hash seed; write a list such as [pp, tp]",
+    "omap": "!!omap is not supported; write a mapping",
+    "pairs": "!!pairs is not supported; write a mapping",
+    "timestamp": "!!timestamp is not supported; no meshconf key holds a date",
+    "binary": "!!binary is not supported; no meshconf key holds bytes",
+}
+# Characters YAML 1.2 does not allow in a stream (NUL, other C0/C1 controls, surrogates,
+# U+FFFE, U+FFFF).
+_FORBIDDEN = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 class _Resolver(BaseResolver):
     """YAML 1.2 core schema, plus ``<<`` merge keys."""
 
 
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$"),
-    list("-+0123456789"),
-)
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+.0123456789"),
-)
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
-)
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+_Resolver.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
+_Resolver.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Resolver.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+.0123456789"))
+_Resolver.add_implicit_resolver(_NULL_TAG, _NULL, ["~", "n", "N", ""])
 _Resolver.add_implicit_resolver(_MERGE_TAG, re.compile(r"^(?:<<)$"), ["<"])
+
+#: What an explicit scalar tag accepts: the text YAML 1.2's core schema reads as that type.
+_SCALAR_FORMS: dict[str, tuple[tuple[re.Pattern[str], ...], str]] = {
+    "bool": ((_BOOL,), "true or false"),
+    "int": ((_INT,), "an integer such as 8, 0x10 or 0o10"),
+    "float": ((_FLOAT, _INT), "a number such as 1.5, 2e3 or .inf"),
+    "null": ((_NULL,), "null, ~ or nothing"),
+}
 
 
 class _Constructor(SafeConstructor):
@@ -189,6 +206,7 @@ class _Walker:
             raise YamlError(
                 "an alias refers to a node that contains it", _position(node.start_mark)
             )
+        _check_tag(node)
         self._open.add(key)
         count, depth = 1, 1
         children: list[Node] = []
@@ -235,6 +253,8 @@ class _Walker:
             here = _position(key_node.start_mark)
             if not isinstance(key_node, ScalarNode):
                 raise YamlError("a key must be a plain name, not a list or mapping", here, path)
+            if key_node.tag == _NULL_TAG:
+                raise YamlError("a key must be a name, not null", here, path)
             identity = (key_node.tag, key_node.value)
             if identity in first_seen:
                 raise YamlError(
@@ -256,6 +276,30 @@ class _Walker:
                         self.walk(value_node, child)
 
 
+def _check_tag(node: Node) -> None:
+    """Refuse tags that are not plain data, and explicit tags that disagree with their text."""
+    tag = node.tag
+    here = _position(node.start_mark)
+    short = tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else None
+    if short in _REFUSED_TAGS:
+        raise YamlError(_REFUSED_TAGS[short], here)
+    if short not in (*_SCALAR_FORMS, "str", "merge", "map", "seq"):
+        shown = f"!!{short}" if short is not None else tag
+        raise YamlError(f"unknown tag {shown}; meshconf configs hold plain data only", here)
+    if isinstance(node, ScalarNode):
+        if short in _SCALAR_FORMS:
+            patterns, wanted = _SCALAR_FORMS[short]
+            text = str(node.value)
+            if not any(pattern.match(text) for pattern in patterns):
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                raise YamlError(f"!!{short} needs {wanted}, got {shown!r}", here)
+        elif short not in ("str", "merge"):
+            raise YamlError(f"!!{short} cannot tag a scalar", here)
+    elif tag != _COLLECTION_TAGS[type(node)]:
+        kind = "a mapping" if isinstance(node, MappingNode) else "a list"
+        raise YamlError(f"!!{short} cannot tag {kind}", here)
+
+
 def _key_value(node: ScalarNode) -> str | int:
     if node.tag == "tag:yaml.org,2002:int":
         text = str(node.value)
@@ -263,10 +307,31 @@ def _key_value(node: ScalarNode) -> str | int:
     return str(node.value)
 
 
+def too_large(size: int) -> YamlError:
+    return YamlError(
+        f"{size} bytes, more than the {MAX_BYTES // (1024 * 1024)} MiB a config may have; "
+        "this is not a mesh config"
+    )
+
+
+def _check_characters(text: str) -> None:
+    bad = _FORBIDDEN.search(text)
+    if bad is not None:
+        line = text.count("\n", 0, bad.start()) + 1
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        raise YamlError(
+            f"character U+{ord(bad.group()):04X} is not allowed in YAML", Position(line, column)
+        )
+
+
 def read_yaml(text: str) -> YamlDocument:
-    """Parse one YAML document, checking it on the way (see the module docstring)."""
-    if len(text) > MAX_BYTES:
-        raise YamlError(f"larger than {MAX_BYTES // (1024 * 1024)} MiB; this is not a mesh config")
+    """Parse one YAML document, checking it on the way (see the module docstring).
+
+    Raises :class:`YamlError`, with a position where there is one.
+    """
+    if len(text) > MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise too_large(len(text.encode("utf-8", "surrogatepass")))
+    _check_characters(text)
     try:
         _check_depth(text)
         loader = _Loader(text)
