@@ -31,6 +31,7 @@ from meshconf.core.errors import (
 )
 from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
+from meshconf.sources.bounds import LimitError, check_plain
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.overrides import (
     InterpolationError,
@@ -41,6 +42,7 @@ from meshconf.sources.overrides import (
 )
 from meshconf.sources.yaml_reader import (
     MAX_BYTES,
+    MAX_INT_DIGITS,
     Position,
     YamlError,
     decode,
@@ -134,7 +136,11 @@ def _integers_from_interpolation(source: _Source) -> None:
         for part in inner[:-1]:
             parent = parent.get(part) if isinstance(parent, Mapping) else None
         value = parent.get(inner[-1]) if isinstance(parent, Mapping) else None
-        if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        if (
+            isinstance(value, str)
+            and len(value) <= MAX_INT_DIGITS + 1
+            and _DECIMAL.fullmatch(value)
+        ):
             parent[inner[-1]] = int(value)
 
 
@@ -171,6 +177,10 @@ def _read(source: Any) -> _Source:
             except InterpolationError as error:
                 raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
     if isinstance(source, Mapping):
+        try:
+            check_plain(source)
+        except LimitError as error:
+            raise ConfigError([Diagnostic(error.path, error.message)]) from None
         data = copy.deepcopy(dict(source))
         return _Source(data, has_interpolation=bool(_interpolations(data)))
     raise SourceError(

@@ -38,7 +38,8 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
 _NULL_TAG = "tag:yaml.org,2002:null"
 _TAG_PREFIX = "tag:yaml.org,2002:"
-_COLLECTION_TAGS = {MappingNode: "tag:yaml.org,2002:map", SequenceNode: "tag:yaml.org,2002:seq"}
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
 _REFUSED_TAGS = {
     "set": "a !!set has no order, and where order matters the layout would depend on the "
     "hash seed; write a list such as [pp, tp]",
@@ -295,7 +296,7 @@ def _check_tag(node: Node) -> None:
                 raise YamlError(f"!!{short} needs {wanted}, got {shown!r}", here)
         elif short not in ("str", "merge"):
             raise YamlError(f"!!{short} cannot tag a scalar", here)
-    elif tag != _COLLECTION_TAGS[type(node)]:
+    elif tag != (_MAP_TAG if isinstance(node, MappingNode) else _SEQ_TAG):
         kind = "a mapping" if isinstance(node, MappingNode) else "a list"
         raise YamlError(f"!!{short} cannot tag {kind}", here)
 
