@@ -17,8 +17,10 @@ from meshconf.cli.common import (
     EXIT_USAGE,
     emit,
     gpus_per_node,
+    output_is_input,
     positive_int,
     usage_error,
+    write_file,
 )
 from meshconf.features.convert import (
     SOURCES,
@@ -163,10 +165,8 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
 
 
 def _write(out: str, text: str) -> int:
-    path = Path(out)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_file(out, text, create_folder=True)
     except OSError as error:
         return usage_error(f"{out}: cannot write: {error.strerror or error}")
     print(f"{out}: written")
@@ -174,6 +174,8 @@ def _write(out: str, text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None and output_is_input(args.out, [args.path]) is not None:
+        return usage_error(f"--out {args.out} is the input TOML; choose another file")
     try:
         document = _read_toml(args.path)
         source = _pick_source(args, document)

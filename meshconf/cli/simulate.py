@@ -18,6 +18,9 @@ from meshconf.cli.common import (
 )
 from meshconf.core.errors import MeshconfError
 
+#: torch's DeviceMesh holds every rank of the world, so simulated worlds stop here.
+MAX_SIMULATED_WORLD = 1 << 18
+
 
 def run(args: argparse.Namespace) -> int:
     config = load_for_rank(args)
@@ -25,6 +28,11 @@ def run(args: argparse.Namespace) -> int:
         return config
     world_size = config.resolved_world_size
     assert world_size is not None
+    if world_size > MAX_SIMULATED_WORLD:
+        return usage_error(
+            f"simulate builds meshes of up to {MAX_SIMULATED_WORLD} ranks, and this world has "
+            f"{world_size}; `meshconf show` checks the layout of any world size"
+        )
     try:
         from meshconf.runtime import DistributedContext
     except MeshconfError as error:
