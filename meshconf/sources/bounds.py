@@ -13,6 +13,9 @@ from meshconf.sources.yaml_reader import MAX_BYTES, MAX_DEPTH, MAX_NODES
 
 #: ``${`` inside ``${`` at most this deep, in one value.
 MAX_INTERPOLATION_NESTING = 16
+#: ``${...}`` evaluations resolving a config may take; OmegaConf resolves a key again
+#: wherever it is named, at about half a millisecond each.
+MAX_RESOLUTIONS = 2000
 #: A value may name a value that names a value ... this many times.
 MAX_INTERPOLATION_CHAIN = 32
 #: Characters all strings may hold once interpolations are resolved.
@@ -93,7 +96,8 @@ def _references(text: str, path: KeyPath) -> list[tuple[str, ...]]:
 
 def check_interpolation(data: Any) -> None:
     """Refuse ``${...}`` values that would expand past :data:`MAX_NODES` values or
-    :data:`MAX_RESOLVED_CHARS` characters, chain through more than
+    :data:`MAX_RESOLVED_CHARS` characters, take more than :data:`MAX_RESOLUTIONS`
+    evaluations, chain through more than
     :data:`MAX_INTERPOLATION_CHAIN` references, or nest ``${`` past
     :data:`MAX_INTERPOLATION_NESTING`. Counts what each key expands to once (memoized), so
     the check is linear however the references multiply. Raises :class:`LimitError`."""
@@ -111,8 +115,9 @@ def check_interpolation(data: Any) -> None:
         _measure(start, index, sizes)
 
 
-#: Values, characters, and the longest chain of references, of what a key resolves to.
-_Size = tuple[int, int, int]
+#: Values, characters, the longest chain of references and the ``${...}`` evaluations, of
+#: what a key resolves to.
+_Size = tuple[int, int, int, int]
 
 
 def _parts(key: tuple[str, ...], path: KeyPath, value: Any, index: dict[Any, Any]) -> list[Any]:
@@ -140,7 +145,7 @@ def _measure(
             continue
         path, value = index[key]
         if parts is None:
-            sizes[key] = (1, 1, 0)  # in progress
+            sizes[key] = (1, 1, 0, 0)  # in progress
             parts = _parts(key, path, value, index)
             stack.append((key, parts))
             stack.extend((part, None) for part in parts if part not in sizes)
@@ -149,7 +154,9 @@ def _measure(
         nodes = sum(size[0] for size in below)
         chars = sum(size[1] for size in below)
         chain = max((size[2] for size in below), default=0)
+        work = sum(size[3] for size in below)
         if isinstance(value, str):
+            work += value.count("${") + len(below)
             whole = value.startswith("${") and value.endswith("}") and len(below) == 1
             # One ${key} is that key's value; text around references makes one string.
             nodes = nodes if whole else 1
@@ -174,4 +181,10 @@ def _measure(
                 f"more than {MAX_INTERPOLATION_CHAIN} ${{...}} references in a chain (this value "
                 "names a value that names a value ...)",
             )
-        sizes[key] = (nodes, chars, chain)
+        if work > MAX_RESOLUTIONS:
+            raise LimitError(
+                path,
+                f"resolving takes more than {MAX_RESOLUTIONS} ${{...}} evaluations (a value is "
+                "resolved again wherever it is named)",
+            )
+        sizes[key] = (nodes, chars, chain, work)
