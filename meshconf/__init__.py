@@ -6,8 +6,10 @@ from meshconf.core.domains import DATALOADING, DEFAULT_DERIVED, DEFAULT_DOMAINS,
 from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
+    InvalidArgumentError,
     MeshconfError,
     SourceError,
+    UnknownDomainError,
     WorldSizeUnknownError,
 )
 from meshconf.core.layout import (
@@ -49,6 +51,7 @@ __all__ = [
     "DimLayout",
     "DomainLayout",
     "InsideNode",
+    "InvalidArgumentError",
     "LayoutError",
     "MeshConfig",
     "MeshconfError",
@@ -57,6 +60,7 @@ __all__ = [
     "RuntimeOptions",
     "SourceError",
     "UnevenSplitError",
+    "UnknownDomainError",
     "WorldSizeUnknownError",
     "build_schema",
     "load_config",

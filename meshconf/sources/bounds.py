@@ -156,7 +156,7 @@ def _measure(
         chain = max((size[2] for size in below), default=0)
         work = sum(size[3] for size in below)
         if isinstance(value, str):
-            work += value.count("${") + len(below)
+            work += value.count("${")
             whole = value.startswith("${") and value.endswith("}") and len(below) == 1
             # One ${key} is that key's value; text around references makes one string.
             nodes = nodes if whole else 1
