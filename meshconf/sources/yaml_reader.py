@@ -38,6 +38,7 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
 _NULL_TAG = "tag:yaml.org,2002:null"
 _TAG_PREFIX = "tag:yaml.org,2002:"
+_KNOWN_TAGS = frozenset({"bool", "int", "float", "null", "str", "merge", "map", "seq"})
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _REFUSED_TAGS = {
@@ -48,6 +49,7 @@ _REFUSED_TAGS = {
     "timestamp": "!!timestamp is not supported; no meshconf key holds a date",
     "binary": "!!binary is not supported; no meshconf key holds bytes",
 }
+_ALLOWED_ASCII = bytes([9, 10, 13, *range(0x20, 0x7F)])
 # Characters YAML 1.2 does not allow in a stream (NUL, other C0/C1 controls, surrogates,
 # U+FFFE, U+FFFF).
 _FORBIDDEN = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -280,25 +282,31 @@ class _Walker:
 def _check_tag(node: Node) -> None:
     """Refuse tags that are not plain data, and explicit tags that disagree with their text."""
     tag = node.tag
-    here = _position(node.start_mark)
+    if tag == _STR_TAG and isinstance(node, ScalarNode):
+        return
     short = tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else None
     if short in _REFUSED_TAGS:
-        raise YamlError(_REFUSED_TAGS[short], here)
-    if short not in (*_SCALAR_FORMS, "str", "merge", "map", "seq"):
+        raise YamlError(_REFUSED_TAGS[short], _position(node.start_mark))
+    if short not in _KNOWN_TAGS:
         shown = f"!!{short}" if short is not None else tag
-        raise YamlError(f"unknown tag {shown}; meshconf configs hold plain data only", here)
+        raise YamlError(
+            f"unknown tag {shown}; meshconf configs hold plain data only",
+            _position(node.start_mark),
+        )
     if isinstance(node, ScalarNode):
         if short in _SCALAR_FORMS:
             patterns, wanted = _SCALAR_FORMS[short]
             text = str(node.value)
             if not any(pattern.match(text) for pattern in patterns):
                 shown = text if len(text) <= 40 else text[:37] + "..."
-                raise YamlError(f"!!{short} needs {wanted}, got {shown!r}", here)
+                raise YamlError(
+                    f"!!{short} needs {wanted}, got {shown!r}", _position(node.start_mark)
+                )
         elif short not in ("str", "merge"):
-            raise YamlError(f"!!{short} cannot tag a scalar", here)
+            raise YamlError(f"!!{short} cannot tag a scalar", _position(node.start_mark))
     elif tag != (_MAP_TAG if isinstance(node, MappingNode) else _SEQ_TAG):
         kind = "a mapping" if isinstance(node, MappingNode) else "a list"
-        raise YamlError(f"!!{short} cannot tag {kind}", here)
+        raise YamlError(f"!!{short} cannot tag {kind}", _position(node.start_mark))
 
 
 def _key_value(node: ScalarNode) -> str | int:
@@ -316,6 +324,8 @@ def too_large(size: int) -> YamlError:
 
 
 def _check_characters(text: str) -> None:
+    if text.isascii() and not text.encode("ascii").translate(None, _ALLOWED_ASCII):
+        return  # the common case, checked in C
     bad = _FORBIDDEN.search(text)
     if bad is not None:
         line = text.count("\n", 0, bad.start()) + 1
