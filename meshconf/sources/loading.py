@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from meshconf.core.errors import (
     ConfigError,
@@ -40,6 +40,7 @@ from meshconf.sources.overrides import (
     parse_key,
     parse_override,
 )
+from meshconf.sources.pydantic_messages import key_hint, model_at, translate
 from meshconf.sources.yaml_reader import (
     MAX_BYTES,
     MAX_INT_DIGITS,
@@ -109,7 +110,7 @@ _RESOLVER_CALL = re.compile(r"\$\{\s*[A-Za-z_][\w.]*:")
 
 def _integer_field(path: KeyPath) -> bool:
     """Whether the key at ``path`` (inside the meshconf block) holds an integer."""
-    model = _model_at(path[:-1]) if path else None
+    model = model_at(path[:-1]) if path else None
     info = model.model_fields.get(str(path[-1])) if model else None
     if info is None:
         return False
@@ -253,52 +254,6 @@ def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -
             )
 
 
-def _model_at(path: KeyPath) -> type[BaseModel] | None:
-    """The model class that validates the mapping at ``path``, if any."""
-    model: type[BaseModel] = MeshConfig
-    for part in path:
-        info = model.model_fields.get(str(part))
-        annotation = info.annotation if info else None
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        else:
-            return None
-    return model
-
-
-def _message(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
-    path: KeyPath = tuple(error["loc"])
-    kind = error["type"]
-    if path and path[-1] == "[key]":
-        return path[:-1], f"invalid key: {error['msg']}"
-    if kind == "invalid_key":
-        return path[:-1], f"key {path[-1]!r} is not a string; meshconf keys are names"
-    if kind == "extra_forbidden":
-        model = _model_at(path[:-1])
-        allowed = list(model.model_fields) if model else []
-        hint = did_you_mean(str(path[-1]), allowed)
-        where = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return path, f"unknown key {path[-1]!r}{hint}{where}"
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return path, f"expected a mapping, got {describe_value(error['input'])}"
-    if kind in ("tuple_type", "list_type"):
-        return path, f"expected a list, got {describe_value(error['input'])}"
-    if kind == "literal_error":
-        expected = error.get("ctx", {}).get("expected", "")
-        got = error["input"]
-        options = [option.strip(" '") for option in expected.replace(" or ", ", ").split(",")]
-        hint = did_you_mean(got, options) if isinstance(got, str) else ""
-        return path, f"expected {expected}, got {describe_value(got)}{hint}"
-    return path, str(error["msg"])
-
-
-def _key_hint(value: Any, key: str | int) -> str:
-    """An unknown top-level key holding a meshconf block: the user forgot ``--key``."""
-    if isinstance(value, Mapping) and set(value) & set(MeshConfig.model_fields):
-        return f" (to check the meshconf block under it, pass --key {key})"
-    return ""
-
-
 def _validate(source: _Source, world_size: int | None) -> MeshConfig:
     if not isinstance(source.data, Mapping):
         what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
@@ -313,13 +268,13 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
 def _config_error(error: ValidationError, source: _Source) -> ConfigError:
     diagnostics = []
     for item in error.errors(include_url=False):
-        path, message = _message(item)
+        path, message = translate(item)
         if (
             item["type"] == "extra_forbidden"
             and len(path) == 1
             and isinstance(source.data, Mapping)
         ):
-            message += _key_hint(source.data.get(path[0]), path[0])
+            message += key_hint(source.data.get(path[0]), path[0])
         written = source.interpolated.get(source.prefix + path)
         if written is not None:
             # A hint about how the YAML was written does not apply to an interpolated value.

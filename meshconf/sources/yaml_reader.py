@@ -18,67 +18,26 @@ libyaml's C parser is used when PyYAML has it; the pure-Python one otherwise.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from yaml.resolver import BaseResolver
 
 from meshconf.core.errors import KeyPath, MeshconfError
+from meshconf.sources.yaml_schema import (
+    MERGE_TAG,
+    NULL_TAG,
+    CoreResolver,
+    forbidden_character,
+    tag_problem,
+)
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000
 MAX_INT_DIGITS = 30
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_STR_TAG = "tag:yaml.org,2002:str"
-_NULL_TAG = "tag:yaml.org,2002:null"
-_TAG_PREFIX = "tag:yaml.org,2002:"
-_KNOWN_TAGS = frozenset({"bool", "int", "float", "null", "str", "merge", "map", "seq"})
-_MAP_TAG = "tag:yaml.org,2002:map"
-_SEQ_TAG = "tag:yaml.org,2002:seq"
-_REFUSED_TAGS = {
-    "set": "a !!set has no order, and where order matters the layout would depend on the "
-    "hash seed; write a list such as [pp, tp]",
-    "omap": "!!omap is not supported; write a mapping",
-    "pairs": "!!pairs is not supported; write a mapping",
-    "timestamp": "!!timestamp is not supported; no meshconf key holds a date",
-    "binary": "!!binary is not supported; no meshconf key holds bytes",
-}
-_ALLOWED_ASCII = bytes([9, 10, 13, *range(0x20, 0x7F)])
-# Characters YAML 1.2 does not allow in a stream (NUL, other C0/C1 controls, surrogates,
-# U+FFFE, U+FFFF).
-_FORBIDDEN = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-class _Resolver(BaseResolver):
-    """YAML 1.2 core schema, plus ``<<`` merge keys."""
-
-
-_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$")
-_FLOAT = re.compile(
-    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-)
-_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
-_Resolver.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
-_Resolver.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
-_Resolver.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+.0123456789"))
-_Resolver.add_implicit_resolver(_NULL_TAG, _NULL, ["~", "n", "N", ""])
-_Resolver.add_implicit_resolver(_MERGE_TAG, re.compile(r"^(?:<<)$"), ["<"])
-
-#: What an explicit scalar tag accepts: the text YAML 1.2's core schema reads as that type.
-_SCALAR_FORMS: dict[str, tuple[tuple[re.Pattern[str], ...], str]] = {
-    "bool": ((_BOOL,), "true or false"),
-    "int": ((_INT,), "an integer such as 8, 0x10 or 0o10"),
-    "float": ((_FLOAT, _INT), "a number such as 1.5, 2e3 or .inf"),
-    "null": ((_NULL,), "null, ~ or nothing"),
-}
 
 
 class _Constructor(SafeConstructor):
@@ -116,11 +75,11 @@ except ImportError:  # PyYAML built without libyaml
             yaml.composer.Composer.__init__(self)
 
 
-class _Loader(_Parser, _Constructor, _Resolver):
+class _Loader(_Parser, _Constructor, CoreResolver):
     def __init__(self, stream: str) -> None:
         _Parser.__init__(self, stream)
         _Constructor.__init__(self)
-        _Resolver.__init__(self)
+        CoreResolver.__init__(self)
 
 
 @dataclass(frozen=True)
@@ -209,7 +168,9 @@ class _Walker:
             raise YamlError(
                 "an alias refers to a node that contains it", _position(node.start_mark)
             )
-        _check_tag(node)
+        problem = tag_problem(node)
+        if problem is not None:
+            raise YamlError(problem, _position(node.start_mark))
         self._open.add(key)
         count, depth = 1, 1
         children: list[Node] = []
@@ -249,14 +210,14 @@ class _Walker:
         first_seen: dict[tuple[str, str], Position] = {}
         merged: list[MappingNode] = []
         for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
+            if key_node.tag == MERGE_TAG:
                 sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 merged.extend(source for source in sources if isinstance(source, MappingNode))
                 continue
             here = _position(key_node.start_mark)
             if not isinstance(key_node, ScalarNode):
                 raise YamlError("a key must be a plain name, not a list or mapping", here, path)
-            if key_node.tag == _NULL_TAG:
+            if key_node.tag == NULL_TAG:
                 raise YamlError("a key must be a name, not null", here, path)
             identity = (key_node.tag, key_node.value)
             if identity in first_seen:
@@ -272,41 +233,11 @@ class _Walker:
         # Keys pulled in with ``<<`` point at their definition, unless given explicitly here.
         for source in merged:
             for key_node, value_node in source.value:
-                if isinstance(key_node, ScalarNode) and key_node.tag != _MERGE_TAG:
+                if isinstance(key_node, ScalarNode) and key_node.tag != MERGE_TAG:
                     child = (*path, _key_value(key_node))
                     if child not in self.positions:
                         self.positions[child] = _position(key_node.start_mark)
                         self.walk(value_node, child)
-
-
-def _check_tag(node: Node) -> None:
-    """Refuse tags that are not plain data, and explicit tags that disagree with their text."""
-    tag = node.tag
-    if tag == _STR_TAG and isinstance(node, ScalarNode):
-        return
-    short = tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else None
-    if short in _REFUSED_TAGS:
-        raise YamlError(_REFUSED_TAGS[short], _position(node.start_mark))
-    if short not in _KNOWN_TAGS:
-        shown = f"!!{short}" if short is not None else tag
-        raise YamlError(
-            f"unknown tag {shown}; meshconf configs hold plain data only",
-            _position(node.start_mark),
-        )
-    if isinstance(node, ScalarNode):
-        if short in _SCALAR_FORMS:
-            patterns, wanted = _SCALAR_FORMS[short]
-            text = str(node.value)
-            if not any(pattern.match(text) for pattern in patterns):
-                shown = text if len(text) <= 40 else text[:37] + "..."
-                raise YamlError(
-                    f"!!{short} needs {wanted}, got {shown!r}", _position(node.start_mark)
-                )
-        elif short not in ("str", "merge"):
-            raise YamlError(f"!!{short} cannot tag a scalar", _position(node.start_mark))
-    elif tag != (_MAP_TAG if isinstance(node, MappingNode) else _SEQ_TAG):
-        kind = "a mapping" if isinstance(node, MappingNode) else "a list"
-        raise YamlError(f"!!{short} cannot tag {kind}", _position(node.start_mark))
 
 
 def _key_value(node: ScalarNode) -> str | int:
@@ -324,14 +255,12 @@ def too_large(size: int) -> YamlError:
 
 
 def _check_characters(text: str) -> None:
-    if text.isascii() and not text.encode("ascii").translate(None, _ALLOWED_ASCII):
-        return  # the common case, checked in C
-    bad = _FORBIDDEN.search(text)
-    if bad is not None:
-        line = text.count("\n", 0, bad.start()) + 1
-        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+    index = forbidden_character(text)
+    if index is not None:
+        line = text.count("\n", 0, index) + 1
+        column = index - (text.rfind("\n", 0, index) + 1) + 1
         raise YamlError(
-            f"character U+{ord(bad.group()):04X} is not allowed in YAML", Position(line, column)
+            f"character U+{ord(text[index]):04X} is not allowed in YAML", Position(line, column)
         )
 
 
