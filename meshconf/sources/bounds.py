@@ -22,6 +22,9 @@ MAX_INTERPOLATION_CHAIN = 32
 MAX_RESOLVED_CHARS = 4 * MAX_BYTES
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
+# oc.create builds a config from YAML text (an environment value, say) with aliases expanded
+# and none of the reader's limits.
+_UNBOUNDED_RESOLVER = re.compile(r"\$\{\s*oc\.create\s*:")
 # Key paths inside an interpolation: ``a.b[0]``, ``.sibling``, ``..uncle.x``.
 _REFERENCE = re.compile(r"\.*[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+|\[[0-9]+\])*")
 
@@ -125,6 +128,12 @@ def _parts(key: tuple[str, ...], path: KeyPath, value: Any, index: dict[Any, Any
         names = value if isinstance(value, Mapping) else range(len(value))
         return [(*key, str(child)) for child in names]
     if isinstance(value, str) and "${" in value:
+        if _UNBOUNDED_RESOLVER.search(value):
+            raise LimitError(
+                path,
+                "${oc.create:...} is not supported: it reads YAML (aliases included) outside "
+                "meshconf's limits; write the value in the config",
+            )
         if _nesting(value) > MAX_INTERPOLATION_NESTING:
             raise LimitError(path, f"interpolations nested deeper than {MAX_INTERPOLATION_NESTING}")
         return [ref for ref in _references(value, path) if ref in index]
