@@ -163,7 +163,7 @@ def test_deep_and_self_containing(depth: int, holds_itself: bool) -> None:
         assert diagnostic.message in ("nested deeper than 64 levels", "contains itself")
 
 
-OVERRIDE_KEYS = st.sampled_from(
+_NAMED_KEYS = st.sampled_from(
     [
         "degrees.tp",
         "world_size",
@@ -179,6 +179,12 @@ OVERRIDE_KEYS = st.sampled_from(
         "=",
     ]
 )
+_DEEP_KEYS = st.tuples(
+    st.sampled_from(["", "+", "++", "~"]),
+    st.integers(1, 5000),
+    st.sampled_from([".a", "[0]", ".0", ".degrees"]),
+).map(lambda parts: parts[0] + "x" + parts[2] * parts[1])
+OVERRIDE_KEYS = st.one_of(_NAMED_KEYS, _DEEP_KEYS)
 OVERRIDE_VALUES = st.one_of(
     st.text(max_size=30),
     interpolation(["world_size", "a", "b", "degrees.tp"]),

@@ -88,6 +88,15 @@ def test_interpolation_bomb_in_a_file_and_in_overrides(tmp_path: Path) -> None:
     ]
 
 
+def test_override_key_paths_deeper_than_configs_nest() -> None:
+    key = ".".join(["a"] * 5000)
+    with pytest.raises(SourceError) as caught:
+        load_config({"world_size": 8}, [f"++{key}=1"])
+    assert str(caught.value) == (
+        f"override '++{key}=1': a key path of 5000 parts; configs nest at most 64"
+    )
+
+
 def test_environment_integer_past_30_digits_stays_a_string(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from meshconf.core.errors import KeyPath, MeshconfError, SourceError, format_key
 from meshconf.sources.bounds import LimitError, check_interpolation, check_plain
-from meshconf.sources.yaml_reader import YamlError, parse_value
+from meshconf.sources.yaml_reader import MAX_DEPTH, YamlError, parse_value
 
 _SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+)(?P<indices>(\[[0-9]+\])*)")
 _INDEX = re.compile(r"\[([0-9]+)\]")
@@ -65,6 +65,8 @@ def parse_override(text: str) -> Override:
         raise SourceError(f"override {text!r}: expected key=value, such as degrees.tp=4")
     try:
         path = parse_key(key.strip())
+        if len(path) > MAX_DEPTH:
+            raise ValueError(f"a key path of {len(path)} parts; configs nest at most {MAX_DEPTH}")
         value = parse_value(value_text) if equals else None
     except ValueError as error:
         detail = error.message if isinstance(error, YamlError) else str(error)
