@@ -8,7 +8,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from meshconf.core.errors import ConfigError, SourceError
+from meshconf.core.errors import ConfigError, SourceError, printable
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.sources.loading import load_config
@@ -103,7 +103,8 @@ def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -
 
 
 def usage_error(message: str) -> int:
-    print(f"meshconf: error: {message}", file=sys.stderr)
+    # One line, whatever file name or override text the message quotes.
+    print(f"meshconf: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

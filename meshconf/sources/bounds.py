@@ -25,6 +25,7 @@ _PLAIN_SCALARS = (str, int, float, bool, type(None))
 # oc.create builds a config from YAML text (an environment value, say) with aliases expanded
 # and none of the reader's limits.
 _UNBOUNDED_RESOLVER = re.compile(r"\$\{\s*oc\.create\s*:")
+_BRACES = re.compile(r"\$\{|\}")
 # Key paths inside an interpolation: ``a.b[0]``, ``.sibling``, ``..uncle.x``.
 _REFERENCE = re.compile(r"\.*[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+|\[[0-9]+\])*")
 
@@ -69,16 +70,12 @@ def check_plain(data: Any) -> None:
 
 def _nesting(text: str) -> int:
     depth = deepest = 0
-    index = 0
-    while index < len(text):
-        if text.startswith("${", index):
+    for token in _BRACES.finditer(text):
+        if token.group() == "${":
             depth += 1
             deepest = max(deepest, depth)
-            index += 2
-            continue
-        if text[index] == "}" and depth:
+        elif depth:
             depth -= 1
-        index += 1
     return deepest
 
 
