@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from meshconf.core.errors import (
         ConfigError,
         Diagnostic,
+        InvalidArgumentError,
         MeshconfError,
         SourceError,
+        UnknownDomainError,
         WorldSizeUnknownError,
     )
     from meshconf.core.layout import (
@@ -45,7 +47,15 @@ _HOMES = {
         "meshconf.core.domains",
     ),
     **dict.fromkeys(
-        ("ConfigError", "Diagnostic", "MeshconfError", "SourceError", "WorldSizeUnknownError"),
+        (
+            "ConfigError",
+            "Diagnostic",
+            "InvalidArgumentError",
+            "MeshconfError",
+            "SourceError",
+            "UnknownDomainError",
+            "WorldSizeUnknownError",
+        ),
         "meshconf.core.errors",
     ),
     **dict.fromkeys(
@@ -89,6 +99,7 @@ __all__ = [
     "DimLayout",
     "DomainLayout",
     "InsideNode",
+    "InvalidArgumentError",
     "LayoutError",
     "MeshConfig",
     "MeshconfError",
@@ -97,6 +108,7 @@ __all__ = [
     "RuntimeOptions",
     "SourceError",
     "UnevenSplitError",
+    "UnknownDomainError",
     "WorldSizeUnknownError",
     "__version__",
     "build_schema",

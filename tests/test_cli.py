@@ -46,6 +46,8 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "modes": [[8, 1]],
         "num_groups": 32,
         "group": list(range(64, 72)),
+        "group_size": 8,
+        "group_last": 71,
         "crosses_nodes": False,
         "placement": "intra-node",
     }
@@ -56,6 +58,8 @@ def test_show_textbook_mesh(run_cli, tmp_path: Path) -> None:  # type: ignore[no
         "modes": [[4, 8]],
         "num_groups": 64,
         "group": [64, 72, 80, 88],
+        "group_size": 4,
+        "group_last": 88,
         "crosses_nodes": True,
         "placement": "inter-node",
     }
@@ -88,6 +92,8 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
         "modes": [[1, 8]],
         "num_groups": 8,
         "group": [5],
+        "group_size": 1,
+        "group_last": 5,
         "crosses_nodes": None,
         "placement": None,
     }

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 
-from meshconf.core.errors import ConfigError, SourceError
+from meshconf.core.errors import ConfigError, SourceError, printable
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.sources.loading import load_config
@@ -66,8 +67,49 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
         )
 
 
+def output_is_input(out: str, inputs: Sequence[str]) -> str | None:
+    """The input that ``out`` names (also through links), or None."""
+    for source in inputs:
+        try:
+            if os.path.samefile(out, source):
+                return source
+        except OSError:
+            if os.path.realpath(out) == os.path.realpath(source):
+                return source
+    return None
+
+
+def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -> None:
+    """Write ``content`` to a temporary file beside ``out`` (through a link, beside its
+    target), then rename it into place: a reader, or a write that fails midway, never sees a
+    partial file. Raises ``OSError``."""
+    target = os.path.realpath(out)
+    folder = os.path.dirname(target)
+    if create_folder:
+        os.makedirs(folder, exist_ok=True)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
 def usage_error(message: str) -> int:
-    print(f"meshconf: error: {message}", file=sys.stderr)
+    # One line, whatever file name or override text the message quotes.
+    print(f"meshconf: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

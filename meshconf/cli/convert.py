@@ -17,8 +17,10 @@ from meshconf.cli.common import (
     EXIT_USAGE,
     emit,
     gpus_per_node,
+    output_is_input,
     positive_int,
     usage_error,
+    write_file,
 )
 from meshconf.features.convert import (
     SOURCES,
@@ -28,6 +30,8 @@ from meshconf.features.convert import (
     ConversionError,
     convert,
 )
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
+from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,9 +57,12 @@ class _Failure(Exception):
 
 def _read_toml(path: str) -> dict[str, Any]:
     try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise _Failure(EXIT_USAGE, f"{path}: is a directory, not a TOML file") from None
+        raw = read_limited(path, MAX_BYTES)
+    except TooLargeError as error:
+        raise _Failure(EXIT_INVALID, f"{path}: {too_large(error.size).message}") from None
+    except NotAFileError as error:
+        what = "is a directory, not a TOML file" if error.directory else str(error)
+        raise _Failure(EXIT_USAGE, f"{path}: {what}") from None
     except OSError as error:
         raise _Failure(EXIT_USAGE, f"{path}: cannot read: {error.strerror or error}") from None
     try:
@@ -158,10 +165,8 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
 
 
 def _write(out: str, text: str) -> int:
-    path = Path(out)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        write_file(out, text, create_folder=True)
     except OSError as error:
         return usage_error(f"{out}: cannot write: {error.strerror or error}")
     print(f"{out}: written")
@@ -169,6 +174,8 @@ def _write(out: str, text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None and output_is_input(args.out, [args.path]) is not None:
+        return usage_error(f"--out {args.out} is the input TOML; choose another file")
     try:
         document = _read_toml(args.path)
         source = _pick_source(args, document)

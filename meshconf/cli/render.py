@@ -13,7 +13,9 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
+    output_is_input,
     usage_error,
+    write_file,
 )
 from meshconf.features.render import draw_domain, to_png, to_svg
 from meshconf.model.config import MeshConfig
@@ -48,6 +50,8 @@ def _domain(config: MeshConfig, asked: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if output_is_input(args.out, [args.path]) is not None:
+        return usage_error(f"--out {args.out} is the input config; choose another file")
     problem = _output_problem(args.out)
     if problem is not None:
         return usage_error(problem)
@@ -59,10 +63,7 @@ def run(args: argparse.Namespace) -> int:
     drawing = draw_domain(layouts[domain], args.rank, config.gpus_per_node)
     out = Path(args.out)
     try:
-        if out.suffix.lower() == ".png":
-            out.write_bytes(to_png(drawing))
-        else:
-            out.write_text(to_svg(drawing), encoding="utf-8")
+        write_file(args.out, to_png(drawing) if out.suffix.lower() == ".png" else to_svg(drawing))
     except OSError as error:
         return usage_error(f"cannot write {args.out}: {error.strerror or error}")
     world_size = layouts[domain].world_size

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error
+from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error, write_file
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
 
@@ -35,9 +35,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = Path(out)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
+        if not path.exists() or path.read_bytes() != text.encode("utf-8"):
+            write_file(out, text, create_folder=True)
     except OSError as error:
         return usage_error(f"{out}: cannot write: {error.strerror or error}")
     print(f"{out}: written")

@@ -13,35 +13,68 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
+    usage_error,
 )
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
-from meshconf.core.layout import DomainLayout, process_group_count
+from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
 from meshconf.features.topology import topology_warnings
 from meshconf.model.config import MeshConfig
 
 _SHOWN_RANKS = 8
+#: ``--format json`` lists at most this many ranks of a group (``group_size`` counts them all).
+JSON_GROUP_RANKS = 4096
+#: ``--full-groups`` lists every rank of groups up to this size, and refuses larger ones.
+MAX_FULL_GROUP = 1 << 20
+
+
+def _leading_ranks(group: RankGroup, count: int) -> list[int]:
+    """The first ``count`` ranks of ``group`` in its order (the last mode fastest), counted
+    in mixed radix so that nothing grows with the group."""
+    modes = group.modes
+    index = [0] * len(modes)
+    ranks: list[int] = []
+    for _ in range(min(count, group.size)):
+        ranks.append(
+            group.base + sum(i * mode.stride for i, mode in zip(index, modes, strict=True))
+        )
+        for position in reversed(range(len(modes))):
+            index[position] += 1
+            if index[position] < modes[position].size:
+                break
+            index[position] = 0
+    return ranks
+
+
+def _last_rank(group: RankGroup) -> int:
+    return group.base + sum((mode.size - 1) * mode.stride for mode in group.modes)
 
 
 def _dim_entry(
-    layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None
+    layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None, listed: int
 ) -> dict[str, Any]:
     dim = layout.dim(name)
     placement = None if gpus_per_node is None else layout.placement(name, gpus_per_node)
+    group = layout.group(rank, name)
     return {
         "name": dim.name,
         "size": dim.size,
         "stride": dim.stride,
         "modes": [[mode.size, mode.stride] for mode in dim.modes],
         "num_groups": layout.num_groups(name),
-        "group": layout.group(rank, name).ranks(),
+        "group": _leading_ranks(group, listed),
+        "group_size": group.size,
+        "group_last": _last_rank(group),
         "crosses_nodes": None if placement is None else placement != "intra-node",
         "placement": placement,
     }
 
 
-def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str, Any]:
-    """The data of ``show --format json``."""
+def build_report(
+    config: MeshConfig, rank: int, domains: list[str], listed: int = JSON_GROUP_RANKS
+) -> dict[str, Any]:
+    """The data of ``show --format json``: each group's first ``listed`` ranks, its size and
+    its last rank."""
     layouts = config.layouts
     return {
         "world_size": config.resolved_world_size,
@@ -51,7 +84,7 @@ def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str,
         "domains": {
             domain: {
                 "dims": [
-                    _dim_entry(layouts[domain], name, rank, config.gpus_per_node)
+                    _dim_entry(layouts[domain], name, rank, config.gpus_per_node, listed)
                     for name in layouts[domain].dim_names
                 ]
             }
@@ -68,11 +101,12 @@ def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str,
     }
 
 
-def _ranks_text(group: list[int]) -> str:
-    if len(group) <= _SHOWN_RANKS:
+def _ranks_text(dim: dict[str, Any]) -> str:
+    group, size = dim["group"], dim["group_size"]
+    if size <= _SHOWN_RANKS or len(group) == size:
         return ", ".join(map(str, group))
     head = ", ".join(map(str, group[:3]))
-    return f"{head}, ..., {group[-1]} ({len(group)} ranks)"
+    return f"{head}, ..., {dim['group_last']} ({size} ranks)"
 
 
 def left_out(config: MeshConfig, domains: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -151,7 +185,7 @@ def report_text(
             print(
                 f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
                 f"{dim['num_groups']:>7}  {dim['placement'] or '-':<10}  "
-                f"{_ranks_text(dim['group'])}"
+                f"{_ranks_text(dim)}"
             )
         coordinate = " ".join(
             f"{k}={v}" for k, v in report["coordinates"][domain].items() if k not in hidden_dims
@@ -169,7 +203,17 @@ def run(args: argparse.Namespace) -> int:
         return config
     layouts = config.layouts
     domains = list(layouts) if args.domain is None else [args.domain]
-    report = build_report(config, args.rank, domains)
+    if args.full_groups:
+        largest = max(dim.size for domain in domains for dim in layouts[domain].dims)
+        if largest > MAX_FULL_GROUP:
+            return usage_error(
+                f"--full-groups: a group of {largest} ranks is more than the {MAX_FULL_GROUP} "
+                "it lists; leave the option out to see each group's first ranks and size"
+            )
+        listed = MAX_FULL_GROUP
+    else:
+        listed = JSON_GROUP_RANKS if args.format == "json" else _SHOWN_RANKS
+    report = build_report(config, args.rank, domains, listed)
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))
     else:
@@ -202,6 +246,12 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="also show the dims of size 1 and the trivial domains (those with the ep dim "
         "when ep is 1, or with only dims of size 1); --format json always has them",
+    )
+    parser.add_argument(
+        "--full-groups",
+        action="store_true",
+        help=f"list every rank of each group (groups up to {MAX_FULL_GROUP} ranks); by "
+        f"default text shows {_SHOWN_RANKS} and JSON {JSON_GROUP_RANKS}",
     )
     add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)

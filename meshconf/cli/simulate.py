@@ -77,6 +77,9 @@ def _verdict(mismatched_ranks: list[int], *, several: bool) -> str:
     plural = "s" if len(mismatched_ranks) > 1 else ""
     return f"mismatch on rank{plural} {', '.join(map(str, mismatched_ranks))}"
 
+#: torch's DeviceMesh holds every rank of the world, so simulated worlds stop here.
+MAX_SIMULATED_WORLD = 1 << 18
+
 
 def run(args: argparse.Namespace) -> int:
     # Repeated --rank options and comma-separated lists add up; a rank given twice runs once.
@@ -86,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
         return config
     world_size = config.resolved_world_size
     assert world_size is not None
+    if world_size > MAX_SIMULATED_WORLD:
+        return usage_error(
+            f"simulate builds meshes of up to {MAX_SIMULATED_WORLD} ranks, and this world has "
+            f"{world_size}; `meshconf show` checks the layout of any world size"
+        )
     try:
         import meshconf.runtime  # noqa: F401 - only to report a missing torch as a usage error
     except MeshconfError as error:

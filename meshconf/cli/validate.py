@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options, emit
-from meshconf.core.errors import ConfigError, Diagnostic, SourceError
+from meshconf.core.errors import ConfigError, Diagnostic, SourceError, printable
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -68,7 +68,7 @@ def _world_size_note(result: FileResult) -> str:
 def report_text(results: Results) -> None:
     for result in results.files:
         if result.source_error is not None:
-            print(f"meshconf: error: {result.source_error}", file=sys.stderr)
+            print(f"meshconf: error: {printable(result.source_error)}", file=sys.stderr)
         elif result.diagnostics:
             for diagnostic in result.diagnostics:
                 print(diagnostic.render())

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from meshconf.core.errors import InvalidArgumentError
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -122,7 +123,7 @@ class ParallelDims:
         names = [dims] if isinstance(dims, str) else list(dims)
         unknown = [name for name in names if name not in MESH_DIMS]
         if unknown:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"Invalid mesh dim: {unknown[0]!r}. Valid dimensions are: {list(MESH_DIMS)}"
             )
         self.build_mesh()
@@ -147,7 +148,7 @@ class ParallelDims:
                 f"{name}={self._config.dim_sizes[name]}" for name in names if not self._exists(name)
             ]
             hint = " (efsdp exists only when ep > 1)" if "efsdp" in names else ""
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"mesh {names} is not available: {', '.join(off)}{hint}; use "
                 "get_optional_mesh to get None instead"
             )

@@ -3,6 +3,9 @@
 A :class:`Problem` is what a rule finds: a key path and a message. The loader turns problems
 into :class:`Diagnostic` lines that also know the file, line and column (or the override) the
 key came from. Lower layers produce problems; only the loader knows about files.
+
+Every error meshconf raises on purpose is a :class:`MeshconfError`; those that callers have
+long caught as ``ValueError`` or ``KeyError`` are also that.
 """
 
 from __future__ import annotations
@@ -24,11 +27,25 @@ def format_key(path: KeyPath) -> str:
     return text or "<root>"
 
 
+#: A config reports at most this many problems; a last line counts the rest.
+MAX_PROBLEMS = 50
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control characters, line breaks and non-characters escaped, so a
+    file name or key cannot split or forge a message line."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def describe_value(value: object) -> str:
     """Name a value and its type for an error message: ``the string '8'``."""
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, int):
+        if value.bit_length() > 100:
+            return f"an integer of {len(str(abs(value)))} digits"
         return f"the integer {value}"
     if isinstance(value, float):
         return f"the float {value!r}"
@@ -69,12 +86,14 @@ class Diagnostic:
 
     def render(self) -> str:
         what = f"{self.key}: {self.message}" if self.path else self.message
+        what = printable(what)
         if self.override is not None:
-            return f"override '{self.override}': {what}"
-        if self.source is not None and self.line is not None:
-            return f"{self.source}:{self.line}:{self.column}: {what}"
-        if self.source is not None:
-            return f"{self.source}: {what}"
+            return f"override '{printable(self.override)}': {what}"
+        source = None if self.source is None else printable(self.source)
+        if source is not None and self.line is not None:
+            return f"{source}:{self.line}:{self.column}: {what}"
+        if source is not None:
+            return f"{source}: {what}"
         return what
 
 
@@ -83,10 +102,28 @@ class MeshconfError(Exception):
 
 
 class ConfigError(MeshconfError, ValueError):
-    """The configuration is invalid; ``diagnostics`` holds one entry per problem."""
+    """The configuration is invalid; ``diagnostics`` holds one entry per problem.
+
+    Past :data:`MAX_PROBLEMS` problems, ``diagnostics`` keeps the first ones and ends with one
+    entry that counts the rest; ``omitted`` is that count.
+    """
 
     def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
-        self.diagnostics = tuple(diagnostics)
+        shown = tuple(diagnostics)
+        self.omitted = max(0, len(shown) - MAX_PROBLEMS)
+        if self.omitted:
+            first = shown[0]
+            shown = (
+                *shown[:MAX_PROBLEMS],
+                Diagnostic(
+                    (),
+                    f"{self.omitted} more problems not shown (at most {MAX_PROBLEMS} are "
+                    "reported per config)",
+                    first.source,
+                    override=first.override if first.source is None else None,
+                ),
+            )
+        self.diagnostics = shown
         super().__init__("\n".join(d.render() for d in self.diagnostics))
 
 
@@ -96,3 +133,16 @@ class SourceError(MeshconfError):
 
 class WorldSizeUnknownError(MeshconfError):
     """A question needs the world size, and neither the config nor the caller gave one."""
+
+
+class InvalidArgumentError(MeshconfError, ValueError):
+    """A function of meshconf's API was given an argument outside what it accepts."""
+
+
+class UnknownDomainError(MeshconfError, KeyError, ValueError):
+    """A domain name the config does not define. Also a ``KeyError`` (a lookup by name) and a
+    ``ValueError`` (a bad argument), since callers catch either."""
+
+    def __str__(self) -> str:
+        # KeyError would quote the message as a repr.
+        return str(self.args[0]) if self.args else ""

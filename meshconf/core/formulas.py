@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from meshconf.core.errors import MeshconfError
+
 MAX_FORMULA_LENGTH = 500
 MAX_NESTING = 32
 MAX_LITERAL_DIGITS = 12
@@ -24,7 +26,7 @@ _TOKEN = re.compile(
 )
 
 
-class FormulaError(ValueError):
+class FormulaError(MeshconfError, ValueError):
     """A formula that cannot be parsed or evaluated; the message says why."""
 
 

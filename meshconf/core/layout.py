@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
+from meshconf.core.errors import MeshconfError
+
 #: Where the groups of a dim sit: each inside one node, one rank per node, or neither.
 Placement = Literal["intra-node", "inter-node", "mixed"]
 
@@ -108,7 +110,7 @@ class RankGroup:
         return (self.base, group_identity(self.modes))
 
 
-class LayoutError(ValueError):
+class LayoutError(MeshconfError, ValueError):
     """A layout that is not a bijection, or a query outside it."""
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, product_text
 from meshconf.core.errors import ConfigError, KeyPath, MeshconfError, describe_value
+from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
-from meshconf.model.rules import did_you_mean
 from meshconf.sources.loading import load_config
 
 TORCHTITAN = "torchtitan"

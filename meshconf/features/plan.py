@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
 from meshconf.core.domains import DATALOADING, DENSE, SPARSE
-from meshconf.core.errors import Problem
+from meshconf.core.errors import MeshconfError, Problem
 from meshconf.core.layout import DomainLayout
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
@@ -51,7 +51,11 @@ _EXPERT_DIMS = frozenset({"efsdp", "ep", "etp"})
 Factors = tuple[int, int, int, int, int]
 
 
-class PlanError(ValueError):
+#: A plan ranks at most this many assignments; past it, a degree must be pinned.
+MAX_ASSIGNMENTS = 1_000_000
+
+
+class PlanError(MeshconfError, ValueError):
     """Pins that no assignment satisfies, or values out of range; the message says which."""
 
 
@@ -123,6 +127,7 @@ def make_plan(request: Request, count: int) -> Plan:
     """The ``count`` best assignments under ``request``, and the number of valid ones."""
     _check_ranges(request)
     _check_pins_fit(request)
+    _check_count(request)
     locality = _NodeLocality(request)
     valid = _Counter(_valid(request))
     best = heapq.nsmallest(count, ((locality.key(factors), factors) for factors in valid))
@@ -226,6 +231,37 @@ def _no_assignment_message(request: Request) -> str:
         f"assignment has ep({request.ep}) * etp({request.etp}) = {request.ep * request.etp} "
         f"dividing dp_shard * cp * tp{tp_note}"
     )
+
+
+def assignment_count(request: Request) -> int:
+    """How many tuples of world factors multiply to the world and keep the world-factor pins
+    (before the expert rules), from the prime factorization: each prime's exponent is shared
+    among the free factors in C(e + k - 1, k - 1) ways."""
+    rest = request.world_size // math.prod(
+        request.pins[name] for name in WORLD_FACTORS if name in request.pins
+    )
+    free = sum(1 for name in WORLD_FACTORS if name not in request.pins)
+    if free == 0:
+        return 1 if rest == 1 else 0
+    count, prime = 1, 2
+    while prime * prime <= rest:
+        exponent = 0
+        while rest % prime == 0:
+            rest //= prime
+            exponent += 1
+        count *= math.comb(exponent + free - 1, free - 1)
+        prime += 1
+    return count * (free if rest > 1 else 1)
+
+
+def _check_count(request: Request) -> None:
+    count = assignment_count(request)
+    if count > MAX_ASSIGNMENTS:
+        raise PlanError(
+            f"--world-size {request.world_size} splits into {count} assignments of pp, "
+            f"dp_replicate, dp_shard, cp and tp, more than the {MAX_ASSIGNMENTS} a plan ranks; "
+            "pin a degree (such as --tp 8) to narrow them"
+        )
 
 
 class _Divisors:

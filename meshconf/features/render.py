@@ -27,6 +27,7 @@ from typing import Literal
 from xml.sax.saxutils import escape, quoteattr
 
 from meshconf.core.degrees import divisors
+from meshconf.core.errors import InvalidArgumentError
 from meshconf.core.layout import DomainLayout
 
 FULL_LIMIT = 4096
@@ -600,7 +601,7 @@ def draw_domain(layout: DomainLayout, rank: int = 0, gpus_per_node: int | None =
     ``gpus_per_node`` below 1.
     """
     if gpus_per_node is not None and gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        raise InvalidArgumentError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
     layout.coordinate(rank)  # checks the rank
     grid = _make_grid(layout, rank, gpus_per_node)
     title, subtitle = _title(grid)

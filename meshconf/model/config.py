@@ -25,7 +25,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from meshconf.core import formulas
 from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
-from meshconf.core.errors import WorldSizeUnknownError
+from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout
 from meshconf.model.fields import (
     DimList,
@@ -301,7 +301,7 @@ class MeshConfig(_Strict):
     def layout(self, domain: str) -> DomainLayout:
         layouts = self._require_world().layouts
         if domain not in layouts:
-            raise KeyError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
+            raise UnknownDomainError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
         return layouts[domain]
 
     def with_world_size(self, world_size: int) -> MeshConfig:

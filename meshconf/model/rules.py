@@ -8,7 +8,6 @@ its description goes to :attr:`Analysis.pending` instead.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,9 +22,10 @@ from meshconf.core.degrees import (
     product_text,
     world_product,
 )
-from meshconf.core.errors import KeyPath, Problem
+from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
 from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
+from meshconf.core.messages import did_you_mean, name_list
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,16 @@ class Analysis:
     def fail(self, path: KeyPath, message: str) -> None:
         self.problems.append(Problem(path, message))
 
+    @property
+    def brief(self) -> bool:
+        """Past the problems a config reports, messages skip their costly hints: only their
+        count is shown."""
+        return len(self.problems) >= MAX_PROBLEMS
+
     def wait(self, check: str) -> None:
         """Note a check that cannot run until the world size is known."""
         if self.waiting_for_world:
             self.pending.append(check)
-
-
-def did_you_mean(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_single_auto(spec: MeshSpec, result: Analysis) -> None:
@@ -203,8 +204,9 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
         if result.degrees
         else {name: value for name, value in spec.degrees.items() if value != AUTO}
     )
-    defined: list[str] = list(DEGREE_NAMES)
-    all_names = list(DEGREE_NAMES) + list(spec.derived)
+    defined: set[str] = set(DEGREE_NAMES)
+    ordered_names = list(DEGREE_NAMES) + list(spec.derived)
+    all_names = set(ordered_names)
     for name, formula_text in spec.derived.items():
         path: KeyPath = ("derived", name)
         text = formulas.shorten(formula_text)
@@ -230,12 +232,10 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
                 )
                 usable = False
             elif used not in all_names:
-                result.fail(
-                    path,
-                    f"{text!r} uses unknown name {used!r}{did_you_mean(used, all_names)}",
-                )
+                hint = "" if result.brief else did_you_mean(used, ordered_names)
+                result.fail(path, f"{text!r} uses unknown name {used!r}{hint}")
                 usable = False
-        defined.append(name)
+        defined.add(name)
         if not usable:
             continue
         if any(used not in known for used in formulas.names(expr)):
@@ -261,18 +261,21 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
 def check_domain_dims(spec: MeshSpec, result: Analysis) -> None:
     """Each domain lists known dims, each once."""
     candidates = list(DEGREE_NAMES) + [n for n in spec.derived if n not in DEGREE_NAMES]
+    known = set(candidates)
     for domain, dims in spec.domains.items():
         if not dims:
             result.fail(("domains", domain), "a domain needs at least one dim")
         seen: set[str] = set()
         for index, dim in enumerate(dims):
             path: KeyPath = ("domains", domain, index)
-            if dim not in candidates:
-                result.fail(
-                    path,
-                    f"unknown dim {dim!r}{did_you_mean(dim, candidates)}; dims are the degrees "
-                    f"and the derived dims: {', '.join(candidates)}",
+            if dim not in known:
+                detail = (
+                    ""
+                    if result.brief
+                    else f"{did_you_mean(dim, candidates)}; dims are the degrees and the derived "
+                    f"dims: {name_list(candidates)}"
                 )
+                result.fail(path, f"unknown dim {dim!r}{detail}")
             elif dim in seen:
                 result.fail(path, f"{dim!r} appears twice in domain {domain!r}")
             seen.add(dim)

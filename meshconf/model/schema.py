@@ -17,6 +17,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import core_schema
 
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.errors import InvalidArgumentError
 from meshconf.model.config import MeshConfig
 
 Flavor = Literal["plain", "hydra"]
@@ -63,7 +64,9 @@ class _Generator(GenerateJsonSchema):
 def build_schema(flavor: Flavor = "plain") -> dict[str, Any]:
     """The JSON Schema of a meshconf config, or of a Hydra config-group option."""
     if flavor not in FLAVORS:
-        raise ValueError(f"unknown schema flavor {flavor!r}; flavors: {', '.join(FLAVORS)}")
+        raise InvalidArgumentError(
+            f"unknown schema flavor {flavor!r}; flavors: {', '.join(FLAVORS)}"
+        )
     generated = MeshConfig.model_json_schema(schema_generator=_Generator)
     definitions = generated.pop("$defs")
     properties = generated["properties"]

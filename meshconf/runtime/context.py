@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.errors import MeshconfError, format_key
+from meshconf.core.errors import InvalidArgumentError, MeshconfError, UnknownDomainError, format_key
 from meshconf.core.layout import DimLayout, DomainLayout
 from meshconf.features.topology import topology_warnings
 from meshconf.model.config import MeshConfig
@@ -360,7 +360,9 @@ class DistributedContext:
         """Change the timeout of the default group and of every process group this context
         created, and of those it creates from now on (``runtime.timeout_s`` sets the first)."""
         if isinstance(seconds, bool) or not seconds > 0:
-            raise ValueError(f"a timeout must be a positive number of seconds, got {seconds!r}")
+            raise InvalidArgumentError(
+                f"a timeout must be a positive number of seconds, got {seconds!r}"
+            )
         self._registry.set_timeout(timedelta(seconds=seconds))
 
     @property
@@ -385,7 +387,7 @@ class DistributedContext:
             return mesh
         layouts = self.config.layouts
         if domain not in layouts:
-            raise ValueError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
+            raise UnknownDomainError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
         start = time.perf_counter()
         layout = layouts[domain]
         groups = [
@@ -428,9 +430,11 @@ class DistributedContext:
         known = list(dict.fromkeys(dim for layout in layouts.values() for dim in layout.dim_names))
         unknown = [name for name in names if name not in known]
         if unknown:
-            raise ValueError(f"unknown mesh dim {unknown[0]!r}; valid dims are {', '.join(known)}")
+            raise InvalidArgumentError(
+                f"unknown mesh dim {unknown[0]!r}; valid dims are {', '.join(known)}"
+            )
         if len(set(names)) != len(names):
-            raise ValueError(f"mesh dims {names} repeat a name")
+            raise InvalidArgumentError(f"mesh dims {names} repeat a name")
         unordered = None
         for domain, layout in layouts.items():
             if not set(names) <= set(layout.dim_names):
@@ -440,12 +444,12 @@ class DistributedContext:
                 return domain
             unordered = unordered or (domain, in_order)
         if unordered is not None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"mesh dims {names} are all in domain {unordered[0]!r} but in another order; "
                 f"ask for {unordered[1]}"
             )
         summary = "; ".join(f"{d} {list(layout.dim_names)}" for d, layout in layouts.items())
-        raise ValueError(f"no domain has all of {names}; the domains are {summary}")
+        raise InvalidArgumentError(f"no domain has all of {names}; the domains are {summary}")
 
     def get_optional_mesh(self, dims: str | Sequence[str]) -> DeviceMesh | None:
         """The mesh over one dim or several dims of one domain, or None if a dim has size 1.
@@ -491,7 +495,7 @@ class DistributedContext:
         if mesh is None:
             names = [dims] if isinstance(dims, str) else list(dims)
             off = [f"{n}={self.config.dim_sizes[n]}" for n in names if not self._enabled(n)]
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"mesh {names} is not enabled: {', '.join(off)}; use get_optional_mesh to get "
                 "None instead"
             )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from meshconf.core.errors import (
     ConfigError,
@@ -27,9 +27,12 @@ from meshconf.core.errors import (
     SourceError,
     describe_value,
     format_key,
+    printable,
 )
+from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
-from meshconf.model.rules import did_you_mean
+from meshconf.sources.bounds import LimitError, check_plain
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.overrides import (
     InterpolationError,
     Override,
@@ -37,7 +40,16 @@ from meshconf.sources.overrides import (
     parse_key,
     parse_override,
 )
-from meshconf.sources.yaml_reader import Position, YamlError, decode, read_yaml
+from meshconf.sources.pydantic_messages import key_hint, model_at, translate
+from meshconf.sources.yaml_reader import (
+    MAX_BYTES,
+    MAX_INT_DIGITS,
+    Position,
+    YamlError,
+    decode,
+    read_yaml,
+    too_large,
+)
 
 
 @dataclass
@@ -98,7 +110,7 @@ _RESOLVER_CALL = re.compile(r"\$\{\s*[A-Za-z_][\w.]*:")
 
 def _integer_field(path: KeyPath) -> bool:
     """Whether the key at ``path`` (inside the meshconf block) holds an integer."""
-    model = _model_at(path[:-1]) if path else None
+    model = model_at(path[:-1]) if path else None
     info = model.model_fields.get(str(path[-1])) if model else None
     if info is None:
         return False
@@ -125,7 +137,11 @@ def _integers_from_interpolation(source: _Source) -> None:
         for part in inner[:-1]:
             parent = parent.get(part) if isinstance(parent, Mapping) else None
         value = parent.get(inner[-1]) if isinstance(parent, Mapping) else None
-        if isinstance(value, str) and _DECIMAL.fullmatch(value):
+        if (
+            isinstance(value, str)
+            and len(value) <= MAX_INT_DIGITS + 1
+            and _DECIMAL.fullmatch(value)
+        ):
             parent[inner[-1]] = int(value)
 
 
@@ -134,26 +150,19 @@ def _read(source: Any) -> _Source:
         path = Path(source)
         name = str(source)
         try:
-            raw = path.read_bytes()
-        except IsADirectoryError:
-            raise SourceError(f"{name}: is a directory, not a config file") from None
+            raw = read_limited(path, MAX_BYTES)
+        except TooLargeError as error:
+            raise _unreadable(too_large(error.size), name) from None
+        except NotAFileError as error:
+            raise SourceError(f"{printable(name)}: {error}") from None
         except OSError as error:
-            raise SourceError(f"{name}: cannot read: {error.strerror or error}") from None
+            raise SourceError(
+                f"{printable(name)}: cannot read: {error.strerror or error}"
+            ) from None
         try:
             document = read_yaml(decode(raw))
         except YamlError as error:
-            position = error.position
-            raise ConfigError(
-                [
-                    Diagnostic(
-                        error.path,
-                        error.message,
-                        name,
-                        position.line if position else None,
-                        position.column if position else None,
-                    )
-                ]
-            ) from None
+            raise _unreadable(error, name) from None
         return _Source(document.data, name, document.positions, document.has_interpolation)
     if "omegaconf" in sys.modules:
         from omegaconf import Container
@@ -169,12 +178,22 @@ def _read(source: Any) -> _Source:
             except InterpolationError as error:
                 raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
     if isinstance(source, Mapping):
+        try:
+            check_plain(source)
+        except LimitError as error:
+            raise ConfigError([Diagnostic(error.path, error.message)]) from None
         data = copy.deepcopy(dict(source))
         return _Source(data, has_interpolation=bool(_interpolations(data)))
     raise SourceError(
         f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
         "OmegaConf DictConfig"
     )
+
+
+def _unreadable(error: YamlError, name: str) -> ConfigError:
+    position = error.position
+    line, column = (position.line, position.column) if position else (None, None)
+    return ConfigError([Diagnostic(error.path, error.message, name, line, column)])
 
 
 def _safe_key(text: str) -> KeyPath:
@@ -235,52 +254,6 @@ def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -
             )
 
 
-def _model_at(path: KeyPath) -> type[BaseModel] | None:
-    """The model class that validates the mapping at ``path``, if any."""
-    model: type[BaseModel] = MeshConfig
-    for part in path:
-        info = model.model_fields.get(str(part))
-        annotation = info.annotation if info else None
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        else:
-            return None
-    return model
-
-
-def _message(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
-    path: KeyPath = tuple(error["loc"])
-    kind = error["type"]
-    if path and path[-1] == "[key]":
-        return path[:-1], f"invalid key: {error['msg']}"
-    if kind == "invalid_key":
-        return path[:-1], f"key {path[-1]!r} is not a string; meshconf keys are names"
-    if kind == "extra_forbidden":
-        model = _model_at(path[:-1])
-        allowed = list(model.model_fields) if model else []
-        hint = did_you_mean(str(path[-1]), allowed)
-        where = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return path, f"unknown key {path[-1]!r}{hint}{where}"
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return path, f"expected a mapping, got {describe_value(error['input'])}"
-    if kind in ("tuple_type", "list_type"):
-        return path, f"expected a list, got {describe_value(error['input'])}"
-    if kind == "literal_error":
-        expected = error.get("ctx", {}).get("expected", "")
-        got = error["input"]
-        options = [option.strip(" '") for option in expected.replace(" or ", ", ").split(",")]
-        hint = did_you_mean(got, options) if isinstance(got, str) else ""
-        return path, f"expected {expected}, got {describe_value(got)}{hint}"
-    return path, str(error["msg"])
-
-
-def _key_hint(value: Any, key: str | int) -> str:
-    """An unknown top-level key holding a meshconf block: the user forgot ``--key``."""
-    if isinstance(value, Mapping) and set(value) & set(MeshConfig.model_fields):
-        return f" (to check the meshconf block under it, pass --key {key})"
-    return ""
-
-
 def _validate(source: _Source, world_size: int | None) -> MeshConfig:
     if not isinstance(source.data, Mapping):
         what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
@@ -295,13 +268,13 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
 def _config_error(error: ValidationError, source: _Source) -> ConfigError:
     diagnostics = []
     for item in error.errors(include_url=False):
-        path, message = _message(item)
+        path, message = translate(item)
         if (
             item["type"] == "extra_forbidden"
             and len(path) == 1
             and isinstance(source.data, Mapping)
         ):
-            message += _key_hint(source.data.get(path[0]), path[0])
+            message += key_hint(source.data.get(path[0]), path[0])
         written = source.interpolated.get(source.prefix + path)
         if written is not None:
             # A hint about how the YAML was written does not apply to an interpolated value.

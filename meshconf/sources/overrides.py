@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from meshconf.core.errors import KeyPath, SourceError, format_key
-from meshconf.sources.yaml_reader import YamlError, parse_value
+from meshconf.core.errors import KeyPath, MeshconfError, SourceError, format_key
+from meshconf.sources.bounds import LimitError, check_interpolation, check_plain
+from meshconf.sources.yaml_reader import MAX_DEPTH, YamlError, parse_value
 
 _SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_\-]*|[0-9]+)(?P<indices>(\[[0-9]+\])*)")
 _INDEX = re.compile(r"\[([0-9]+)\]")
@@ -64,6 +65,8 @@ def parse_override(text: str) -> Override:
         raise SourceError(f"override {text!r}: expected key=value, such as degrees.tp=4")
     try:
         path = parse_key(key.strip())
+        if len(path) > MAX_DEPTH:
+            raise ValueError(f"a key path of {len(path)} parts; configs nest at most {MAX_DEPTH}")
         value = parse_value(value_text) if equals else None
     except ValueError as error:
         detail = error.message if isinstance(error, YamlError) else str(error)
@@ -78,9 +81,17 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
 
     missing = object()
     try:
+        check_interpolation(data)
+        for override in overrides:
+            check_interpolation(override.value)
+    except LimitError as error:
+        raise InterpolationError(format_key(error.path), error.message) from None
+    try:
         config = OmegaConf.create(data)
     except OmegaConfBaseException as error:
-        raise SourceError(f"cannot read the config as OmegaConf: {_first_line(error)}") from None
+        raise InterpolationError(
+            "", f"cannot read the config as OmegaConf: {_first_line(error)}"
+        ) from None
     for override in overrides:
         key = format_key(override.path)
         try:
@@ -105,14 +116,23 @@ def resolve(config: Any) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(config, resolve=True)
+        check_interpolation(OmegaConf.to_container(config, resolve=False))
+        resolved = OmegaConf.to_container(config, resolve=True)
+        check_plain(resolved)
+    except LimitError as error:
+        raise InterpolationError(format_key(error.path), error.message) from None
     except OmegaConfBaseException as error:
         raise InterpolationError(
             getattr(error, "full_key", None) or "", f"cannot resolve: {_first_line(error)}"
         ) from None
+    except RecursionError:
+        raise InterpolationError("", "cannot resolve: interpolations nested too deeply") from None
+    return resolved
 
 
-class InterpolationError(ValueError):
+class InterpolationError(MeshconfError, ValueError):
+    """A ``${...}`` that cannot be resolved, or resolves past meshconf's limits."""
+
     def __init__(self, key: str, message: str) -> None:
         super().__init__(message)
         self.key = key

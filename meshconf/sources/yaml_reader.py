@@ -6,59 +6,38 @@ Differences from ``yaml.safe_load``, each deliberate:
   and dates stay strings, so the models can refuse them with the reason instead of silently
   reading ``010`` as 8.
 * A key given twice in one mapping is an error (PyYAML keeps the last one silently).
-* Hostile input fails fast with a located message: more than ``MAX_BYTES``, nesting deeper
-  than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to themselves,
-  integers with more than ``MAX_INT_DIGITS`` digits.
+* Hostile input fails fast with a located message: more than ``MAX_BYTES`` bytes, nesting
+  deeper than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to
+  themselves, integers with more than ``MAX_INT_DIGITS`` digits, characters YAML forbids.
+* An explicit tag must agree with its text (``!!int abc`` is an error, not a crash), and only
+  the tags of plain data are accepted: ``!!set`` (no order), ``!!timestamp``, ``!!binary``,
+  ``!!omap``, ``!!pairs`` and every application tag are refused. A key must not be null.
 
 libyaml's C parser is used when PyYAML has it; the pure-Python one otherwise.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from yaml.resolver import BaseResolver
 
-from meshconf.core.errors import KeyPath
+from meshconf.core.errors import KeyPath, MeshconfError
+from meshconf.sources.yaml_schema import (
+    MERGE_TAG,
+    NULL_TAG,
+    CoreResolver,
+    forbidden_character,
+    tag_problem,
+)
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000
 MAX_INT_DIGITS = 30
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_STR_TAG = "tag:yaml.org,2002:str"
-
-
-class _Resolver(BaseResolver):
-    """YAML 1.2 core schema, plus ``<<`` merge keys."""
-
-
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$"),
-    list("-+0123456789"),
-)
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+.0123456789"),
-)
-_Resolver.add_implicit_resolver(
-    "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
-)
-_Resolver.add_implicit_resolver(_MERGE_TAG, re.compile(r"^(?:<<)$"), ["<"])
 
 
 class _Constructor(SafeConstructor):
@@ -96,11 +75,11 @@ except ImportError:  # PyYAML built without libyaml
             yaml.composer.Composer.__init__(self)
 
 
-class _Loader(_Parser, _Constructor, _Resolver):
+class _Loader(_Parser, _Constructor, CoreResolver):
     def __init__(self, stream: str) -> None:
         _Parser.__init__(self, stream)
         _Constructor.__init__(self)
-        _Resolver.__init__(self)
+        CoreResolver.__init__(self)
 
 
 @dataclass(frozen=True)
@@ -111,7 +90,7 @@ class Position:
     column: int
 
 
-class YamlError(ValueError):
+class YamlError(MeshconfError, ValueError):
     """Unreadable YAML; ``position`` says where, when known."""
 
     def __init__(self, message: str, position: Position | None = None, path: KeyPath = ()) -> None:
@@ -189,6 +168,9 @@ class _Walker:
             raise YamlError(
                 "an alias refers to a node that contains it", _position(node.start_mark)
             )
+        problem = tag_problem(node)
+        if problem is not None:
+            raise YamlError(problem, _position(node.start_mark))
         self._open.add(key)
         count, depth = 1, 1
         children: list[Node] = []
@@ -228,13 +210,15 @@ class _Walker:
         first_seen: dict[tuple[str, str], Position] = {}
         merged: list[MappingNode] = []
         for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
+            if key_node.tag == MERGE_TAG:
                 sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 merged.extend(source for source in sources if isinstance(source, MappingNode))
                 continue
             here = _position(key_node.start_mark)
             if not isinstance(key_node, ScalarNode):
                 raise YamlError("a key must be a plain name, not a list or mapping", here, path)
+            if key_node.tag == NULL_TAG:
+                raise YamlError("a key must be a name, not null", here, path)
             identity = (key_node.tag, key_node.value)
             if identity in first_seen:
                 raise YamlError(
@@ -249,7 +233,7 @@ class _Walker:
         # Keys pulled in with ``<<`` point at their definition, unless given explicitly here.
         for source in merged:
             for key_node, value_node in source.value:
-                if isinstance(key_node, ScalarNode) and key_node.tag != _MERGE_TAG:
+                if isinstance(key_node, ScalarNode) and key_node.tag != MERGE_TAG:
                     child = (*path, _key_value(key_node))
                     if child not in self.positions:
                         self.positions[child] = _position(key_node.start_mark)
@@ -263,10 +247,31 @@ def _key_value(node: ScalarNode) -> str | int:
     return str(node.value)
 
 
+def too_large(size: int) -> YamlError:
+    return YamlError(
+        f"{size} bytes, more than the {MAX_BYTES // (1024 * 1024)} MiB a config may have; "
+        "this is not a mesh config"
+    )
+
+
+def _check_characters(text: str) -> None:
+    index = forbidden_character(text)
+    if index is not None:
+        line = text.count("\n", 0, index) + 1
+        column = index - (text.rfind("\n", 0, index) + 1) + 1
+        raise YamlError(
+            f"character U+{ord(text[index]):04X} is not allowed in YAML", Position(line, column)
+        )
+
+
 def read_yaml(text: str) -> YamlDocument:
-    """Parse one YAML document, checking it on the way (see the module docstring)."""
-    if len(text) > MAX_BYTES:
-        raise YamlError(f"larger than {MAX_BYTES // (1024 * 1024)} MiB; this is not a mesh config")
+    """Parse one YAML document, checking it on the way (see the module docstring).
+
+    Raises :class:`YamlError`, with a position where there is one.
+    """
+    if len(text) > MAX_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise too_large(len(text.encode("utf-8", "surrogatepass")))
+    _check_characters(text)
     try:
         _check_depth(text)
         loader = _Loader(text)

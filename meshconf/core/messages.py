@@ -1,0 +1,31 @@
+"""Wording shared by error messages: a "did you mean" hint and short lists of names."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+
+#: A hint compares the name with at most this many candidates of a similar length, so that
+#: thousands of unknown names against thousands of known ones stay fast.
+MAX_HINT_CANDIDATES = 200
+#: A list of names in a message shows at most this many.
+MAX_LISTED = 20
+
+
+def did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    if len(name) > 100:
+        return ""
+    # difflib's ratio is 2 * matches / (len(a) + len(b)) and needs 0.6, which a candidate less
+    # than 3/7 or more than 7/3 times as long as the name can never reach.
+    low, high = len(name) * 3 // 7, len(name) * 7 // 3 + 1
+    near = [c for c in candidates if low <= len(c) <= high][:MAX_HINT_CANDIDATES]
+    close = difflib.get_close_matches(name, near, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def name_list(names: Sequence[str]) -> str:
+    """``a, b, c``; past :data:`MAX_LISTED` names, the first ones and how many more."""
+    if len(names) <= MAX_LISTED:
+        return ", ".join(names)
+    return f"{', '.join(names[:MAX_LISTED])} and {len(names) - MAX_LISTED} more"

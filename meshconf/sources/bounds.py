@@ -1,0 +1,196 @@
+"""Limits on data that does not come from a YAML file: mappings given to ``load_config``, and
+what ``${...}`` interpolation would expand to. A YAML file gets the same limits from the
+reader; these apply them to everything else, before the work that would blow up."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from meshconf.core.errors import KeyPath
+from meshconf.sources.yaml_reader import MAX_BYTES, MAX_DEPTH, MAX_NODES
+
+#: ``${`` inside ``${`` at most this deep, in one value.
+MAX_INTERPOLATION_NESTING = 16
+#: ``${...}`` evaluations resolving a config may take; OmegaConf resolves a key again
+#: wherever it is named, at about half a millisecond each.
+MAX_RESOLUTIONS = 2000
+#: A value may name a value that names a value ... this many times.
+MAX_INTERPOLATION_CHAIN = 32
+#: Characters all strings may hold once interpolations are resolved.
+MAX_RESOLVED_CHARS = 4 * MAX_BYTES
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+# oc.create builds a config from YAML text (an environment value, say) with aliases expanded
+# and none of the reader's limits.
+_UNBOUNDED_RESOLVER = re.compile(r"\$\{\s*oc\.create\s*:")
+_BRACES = re.compile(r"\$\{|\}")
+# Key paths inside an interpolation: ``a.b[0]``, ``.sibling``, ``..uncle.x``.
+_REFERENCE = re.compile(r"\.*[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+|\[[0-9]+\])*")
+
+
+class LimitError(Exception):
+    """Data past a limit; ``path`` is where, ``message`` says which limit."""
+
+    def __init__(self, path: KeyPath, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def check_plain(data: Any) -> None:
+    """Refuse data that is not plain, finite, ordered and small: a container that holds
+    itself, nesting past :data:`MAX_DEPTH`, more than :data:`MAX_NODES` values, sets, null
+    keys. Iterative, so any depth is safe. Raises :class:`LimitError`."""
+    nodes = 0
+    stack: list[tuple[Any, KeyPath, tuple[int, ...]]] = [(data, (), ())]
+    while stack:
+        value, path, holders = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise LimitError(path, f"more than {MAX_NODES} values; this is not a mesh config")
+        if isinstance(value, _PLAIN_SCALARS):
+            continue
+        if isinstance(value, set | frozenset):
+            raise LimitError(path, "a set has no order; give a list")
+        if not isinstance(value, Mapping | list | tuple):
+            continue  # the models name the type in their message
+        if id(value) in holders:
+            raise LimitError(path, "contains itself")
+        if len(holders) >= MAX_DEPTH:
+            raise LimitError(path, f"nested deeper than {MAX_DEPTH} levels")
+        inner = (*holders, id(value))
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for key, child in items:
+            if key is None:
+                raise LimitError(path, "a key must be a name, not null")
+            stack.append((child, (*path, key), inner))
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    for token in _BRACES.finditer(text):
+        if token.group() == "${":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif depth:
+            depth -= 1
+    return deepest
+
+
+def _references(text: str, path: KeyPath) -> list[tuple[str, ...]]:
+    """Every key path ``text`` may name, absolute and relative to ``path``'s parent."""
+    found = []
+    for match in _REFERENCE.finditer(text[text.index("${") :]):
+        token = match.group()
+        dots = len(token) - len(token.lstrip("."))
+        parts = tuple(re.split(r"\.|\[|\]\.?", token.lstrip(".").rstrip("]")))
+        if dots:
+            base = path[: max(0, len(path) - dots)]
+            found.append(tuple(map(str, base)) + parts)
+        else:
+            found.append(parts)
+    return found
+
+
+def check_interpolation(data: Any) -> None:
+    """Refuse ``${...}`` values that would expand past :data:`MAX_NODES` values or
+    :data:`MAX_RESOLVED_CHARS` characters, take more than :data:`MAX_RESOLUTIONS`
+    evaluations, chain through more than
+    :data:`MAX_INTERPOLATION_CHAIN` references, or nest ``${`` past
+    :data:`MAX_INTERPOLATION_NESTING`. Counts what each key expands to once (memoized), so
+    the check is linear however the references multiply. Raises :class:`LimitError`."""
+    index: dict[tuple[str, ...], tuple[KeyPath, Any]] = {}
+    walk: list[tuple[KeyPath, Any]] = [((), data)]
+    while walk:
+        path, value = walk.pop()
+        index[tuple(map(str, path))] = (path, value)
+        if isinstance(value, Mapping):
+            walk.extend(((*path, key), child) for key, child in value.items())
+        elif isinstance(value, list | tuple):
+            walk.extend(((*path, key), child) for key, child in enumerate(value))
+    sizes: dict[tuple[str, ...], _Size] = {}
+    for start in index:
+        _measure(start, index, sizes)
+
+
+#: Values, characters, the longest chain of references and the ``${...}`` evaluations, of
+#: what a key resolves to.
+_Size = tuple[int, int, int, int]
+
+
+def _parts(key: tuple[str, ...], path: KeyPath, value: Any, index: dict[Any, Any]) -> list[Any]:
+    if isinstance(value, Mapping | list | tuple):
+        names = value if isinstance(value, Mapping) else range(len(value))
+        return [(*key, str(child)) for child in names]
+    if isinstance(value, str) and "${" in value:
+        if _UNBOUNDED_RESOLVER.search(value):
+            raise LimitError(
+                path,
+                "${oc.create:...} is not supported: it reads YAML (aliases included) outside "
+                "meshconf's limits; write the value in the config",
+            )
+        if _nesting(value) > MAX_INTERPOLATION_NESTING:
+            raise LimitError(path, f"interpolations nested deeper than {MAX_INTERPOLATION_NESTING}")
+        return [ref for ref in _references(value, path) if ref in index]
+    return []
+
+
+def _measure(
+    start: tuple[str, ...],
+    index: dict[tuple[str, ...], tuple[KeyPath, Any]],
+    sizes: dict[tuple[str, ...], _Size],
+) -> None:
+    """Post-order over the key and what it refers to; a key being measured counts 1 (a
+    cycle, which the resolver reports)."""
+    stack: list[tuple[tuple[str, ...], list[tuple[str, ...]] | None]] = [(start, None)]
+    while stack:
+        key, parts = stack.pop()
+        if key in sizes and parts is None:
+            continue
+        path, value = index[key]
+        if parts is None:
+            sizes[key] = (1, 1, 0, 0)  # in progress
+            parts = _parts(key, path, value, index)
+            stack.append((key, parts))
+            stack.extend((part, None) for part in parts if part not in sizes)
+            continue
+        below = [sizes[part] for part in parts]
+        nodes = sum(size[0] for size in below)
+        chars = sum(size[1] for size in below)
+        chain = max((size[2] for size in below), default=0)
+        work = sum(size[3] for size in below)
+        if isinstance(value, str):
+            work += value.count("${")
+            whole = value.startswith("${") and value.endswith("}") and len(below) == 1
+            # One ${key} is that key's value; text around references makes one string.
+            nodes = nodes if whole else 1
+            chars += len(value)
+            chain += 1 if below else 0
+        else:
+            nodes += 1
+            chars += 1
+        if nodes > MAX_NODES:
+            raise LimitError(
+                path, f"expands to more than {MAX_NODES} values through ${{...}} interpolation"
+            )
+        if chars > MAX_RESOLVED_CHARS:
+            raise LimitError(
+                path,
+                f"expands to more than {MAX_RESOLVED_CHARS} characters through ${{...}} "
+                "interpolation",
+            )
+        if chain > MAX_INTERPOLATION_CHAIN:
+            raise LimitError(
+                path,
+                f"more than {MAX_INTERPOLATION_CHAIN} ${{...}} references in a chain (this value "
+                "names a value that names a value ...)",
+            )
+        if work > MAX_RESOLUTIONS:
+            raise LimitError(
+                path,
+                f"resolving takes more than {MAX_RESOLUTIONS} ${{...}} evaluations (a value is "
+                "resolved again wherever it is named)",
+            )
+        sizes[key] = (nodes, chars, chain, work)

@@ -1,0 +1,89 @@
+"""What YAML meshconf reads: YAML 1.2's core schema for plain scalars, the tags of plain data
+and nothing else, and the characters YAML allows."""
+
+from __future__ import annotations
+
+import re
+
+from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.resolver import BaseResolver
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+NULL_TAG = "tag:yaml.org,2002:null"
+_TAG_PREFIX = "tag:yaml.org,2002:"
+_KNOWN_TAGS = frozenset({"bool", "int", "float", "null", "str", "merge", "map", "seq"})
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_REFUSED_TAGS = {
+    "set": "a !!set has no order, and where order matters the layout would depend on the "
+    "hash seed; write a list such as [pp, tp]",
+    "omap": "!!omap is not supported; write a mapping",
+    "pairs": "!!pairs is not supported; write a mapping",
+    "timestamp": "!!timestamp is not supported; no meshconf key holds a date",
+    "binary": "!!binary is not supported; no meshconf key holds bytes",
+}
+_ALLOWED_ASCII = bytes([9, 10, 13, *range(0x20, 0x7F)])
+# Characters YAML 1.2 does not allow in a stream (NUL, other C0/C1 controls, surrogates,
+# U+FFFE, U+FFFF).
+_FORBIDDEN = re.compile("[^\t\n\r\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+class CoreResolver(BaseResolver):
+    """YAML 1.2 core schema, plus ``<<`` merge keys."""
+
+
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+CoreResolver.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
+CoreResolver.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+CoreResolver.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+.0123456789"))
+CoreResolver.add_implicit_resolver(NULL_TAG, _NULL, ["~", "n", "N", ""])
+CoreResolver.add_implicit_resolver(MERGE_TAG, re.compile(r"^(?:<<)$"), ["<"])
+
+#: What an explicit scalar tag accepts: the text YAML 1.2's core schema reads as that type.
+_SCALAR_FORMS: dict[str, tuple[tuple[re.Pattern[str], ...], str]] = {
+    "bool": ((_BOOL,), "true or false"),
+    "int": ((_INT,), "an integer such as 8, 0x10 or 0o10"),
+    "float": ((_FLOAT, _INT), "a number such as 1.5, 2e3 or .inf"),
+    "null": ((_NULL,), "null, ~ or nothing"),
+}
+
+
+def tag_problem(node: Node) -> str | None:
+    """Why ``node``'s tag is refused (not plain data, or disagreeing with its text), or None."""
+    tag = node.tag
+    if tag == _STR_TAG and isinstance(node, ScalarNode):
+        return None
+    short = tag[len(_TAG_PREFIX) :] if tag.startswith(_TAG_PREFIX) else None
+    if short in _REFUSED_TAGS:
+        return _REFUSED_TAGS[short]
+    if short not in _KNOWN_TAGS:
+        shown = f"!!{short}" if short is not None else tag
+        return f"unknown tag {shown}; meshconf configs hold plain data only"
+    if isinstance(node, ScalarNode):
+        if short in _SCALAR_FORMS:
+            patterns, wanted = _SCALAR_FORMS[short]
+            text = str(node.value)
+            if not any(pattern.match(text) for pattern in patterns):
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                return f"!!{short} needs {wanted}, got {shown!r}"
+        elif short not in ("str", "merge"):
+            return f"!!{short} cannot tag a scalar"
+    elif tag != (_MAP_TAG if isinstance(node, MappingNode) else _SEQ_TAG):
+        kind = "a mapping" if isinstance(node, MappingNode) else "a list"
+        return f"!!{short} cannot tag {kind}"
+    return None
+
+
+def forbidden_character(text: str) -> int | None:
+    """The index of the first character YAML does not allow in ``text``, or None."""
+    if text.isascii() and not text.encode("ascii").translate(None, _ALLOWED_ASCII):
+        return None  # the common case, checked in C
+    bad = _FORBIDDEN.search(text)
+    return None if bad is None else bad.start()
