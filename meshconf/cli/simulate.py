@@ -77,6 +77,7 @@ def _verdict(mismatched_ranks: list[int], *, several: bool) -> str:
     plural = "s" if len(mismatched_ranks) > 1 else ""
     return f"mismatch on rank{plural} {', '.join(map(str, mismatched_ranks))}"
 
+
 #: torch's DeviceMesh holds every rank of the world, so simulated worlds stop here.
 MAX_SIMULATED_WORLD = 1 << 18
 
