@@ -14,6 +14,7 @@ from meshconf.cli.common import (
     load_for_rank,
     non_negative_int,
 )
+from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, process_group_count
@@ -47,6 +48,7 @@ def build_report(config: MeshConfig, rank: int, domains: list[str]) -> dict[str,
         "world_size": config.resolved_world_size,
         "gpus_per_node": config.gpus_per_node,
         "inside_node": None if config.inside_node is None else config.inside_node.model_dump(),
+        "order": list(config.order or WORLD_FACTORS),
         "rank": rank,
         "domains": {
             domain: {
@@ -84,6 +86,8 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
     sizes = config.dim_sizes
     derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
     print("derived: " + " ".join(derived))
+    if config.order is not None:
+        print("rank order, outer to inner: " + " ".join(config.order))
     if config.inside_node is not None:
         inside, across = split_degrees(degrees, config.inside_node.model_dump())
         print(

@@ -17,6 +17,7 @@ from meshconf.core import formulas
 from meshconf.core.degrees import (
     AUTO,
     DEGREE_NAMES,
+    EXPERT_DEGREES,
     MAX_WORLD_SIZE,
     WORLD_FACTORS,
     auto_factor,
@@ -24,7 +25,7 @@ from meshconf.core.degrees import (
     world_product,
 )
 from meshconf.core.errors import KeyPath, Problem
-from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering
+from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering, rank_numbering
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 
 
@@ -41,6 +42,7 @@ class MeshSpec:
     user_derived: frozenset[str]
     domains: Mapping[str, tuple[str, ...]]
     user_domains: bool
+    order: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Analysis:
     sizes: dict[str, int] = field(default_factory=dict)
     layouts: dict[str, DomainLayout] = field(default_factory=dict)
     node_parts: tuple[NodePart, ...] | None = None
+    #: The rank order of the world factors; None while the one given is not valid.
+    order: tuple[str, ...] | None = WORLD_FACTORS
     problems: list[Problem] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     waiting_for_world: bool = False
@@ -160,6 +164,46 @@ def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
         )
 
 
+def check_order(spec: MeshSpec, result: Analysis) -> None:
+    """order lists every world factor once."""
+    if spec.order is None:
+        return
+    factors = ", ".join(WORLD_FACTORS)
+    before = len(result.problems)
+    seen: set[str] = set()
+    for index, name in enumerate(spec.order):
+        path: KeyPath = ("order", index)
+        if name in EXPERT_DEGREES:
+            result.fail(
+                path,
+                f"{name} is not a world factor: experts borrow their ranks from dp_shard * cp * "
+                f"tp, so their ranks follow those; order lists {factors}",
+            )
+        elif name == "dp":
+            result.fail(
+                path,
+                "'dp' is not a world factor: data parallelism is dp_replicate (outer) and "
+                "dp_shard (inner); list both, next to each other for one data-parallel block",
+            )
+        elif name not in WORLD_FACTORS:
+            result.fail(
+                path,
+                f"unknown world factor {name!r}{did_you_mean(name, list(WORLD_FACTORS))}; "
+                f"order lists {factors}",
+            )
+        elif name in seen:
+            result.fail(path, f"{name!r} appears twice in order")
+        seen.add(name)
+    missing = [name for name in WORLD_FACTORS if name not in seen]
+    if missing:
+        result.fail(
+            ("order",),
+            f"leaves out {', '.join(missing)}: order lists every world factor once, outer to "
+            f"inner ({factors}); one of size 1 may go anywhere",
+        )
+    result.order = tuple(spec.order) if len(result.problems) == before else None
+
+
 def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
     """The inside-node parts divide their degrees and multiply to gpus_per_node."""
     if spec.inside_node is None:
@@ -191,8 +235,10 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
                 f"{inside[name]} ranks of {name} inside a node must divide {name}"
                 f"({degrees[name]}), so that the rest go across nodes in whole groups",
             )
-    if not result.problems and result.degrees is not None:
-        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node)
+    if not result.problems and result.degrees is not None and result.order is not None:
+        result.node_parts = node_numbering(
+            result.degrees, inside, spec.gpus_per_node, result.order
+        )
 
 
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
@@ -297,25 +343,49 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
             )
             continue
         sizes = [(dim, result.sizes[dim]) for dim in dims]
-        if result.node_parts is None:
-            if spec.inside_node is None:
-                result.layouts[domain] = DomainLayout.row_major(domain, sizes, result.world_size)
+        numbering = _numbering(spec, result)
+        if numbering is None:
             continue
         try:
-            result.layouts[domain] = DomainLayout.unflatten(
-                domain, sizes, [part.mode for part in result.node_parts]
-            )
+            result.layouts[domain] = DomainLayout.unflatten(domain, sizes, numbering)
         except UnevenSplitError as error:
-            parts = describe_parts([result.node_parts[index] for index in error.mode_indices])
             result.fail(
                 ("domains", domain, dims.index(error.dim))
                 if spec.user_domains
-                else ("inside_node",),
-                f"{error.dim}({error.dim_size}) in domain {domain!r} would split {parts} "
-                f"unevenly: it needs {error.needed} ranks where {error.mode_size} remain; a dim "
-                f"must take whole parts or an even share of one, so change inside_node or "
-                f"the size of {error.dim}",
+                else ("inside_node",)
+                if spec.inside_node is not None
+                else ("order",),
+                f"{error.dim}({error.dim_size}) in domain {domain!r} would split "
+                f"{_describe_split(result, error.mode_indices)} unevenly: it needs "
+                f"{error.needed} ranks where {error.mode_size} remain; a dim must take whole "
+                f"parts or an even share of one, so change {_placement_keys(spec)} or the size "
+                f"of {error.dim}",
             )
+
+
+def _numbering(spec: MeshSpec, result: Analysis) -> tuple[Mode, ...] | None:
+    """The map from the logical world to ranks, or None while a rule it needs failed."""
+    if result.order is None or result.degrees is None:
+        return None
+    if spec.inside_node is None:
+        return rank_numbering(result.degrees, result.order)
+    if result.node_parts is None:
+        return None
+    return tuple(part.mode for part in result.node_parts)
+
+
+def _describe_split(result: Analysis, indices: tuple[int, ...]) -> str:
+    if result.node_parts is not None:
+        return describe_parts([result.node_parts[index] for index in indices])
+    assert result.degrees is not None
+    names = [WORLD_FACTORS[index] for index in indices]
+    size = math.prod(result.degrees[name] for name in names)
+    return f"the {size} ranks of " + " and ".join(names)
+
+
+def _placement_keys(spec: MeshSpec) -> str:
+    keys = [key for key, value in (("order", spec.order), ("inside_node", spec.inside_node)) if value]
+    return " or ".join(keys)
 
 
 def _describe(modes: tuple[Mode, ...]) -> str:
@@ -352,6 +422,7 @@ RULES = (
     resolve_world,
     check_etp,
     check_expert_borrow,
+    check_order,
     check_inside_node,
     check_derived,
     check_domain_dims,
