@@ -126,26 +126,32 @@ def meshconf_order(order: str) -> tuple[str, ...]:
     return tuple(result)
 
 
-def _world(draft: Draft, settings: Mapping[str, Setting]) -> None:
-    """The world size from torchrun's or NeMo's node count and GPUs per node."""
+def _world(draft: Draft, settings: Mapping[str, Setting]) -> str | None:
+    """The world size from torchrun's or NeMo's node count and GPUs per node; a note on
+    where it came from when it did."""
     per_node = settings.get("nproc_per_node")
     nodes = settings.get("nnodes")
     if per_node is None:
-        return
+        return None
     gpus = _integer(draft, per_node)
     count = 1 if nodes is None else _integer(draft, nodes)
     if gpus is None or count is None:
-        return
+        return None
     if draft.world_size is not None and draft.world_size != gpus * count:
         draft.fail(
             per_node.key,
             f"{gpus} GPUs x {count} nodes = {gpus * count} ranks, but "
             f"--world-size is {draft.world_size}",
         )
-        return
+        return None
     draft.world_size = gpus * count
     if draft.gpus_per_node is None:
         draft.gpus_per_node = gpus
+    nodes_text = "1 node" if nodes is None else f"{nodes.key} {count}"
+    return (
+        f"world_size {gpus * count} is {per_node.key} {gpus} x {nodes_text}; at start-up "
+        "meshconf checks that the launcher's world size agrees."
+    )
 
 
 def _megatron_checks(
@@ -221,7 +227,7 @@ def convert_megatron(
     keys = {name: setting.key for name, setting in settings.items()}
     sizes = _sizes(draft, settings)
     order = _order(draft, settings, sizes)
-    _world(draft, settings)
+    launch_note = _world(draft, settings)
     draft.check()
     etp, tp = sizes["expert_tensor_parallel_size"], sizes["tensor_model_parallel_size"]
     if etp not in (1, tp):
@@ -235,10 +241,15 @@ def convert_megatron(
     draft.check()
     draft.degrees = {SIZE_DEGREES[name]: value for name, value in sizes.items()}
     draft.degrees["dp_shard"] = DEFAULT_DEGREES["dp_shard"]
+    instances = sizes["num_distributed_optimizer_instances"]
     if grids is not None:
-        draft.degrees["dp_shard"] = (
-            grids[0].sizes["dp"] // sizes["num_distributed_optimizer_instances"]
-        )
+        dp = grids[0].sizes["dp"]
+        draft.degrees["dp_shard"] = dp // instances
+        draft.comments["degrees.dp_shard"] = f"Megatron's data-parallel size {dp} / {instances}"
+    if instances > 1:
+        draft.comments["degrees.dp_replicate"] = "distributed-optimizer instances"
+    if "expert_tensor_parallel_size" not in keys and tp > 1:
+        draft.comments["degrees.etp"] = "Megatron's default expert tp: tp"
     draft.origins = {
         ("degrees", degree): keys[name] for name, degree in SIZE_DEGREES.items() if name in keys
     }
@@ -261,7 +272,7 @@ def convert_megatron(
     if grids is not None:
         config = _match_groups(draft, config, keys, grids, sizes, order)
     notes = [
-        world_size_note("Megatron-LM", draft, config, "the arguments"),
+        launch_note or world_size_note("Megatron-LM", draft, config, "the arguments"),
         *_notes(sizes, order, settings, grids),
     ]
     degrees = DEFAULT_DEGREES | draft.degrees

@@ -316,7 +316,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
                 first = found[name]
                 raise _fail(
                     dotted,
-                    f"{value!r} here but {first.value!r} at {first.key}: which one does the job use?",
+                    f"{value!r} here but {first.value!r} at {first.key}: which one is meant?",
                     position,
                 )
             found[name] = Setting(name, dotted, value, position)
