@@ -207,7 +207,7 @@ def _convert(args: argparse.Namespace) -> Conversion:
 
 
 def run(args: argparse.Namespace) -> int:
-    where = "the arguments" if args.path is None else args.path
+    where = "--args" if args.path is None else args.path
     try:
         conversion = _convert(args)
     except _Failure as failure:
@@ -220,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
         lines = "\n".join(problem.render(where) for problem in error.problems)
         emit(lambda: print(lines))
         return EXIT_INVALID
-    text = render(conversion, where, schema_reference(args.out))
+    source = "the command line of --args" if args.path is None else args.path
+    text = render(conversion, source, schema_reference(args.out))
     if args.out is not None:
         return _write(args.out, text)
     emit(lambda: print(text, end=""))

@@ -236,9 +236,7 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
                 f"({degrees[name]}), so that the rest go across nodes in whole groups",
             )
     if not result.problems and result.degrees is not None and result.order is not None:
-        result.node_parts = node_numbering(
-            result.degrees, inside, spec.gpus_per_node, result.order
-        )
+        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node, result.order)
 
 
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
@@ -384,7 +382,9 @@ def _describe_split(result: Analysis, indices: tuple[int, ...]) -> str:
 
 
 def _placement_keys(spec: MeshSpec) -> str:
-    keys = [key for key, value in (("order", spec.order), ("inside_node", spec.inside_node)) if value]
+    keys = [
+        key for key, value in (("order", spec.order), ("inside_node", spec.inside_node)) if value
+    ]
     return " or ".join(keys)
 
 

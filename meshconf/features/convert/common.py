@@ -46,16 +46,18 @@ class SourceProblem:
     @property
     def where(self) -> str:
         if not self.table:
-            return self.key or "the arguments"
+            return self.key or ""
         table = f"[{self.table}]"
         return table if self.key is None else f"{table}.{toml_key(self.key)}"
 
     def render(self, path: str) -> str:
         """``PATH:LINE:COLUMN: key: message``, or ``PATH: [table].key: message``."""
-        if self.position is None:
-            return f"{path}: {self.where}: {self.message}"
-        line, column = self.position
-        return f"{path}:{line}:{column}: {self.where}: {self.message}"
+        where = (
+            f"{path}" if self.position is None else f"{path}:{self.position[0]}:{self.position[1]}"
+        )
+        if not self.table and self.key is None:
+            return f"{where}: {self.message}"
+        return f"{where}: {self.where}: {self.message}"
 
 
 class ConversionError(MeshconfError):
