@@ -87,8 +87,9 @@ MESHCONF_DIMS = {
 }
 
 
-def command_line(tp: int, pp: int, cp: int, ep: int, etp: int, instances: int, world: int,
-                 order: str) -> str:
+def command_line(
+    tp: int, pp: int, cp: int, ep: int, etp: int, instances: int, world: int, order: str
+) -> str:
     return (
         f"torchrun --nproc-per-node {8 if world % 8 == 0 else world} --nnodes "
         f"{world // 8 if world % 8 == 0 else 1} "

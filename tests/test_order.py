@@ -70,7 +70,9 @@ def brute_force_groups(
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(world):
         indices = factor_indices(rank, degrees, order, inside, gpus)
-        logical = _ravel([indices[name] for name in WORLD_FACTORS], [degrees[n] for n in WORLD_FACTORS])
+        logical = _ravel(
+            [indices[name] for name in WORLD_FACTORS], [degrees[n] for n in WORLD_FACTORS]
+        )
         coordinate = _unravel(logical, sizes)
         del coordinate[axis]
         groups.setdefault(tuple(coordinate), []).append(rank)

@@ -341,7 +341,7 @@ class MeshConfig(_Strict):
         """SHA-256 of the resolved config: two configs that describe the same meshes (say
         ``dp_shard: -1`` and ``dp_shard: 2`` at world size 8) have the same fingerprint."""
         analysis = self._analysis
-        resolved = {
+        resolved: dict[str, Any] = {
             "world_size": analysis.world_size,
             "gpus_per_node": self.gpus_per_node,
             "degrees": analysis.degrees or self.degrees.model_dump(),

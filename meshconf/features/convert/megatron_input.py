@@ -36,7 +36,7 @@ ORDER_SETTING = "order"
 #: torchrun's options that give the world size.
 LAUNCH_SETTINGS = ("nproc_per_node", "nnodes")
 #: NeMo's trainer keys that give the world size.
-NEMO_WORLD = {("trainer", "devices"): "nproc_per_node", ("trainer", "num_nodes"): "nnodes"}
+NEMO_WORLD: dict[tuple[str | int, ...], str] = {("trainer", "devices"): "nproc_per_node", ("trainer", "num_nodes"): "nnodes"}
 
 _VALUED = (*SIZE_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
@@ -304,7 +304,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
             return
         for key, value in node.items():
             here = (*path, key)
-            name = NEMO_WORLD.get(here[-2:]) if len(here) >= 2 else None  # type: ignore[arg-type]
+            name = NEMO_WORLD.get(here[-2:]) if len(here) >= 2 else None
             name = name or (str(key) if key in wanted else None)
             if name is None:
                 walk(value, here)
