@@ -36,7 +36,10 @@ ORDER_SETTING = "order"
 #: torchrun's options that give the world size.
 LAUNCH_SETTINGS = ("nproc_per_node", "nnodes")
 #: NeMo's trainer keys that give the world size.
-NEMO_WORLD: dict[tuple[str | int, ...], str] = {("trainer", "devices"): "nproc_per_node", ("trainer", "num_nodes"): "nnodes"}
+NEMO_WORLD: dict[tuple[str | int, ...], str] = {
+    ("trainer", "devices"): "nproc_per_node",
+    ("trainer", "num_nodes"): "nnodes",
+}
 
 _VALUED = (*SIZE_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
