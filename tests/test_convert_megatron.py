@@ -11,8 +11,8 @@ from test_megatron import MESHCONF_DIMS, assert_same_groups, megatron_groups
 
 import meshconf
 
-SCRIPT = "examples/migration/megatron_llama3_70b_512gpu.sh"
-NEMO = "examples/migration/megatron_nemo_moe.yaml"
+SCRIPT = "examples/migration/megatron/llama3_70b_512gpu.sh"
+NEMO = "examples/migration/megatron/nemo_moe_32gpu.yaml"
 
 
 def test_the_script_example_round_trips(run_cli) -> None:  # type: ignore[no-untyped-def]

@@ -201,8 +201,13 @@ def test_order_lists_every_world_factor_once() -> None:
         "order[4]: 'pp' appears twice in order",
         "order[5]: unknown world factor 'tpp' (did you mean 'tp'?); order lists pp, "
         "dp_replicate, dp_shard, cp, tp",
-        "order: leaves out dp_replicate, dp_shard, cp: order lists every world factor once, "
-        "outer to inner (pp, dp_replicate, dp_shard, cp, tp); one of size 1 may go anywhere",
+    ]
+
+
+def test_order_names_every_world_factor() -> None:
+    assert errors({"world_size": 8, "order": ["dp_shard", "pp", "tp"]}) == [
+        "order: leaves out dp_replicate, cp: order lists every world factor once, outer to "
+        "inner (pp, dp_replicate, dp_shard, cp, tp); one of size 1 may go anywhere"
     ]
 
 

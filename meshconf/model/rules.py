@@ -195,7 +195,8 @@ def check_order(spec: MeshSpec, result: Analysis) -> None:
             result.fail(path, f"{name!r} appears twice in order")
         seen.add(name)
     missing = [name for name in WORLD_FACTORS if name not in seen]
-    if missing:
+    # A misspelt or foreign name is the likelier cause of a missing factor; say only that.
+    if missing and len(result.problems) == before:
         result.fail(
             ("order",),
             f"leaves out {', '.join(missing)}: order lists every world factor once, outer to "

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama 3 70B on 64 nodes of 8 GPUs with Megatron-LM: TP 8, PP 4, and the distributed
 # optimizer in 2 instances over the 16 data-parallel ranks.
-# `meshconf convert --from megatron examples/migration/megatron_llama3_70b_512gpu.sh`
+# `meshconf convert --from megatron examples/migration/megatron/llama3_70b_512gpu.sh`
 # turns it into examples/migration/from_megatron.yaml.
 
 GPUS_PER_NODE=8
