@@ -17,7 +17,6 @@ from meshconf.core import formulas
 from meshconf.core.degrees import (
     AUTO,
     DEGREE_NAMES,
-    EXPERT_DEGREES,
     MAX_WORLD_SIZE,
     WORLD_FACTORS,
     auto_factor,
@@ -25,8 +24,9 @@ from meshconf.core.degrees import (
     world_product,
 )
 from meshconf.core.errors import KeyPath, Problem
-from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering, rank_numbering
+from meshconf.core.hierarchy import NodePart, node_numbering
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
+from meshconf.model.numbering import check_order, describe_split, numbering, placement_keys
 
 
 @dataclass(frozen=True)
@@ -162,47 +162,6 @@ def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
             f"dp_shard({degrees['dp_shard']}) * cp({degrees['cp']}) * tp({degrees['tp']}) "
             f"= {lender}: experts borrow their ranks from those dims",
         )
-
-
-def check_order(spec: MeshSpec, result: Analysis) -> None:
-    """order lists every world factor once."""
-    if spec.order is None:
-        return
-    factors = ", ".join(WORLD_FACTORS)
-    before = len(result.problems)
-    seen: set[str] = set()
-    for index, name in enumerate(spec.order):
-        path: KeyPath = ("order", index)
-        if name in EXPERT_DEGREES:
-            result.fail(
-                path,
-                f"{name} is not a world factor: experts borrow their ranks from dp_shard * cp * "
-                f"tp, so their ranks follow those; order lists {factors}",
-            )
-        elif name == "dp":
-            result.fail(
-                path,
-                "'dp' is not a world factor: data parallelism is dp_replicate (outer) and "
-                "dp_shard (inner); list both, next to each other for one data-parallel block",
-            )
-        elif name not in WORLD_FACTORS:
-            result.fail(
-                path,
-                f"unknown world factor {name!r}{did_you_mean(name, list(WORLD_FACTORS))}; "
-                f"order lists {factors}",
-            )
-        elif name in seen:
-            result.fail(path, f"{name!r} appears twice in order")
-        seen.add(name)
-    missing = [name for name in WORLD_FACTORS if name not in seen]
-    # A misspelt or foreign name is the likelier cause of a missing factor; say only that.
-    if missing and len(result.problems) == before:
-        result.fail(
-            ("order",),
-            f"leaves out {', '.join(missing)}: order lists every world factor once, outer to "
-            f"inner ({factors}); one of size 1 may go anywhere",
-        )
-    result.order = tuple(spec.order) if len(result.problems) == before else None
 
 
 def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
@@ -342,11 +301,11 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
             )
             continue
         sizes = [(dim, result.sizes[dim]) for dim in dims]
-        numbering = _numbering(spec, result)
-        if numbering is None:
+        ranks = numbering(spec, result)
+        if ranks is None:
             continue
         try:
-            result.layouts[domain] = DomainLayout.unflatten(domain, sizes, numbering)
+            result.layouts[domain] = DomainLayout.unflatten(domain, sizes, ranks)
         except UnevenSplitError as error:
             result.fail(
                 ("domains", domain, dims.index(error.dim))
@@ -355,38 +314,11 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
                 if spec.inside_node is not None
                 else ("order",),
                 f"{error.dim}({error.dim_size}) in domain {domain!r} would split "
-                f"{_describe_split(result, error.mode_indices)} unevenly: it needs "
+                f"{describe_split(result, error.mode_indices)} unevenly: it needs "
                 f"{error.needed} ranks where {error.mode_size} remain; a dim must take whole "
-                f"parts or an even share of one, so change {_placement_keys(spec)} or the size "
+                f"parts or an even share of one, so change {placement_keys(spec)} or the size "
                 f"of {error.dim}",
             )
-
-
-def _numbering(spec: MeshSpec, result: Analysis) -> tuple[Mode, ...] | None:
-    """The map from the logical world to ranks, or None while a rule it needs failed."""
-    if result.order is None or result.degrees is None:
-        return None
-    if spec.inside_node is None:
-        return rank_numbering(result.degrees, result.order)
-    if result.node_parts is None:
-        return None
-    return tuple(part.mode for part in result.node_parts)
-
-
-def _describe_split(result: Analysis, indices: tuple[int, ...]) -> str:
-    if result.node_parts is not None:
-        return describe_parts([result.node_parts[index] for index in indices])
-    assert result.degrees is not None
-    names = [WORLD_FACTORS[index] for index in indices]
-    size = math.prod(result.degrees[name] for name in names)
-    return f"the {size} ranks of " + " and ".join(names)
-
-
-def _placement_keys(spec: MeshSpec) -> str:
-    keys = [
-        key for key, value in (("order", spec.order), ("inside_node", spec.inside_node)) if value
-    ]
-    return " or ".join(keys)
 
 
 def _describe(modes: tuple[Mode, ...]) -> str:
