@@ -274,6 +274,7 @@ def convert_megatron(
     notes = [
         launch_note or world_size_note("Megatron-LM", draft, config, "the arguments"),
         *_notes(sizes, order, settings, grids),
+        *draft.notes,
     ]
     degrees = DEFAULT_DEGREES | draft.degrees
     return Conversion(
@@ -312,8 +313,10 @@ def _match_groups(
         except ConversionError:
             alternative = None
         if alternative is not None and all(pair.holds(alternative.layouts) for pair in pairs):
-            draft.comments["domains"] = (
-                "the defaults, but ep outside efsdp, as in Megatron's expert grid"
+            draft.notes.append(
+                f"Megatron's expert grid for order {order} puts ep outside the expert "
+                "data-parallel ranks, so the sparse domain lists ep before efsdp; the other "
+                "domains are the defaults."
             )
             return alternative
         draft.domains = None
@@ -347,7 +350,7 @@ def _notes(
             "--use-distributed-optimizer is not set: Megatron keeps a full copy of the "
             "optimizer state on every data-parallel rank. The groups are the same either way."
         )
-    if order != DEFAULT_ORDER:
+    if meshconf_order(order) != WORLD_FACTORS:
         converted = ", ".join(meshconf_order(order))
         notes.append(
             f"Megatron's order {order} (inner to outer) is order: [{converted}] "
