@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,3 +261,19 @@ def test_show_prints_the_order_and_the_strides_it_gives(run_cli) -> None:  # typ
     report = json.loads(run_cli("show", path, "--rank", "9", "--format", "json").stdout)
     assert report["order"] == META
     assert report["domains"]["dense"]["dims"][0]["group"] == list(range(1, 128, 8))
+
+
+def test_render_draws_the_groups_of_the_order(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """tp outermost: the ep group that takes tp's 4 ranks is 4 ranks apart in the picture."""
+    config = tmp_path / "experts.yaml"
+    config.write_text(
+        "world_size: 16\norder: [tp, dp_replicate, dp_shard, cp, pp]\n"
+        "degrees: {dp_shard: 2, cp: 2, tp: 4, ep: 4}\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "sparse.svg"
+    result = run_cli("render", str(config), "--domain", "sparse", "-O", str(out))
+    assert result.returncode == 0, result.stderr
+    svg = out.read_text(encoding="utf-8")
+    assert "ep: size 4, stride 4, 4 groups; coloured: rank 0's group" in svg
+    assert "efsdp: size 4, stride 1, 4 groups" in svg
