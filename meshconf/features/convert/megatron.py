@@ -195,7 +195,7 @@ def _megatron_checks(
     expert_dp = world // (etp * ep * pp)
     expert = Grid({"tp": etp, "cp": 1, "ep": ep, "dp": expert_dp, "pp": pp}, names)
     same_stages = group_identity(dense.modes(["pp"])) == group_identity(expert.modes(["pp"]))
-    if (names[-1] != "pp" and pp > 1 and expert_dp != dp) or not same_stages:
+    if (not order.endswith("pp") and pp > 1 and expert_dp != dp) or not same_stages:
         draft.fail(
             keys.get("order"),
             f"Megatron refuses this: with order {order}, the expert "
@@ -225,6 +225,8 @@ def convert_megatron(
     draft = Draft("", world_size, gpus_per_node)
     draft.positions = {s.key: s.position for s in settings.values() if s.position is not None}
     keys = {name: setting.key for name, setting in settings.items()}
+    if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
+        keys["order"] = keys["use_tp_pp_dp_mapping"]
     sizes = _sizes(draft, settings)
     order = _order(draft, settings, sizes)
     launch_note = _world(draft, settings)
