@@ -10,6 +10,8 @@ from conftest import REPO
 from test_megatron import MESHCONF_DIMS, assert_same_groups, megatron_groups
 
 import meshconf
+from meshconf.features.convert import convert_megatron
+from meshconf.features.convert.megatron_input import read_command_line
 
 SCRIPT = "examples/migration/megatron/llama3_70b_512gpu.sh"
 NEMO = "examples/migration/megatron/nemo_moe_32gpu.yaml"
@@ -166,3 +168,32 @@ def test_usage_errors(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     result = run_cli("convert", "--args", "--tensor-model-parallel-size 2", "x.toml", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == "meshconf: error: --args is for --from megatron"
+
+
+def test_a_script_is_read_as_the_shell_would_expand_it() -> None:
+    """export, defaults, arithmetic, arrays, --flag=value, quotes, comments, continuations."""
+    script = (
+        "#!/bin/bash\n"
+        "export TP=4   # tensor parallel\n"
+        "NODES=${NUM_NODES:-2}\n"
+        "PP=$(( 8 / 4 ))\n"
+        "EXPERTS=(--expert-model-parallel-size 8 '--expert-tensor-parallel-size' 1)\n"
+        "torchrun --nproc-per-node=8 --nnodes $NODES \\\n"
+        '    pretrain_gpt.py --tensor-model-parallel-size "$TP" \\\n'
+        "    --pipeline-model-parallel-size=$PP ${EXPERTS[@]} --num-layers 32\n"
+    )
+    settings = read_command_line(script)
+    found = {
+        name: (setting.key, setting.value, setting.position) for name, setting in settings.items()
+    }
+    assert found == {
+        "nproc_per_node": ("--nproc-per-node", "8", (6, 27)),
+        "nnodes": ("--nnodes", "2", (6, 38)),
+        "tensor_model_parallel_size": ("--tensor-model-parallel-size", "4", (7, 50)),
+        "pipeline_model_parallel_size": ("--pipeline-model-parallel-size", "2", (8, 36)),
+        "expert_model_parallel_size": ("--expert-model-parallel-size", "8", (5, 39)),
+        "expert_tensor_parallel_size": ("--expert-tensor-parallel-size", "1", (5, 73)),
+    }
+    conversion = convert_megatron(settings)
+    assert conversion.data["world_size"] == 16
+    assert conversion.data["degrees"]["ep"] == 8

@@ -45,6 +45,8 @@ _VALUED = (*SIZE_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Words that may precede an assignment without making it a command.
+_DECLARATIONS = ("export", "readonly", "declare", "local")
 _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -134,7 +136,7 @@ class _Tokenizer:
         if isinstance(value, list):
             return " ".join(word.text for word in value), value
         if value is None:
-            default = match[3] if match.lastindex and match.lastindex >= 3 else None
+            default = match.group(3) if match.re.groups >= 3 else None
             return (match[0] if default is None else default), None
         return str(value), None
 
@@ -198,6 +200,8 @@ def _commands(text: str) -> Iterator[list[_Word]]:
             if command:
                 yield command
             command = []
+        elif not word.operator and not command and word.text in _DECLARATIONS:
+            continue
         elif not word.operator and not command and _assignment(word):
             name, value = word.text.split("=", 1)
             following = next(tokens, None)
