@@ -155,6 +155,8 @@ def megatron_configs(draw: st.DrawFn) -> tuple[Any, ...]:
     return tp, pp, cp, ep, etp, instances, dp, order
 
 
+# 300 configurations compared rank by rank, some of 16,384 ranks: about 30 s on one core.
+@pytest.mark.timeout(300)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(megatron_configs())
 def test_converted_groups_are_megatrons_rank_by_rank(config: tuple[Any, ...]) -> None:
