@@ -193,3 +193,16 @@ def test_every_order_megatron_accepts_is_equal_or_refused_by_name() -> None:
                 assert outcome != "inexpressible", (order, etp, instances)
     tally = {outcome: len(cases) for outcome, cases in outcomes.items()}
     assert tally == {"equal": 95, "refused": 272, "inexpressible": 113}, tally
+
+
+def test_ep_outside_expert_dp_is_written_as_a_sparse_domain() -> None:
+    """tp-cp-dp-ep-pp: Megatron's expert grid varies expert dp before ep, so the converted
+    config lists ep before efsdp in the sparse domain, and its groups are Megatron's."""
+    settings_ = read_command_line(command_line(2, 1, 1, 4, 2, 1, 16, "tp-cp-dp-ep-pp"))
+    conversion = convert_megatron(settings_)
+    assert conversion.data["domains"]["sparse"] == ["pp", "dp_replicate", "ep", "efsdp", "etp"]
+    groups = megatron_groups(2, 1, 1, 4, 2, 1, 16, "tp-cp-dp-ep-pp")
+    assert groups is not None
+    layouts = load_config(conversion.data).layouts
+    assert assert_same_groups(layouts, groups) == 16 * len(groups)
+    assert layouts["sparse"].group(0, "ep").ranks() == [0, 4, 8, 12]
