@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
-from meshconf.core.layout import group_identity
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
@@ -30,6 +29,7 @@ from meshconf.features.convert.megatron_grid import (
     TOKENS,
     TP_PP_DP_ORDER,
     Grid,
+    checked_grids,
     full_order,
     pairings,
 )
@@ -154,63 +154,6 @@ def _world(draft: Draft, settings: Mapping[str, Setting]) -> str | None:
     )
 
 
-def _megatron_checks(
-    draft: Draft, keys: Mapping[str, str], sizes: Mapping[str, int], world: int, order: str
-) -> tuple[Grid, Grid] | None:
-    """Megatron's own checks at start-up; its two grids when they pass."""
-    tp, pp, cp = (
-        sizes[name]
-        for name in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-        )
-    )
-    ep, etp = sizes["expert_model_parallel_size"], sizes["expert_tensor_parallel_size"]
-    instances = sizes["num_distributed_optimizer_instances"]
-    model = tp * pp * cp
-    if world % model:
-        draft.fail(
-            keys.get("tensor_model_parallel_size"),
-            f"world size {world} is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {model}",
-        )
-        return None
-    dp = world // model
-    if dp % instances:
-        draft.fail(
-            keys.get("num_distributed_optimizer_instances"),
-            f"{instances} instances must "
-            f"divide the data-parallel size {dp} = world size {world} / {model}",
-        )
-    if world % (etp * ep * pp):
-        draft.fail(
-            keys.get("expert_model_parallel_size"),
-            f"world size {world} is not divisible "
-            f"by expert tp({etp}) * ep({ep}) * pp({pp}) = {etp * ep * pp}",
-        )
-    if draft.problems:
-        return None
-    names = full_order(order)
-    dense = Grid({"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}, names)
-    expert_dp = world // (etp * ep * pp)
-    expert = Grid({"tp": etp, "cp": 1, "ep": ep, "dp": expert_dp, "pp": pp}, names)
-    same_stages = group_identity(dense.modes(["pp"])) == group_identity(expert.modes(["pp"]))
-    if (not order.endswith("pp") and pp > 1 and expert_dp != dp) or not same_stages:
-        draft.fail(
-            keys.get("order"),
-            f"Megatron refuses this: with order {order}, the expert "
-            "layers' pipeline groups differ from the dense layers'",
-        )
-        return None
-    if expert_dp % instances:
-        draft.fail(
-            keys.get("num_distributed_optimizer_instances"),
-            f"{instances} instances must divide the expert data-parallel size {expert_dp}",
-        )
-        return None
-    return dense, expert
-
-
 def convert_megatron(
     settings: Mapping[str, Setting],
     *,
@@ -239,7 +182,7 @@ def convert_megatron(
         )
     grids = None
     if draft.world_size is not None:
-        grids = _megatron_checks(draft, keys, sizes, draft.world_size, order)
+        grids = checked_grids(draft, keys, sizes, draft.world_size, order)
     draft.check()
     draft.degrees = {SIZE_DEGREES[name]: value for name, value in sizes.items()}
     draft.degrees["dp_shard"] = DEFAULT_DEGREES["dp_shard"]

@@ -1,5 +1,5 @@
-"""Megatron-LM's rank grid as modes, and its groups set beside the meshconf dims that hold
-the same ranks.
+"""Megatron-LM's rank grids as modes, the checks Megatron makes on them at start-up, and its
+groups set beside the meshconf dims that hold the same ranks.
 
 Megatron numbers ranks row-major over its sizes in an order string read inner to outer
 (``tp-cp-ep-dp-pp``: tp varies fastest); a name missing from the string sits outside the
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from meshconf.core.hierarchy import order_strides
 from meshconf.core.layout import DomainLayout, Mode, group_identity
+from meshconf.features.convert.common import Draft
 
 #: Every name Megatron's order strings use.
 TOKENS = ("tp", "cp", "ep", "dp", "pp")
@@ -129,3 +130,60 @@ def pairings(dense: Grid, expert: Grid, instances: int) -> list[Pairing] | str:
             Pairing(f"inter-instance {label}", outer_part(modes, inner), pair[0], ("dp_replicate",))
         )
     return found
+
+
+def checked_grids(
+    draft: Draft, keys: Mapping[str, str], sizes: Mapping[str, int], world: int, order: str
+) -> tuple[Grid, Grid] | None:
+    """Megatron's own checks at start-up; its two grids when they pass."""
+    tp, pp, cp = (
+        sizes[name]
+        for name in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+        )
+    )
+    ep, etp = sizes["expert_model_parallel_size"], sizes["expert_tensor_parallel_size"]
+    instances = sizes["num_distributed_optimizer_instances"]
+    model = tp * pp * cp
+    if world % model:
+        draft.fail(
+            keys.get("tensor_model_parallel_size"),
+            f"world size {world} is not divisible by tp({tp}) * pp({pp}) * cp({cp}) = {model}",
+        )
+        return None
+    dp = world // model
+    if dp % instances:
+        draft.fail(
+            keys.get("num_distributed_optimizer_instances"),
+            f"{instances} instances must "
+            f"divide the data-parallel size {dp} = world size {world} / {model}",
+        )
+    if world % (etp * ep * pp):
+        draft.fail(
+            keys.get("expert_model_parallel_size"),
+            f"world size {world} is not divisible "
+            f"by expert tp({etp}) * ep({ep}) * pp({pp}) = {etp * ep * pp}",
+        )
+    if draft.problems:
+        return None
+    names = full_order(order)
+    dense = Grid({"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}, names)
+    expert_dp = world // (etp * ep * pp)
+    expert = Grid({"tp": etp, "cp": 1, "ep": ep, "dp": expert_dp, "pp": pp}, names)
+    same_stages = group_identity(dense.modes(["pp"])) == group_identity(expert.modes(["pp"]))
+    if (not order.endswith("pp") and pp > 1 and expert_dp != dp) or not same_stages:
+        draft.fail(
+            keys.get("order"),
+            f"Megatron refuses this: with order {order}, the expert "
+            "layers' pipeline groups differ from the dense layers'",
+        )
+        return None
+    if expert_dp % instances:
+        draft.fail(
+            keys.get("num_distributed_optimizer_instances"),
+            f"{instances} instances must divide the expert data-parallel size {expert_dp}",
+        )
+        return None
+    return dense, expert
