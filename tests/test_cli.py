@@ -75,6 +75,7 @@ def test_show_torchtitan_seed_example(run_cli, tmp_path: Path) -> None:  # type:
         "world_size",
         "gpus_per_node",
         "inside_node",
+        "order",
         "rank",
         "domains",
         "coordinates",

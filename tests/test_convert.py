@@ -508,7 +508,7 @@ INVALID = [
         (),
         "job.toml:3:27: invalid TOML: Cannot overwrite a value\n",
     ),
-    ("x = 'unclosed", (), 'job.toml: invalid TOML: Expected "\'" (at end of document)\n'),
+    ("x = 'unclosed", (), 'job.toml:1:14: invalid TOML: Expected "\'"\n'),
     ("x = " + "[" * 2000 + "]" * 2000 + "\n", (), "job.toml: invalid TOML: nested too deeply\n"),
 ]
 
@@ -535,12 +535,12 @@ USAGE = [
     (
         "[x]\n",
         ("job.toml",),
-        "meshconf: error: job.toml: has neither a [parallelism] table (torchtitan) nor a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge",
+        "meshconf: error: job.toml: has neither a [parallelism] table (torchtitan) nor a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments)",
     ),
     (
         "[parallelism]\n[distributed]\n",
         ("job.toml",),
-        "meshconf: error: job.toml: has both a [parallelism] table (torchtitan) and a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge",
+        "meshconf: error: job.toml: has both a [parallelism] table (torchtitan) and a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments)",
     ),
     (
         "",
@@ -556,7 +556,7 @@ USAGE = [
     (
         "[parallelism]\n",
         ("job.toml", "--from", "titan"),
-        "meshconf convert: error: argument --from: invalid choice: 'titan' (choose from 'torchtitan', 'kempnerforge')",
+        "meshconf convert: error: argument --from: invalid choice: 'titan' (choose from 'torchtitan', 'kempnerforge', 'megatron')",
     ),
     (
         "[parallelism]\n",

@@ -205,7 +205,7 @@ def test_unknown_keys_with_hints() -> None:
         "degrees.tpp: unknown key 'tpp' (did you mean 'tp'?); allowed: pp, dp_replicate, "
         "dp_shard, cp, tp, ep, etp",
         "degreez: unknown key 'degreez' (did you mean 'degrees'?); allowed: world_size, "
-        "gpus_per_node, degrees, inside_node, derived, domains, runtime",
+        "gpus_per_node, degrees, order, inside_node, derived, domains, runtime",
     ]
 
 
@@ -309,6 +309,6 @@ def test_messages_stay_short_and_name_their_limits() -> None:
 
 def test_a_forgotten_key_option_is_pointed_out() -> None:
     assert errors({"parallelism": {"world_size": 8}})[0] == (
-        "parallelism: unknown key 'parallelism'; allowed: world_size, gpus_per_node, degrees, "
+        "parallelism: unknown key 'parallelism'; allowed: world_size, gpus_per_node, degrees, order, "
         "inside_node, derived, domains, runtime (to check the meshconf block under it, pass --key parallelism)"
     )

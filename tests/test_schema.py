@@ -126,7 +126,7 @@ def _fields(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str,
 
 def test_every_field_has_a_description_and_an_example() -> None:
     fields = _fields(build_schema())
-    assert len(fields) == 22
+    assert len(fields) == 23
     for name, value in fields:
         assert value.get("description"), name
         assert value.get("examples"), name
@@ -137,6 +137,14 @@ def test_every_field_has_a_description_and_an_example() -> None:
 
 def _valid(instance: Any, flavor: str = "plain") -> bool:
     return jsonschema.Draft7Validator(build_schema(flavor)).is_valid(instance)  # type: ignore[arg-type]
+
+
+def test_order_is_a_permutation_of_the_world_factors() -> None:
+    assert _valid({"order": ["dp_replicate", "dp_shard", "pp", "cp", "tp"]})
+    assert not _valid({"order": ["dp_replicate", "dp_shard", "pp", "cp"]})
+    assert not _valid({"order": ["dp_replicate", "dp_shard", "pp", "cp", "cp"]})
+    assert not _valid({"order": ["dp", "dp_shard", "pp", "cp", "tp"]})
+    assert not _valid({"order": "tp-cp-dp-pp"})
 
 
 def test_the_auto_sentinel_is_exact() -> None:

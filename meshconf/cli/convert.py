@@ -1,11 +1,10 @@
-"""``meshconf convert PATH``: a torchtitan or KempnerForge TOML table as a meshconf YAML
-config, with a comment on every semantic difference."""
+"""``meshconf convert PATH``: a torchtitan or KempnerForge TOML table, or Megatron-LM's
+arguments, as a meshconf YAML config, with a comment on every semantic difference."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -23,20 +22,24 @@ from meshconf.cli.common import (
     write_file,
 )
 from meshconf.features.convert import (
+    MEGATRON,
     SOURCES,
     TABLES,
+    TOML_SOURCES,
     TOOL_NAMES,
     Conversion,
     ConversionError,
     convert,
+    convert_megatron,
 )
+from meshconf.features.convert.megatron_input import Setting, read_command_line, read_nemo_yaml
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 
-if sys.version_info >= (3, 11):
+if sys.version_info >= (3, 14):
     import tomllib
 else:
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+    import tomli as tomllib
 
 #: Where ``meshconf schema`` writes the schema, relative to the repository root.
 SCHEMA_PATH = "schemas/meshconf.schema.json"
@@ -44,7 +47,6 @@ SCHEMA_PATH = "schemas/meshconf.schema.json"
 WIDTH = 92
 #: Inline comments start in this column, as in the examples.
 COMMENT_COLUMN = 21
-_POSITION = re.compile(r"(?P<message>.*) \(at line (?P<line>\d+), column (?P<column>\d+)\)")
 
 
 class _Failure(Exception):
@@ -55,47 +57,62 @@ class _Failure(Exception):
         self.code = code
 
 
-def _read_toml(path: str) -> dict[str, Any]:
+def _read_text(path: str, what: str, invalid: str) -> str:
+    """The file's text; ``invalid`` starts the message when it is not UTF-8."""
     try:
         raw = read_limited(path, MAX_BYTES)
     except TooLargeError as error:
         raise _Failure(EXIT_INVALID, f"{path}: {too_large(error.size).message}") from None
     except NotAFileError as error:
-        what = "is a directory, not a TOML file" if error.directory else str(error)
+        what = f"is a directory, not {what}" if error.directory else str(error)
         raise _Failure(EXIT_USAGE, f"{path}: {what}") from None
     except OSError as error:
         raise _Failure(EXIT_USAGE, f"{path}: cannot read: {error.strerror or error}") from None
     try:
-        document: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        return raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         column = error.start - raw.rfind(b"\n", 0, error.start)
-        raise _Failure(EXIT_INVALID, f"{path}:{line}:{column}: invalid TOML: not UTF-8") from None
+        raise _Failure(EXIT_INVALID, f"{path}:{line}:{column}: {invalid}not UTF-8") from None
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    text = _read_text(path, "a TOML file", "invalid TOML: ")
+    try:
+        document: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise _Failure(EXIT_INVALID, _toml_error(path, str(error))) from None
+        raise _Failure(
+            EXIT_INVALID, f"{path}:{error.lineno}:{error.colno}: invalid TOML: {error.msg}"
+        ) from None
     except RecursionError:
         raise _Failure(EXIT_INVALID, f"{path}: invalid TOML: nested too deeply") from None
     return document
 
 
-def _toml_error(path: str, text: str) -> str:
-    """tomllib's message, with its position moved to the front as ``FILE:LINE:COLUMN``."""
-    match = _POSITION.fullmatch(text)
-    if match is None:
-        return f"{path}: invalid TOML: {text}"
-    return f"{path}:{match['line']}:{match['column']}: invalid TOML: {match['message']}"
+def _read_megatron(args: argparse.Namespace) -> dict[str, Setting]:
+    """Megatron's settings from --args, a YAML file, or a script or command-line file."""
+    if args.args is not None:
+        return read_command_line(args.args)
+    if args.path is None:
+        raise _Failure(EXIT_USAGE, "--from megatron needs PATH or --args")
+    text = _read_text(args.path, "a script or YAML file", "")
+    if Path(args.path).suffix.lower() in (".yaml", ".yml"):
+        return read_nemo_yaml(text)
+    return read_command_line(text)
 
 
 def _pick_source(args: argparse.Namespace, document: dict[str, Any]) -> str:
     if args.source is not None:
         return str(args.source)
-    present = [source for source in SOURCES if TABLES[source] in document]
+    present = [source for source in TOML_SOURCES if TABLES[source] in document]
     if len(present) == 1:
         return present[0]
-    tables = [f"a [{TABLES[source]}] table ({TOOL_NAMES[source]})" for source in SOURCES]
+    tables = [f"a [{TABLES[source]}] table ({TOOL_NAMES[source]})" for source in TOML_SOURCES]
     has = f"both {tables[0]} and {tables[1]}" if present else f"neither {tables[0]} nor {tables[1]}"
     raise _Failure(
-        EXIT_USAGE, f"{args.path}: has {has}; pass --from torchtitan or --from kempnerforge"
+        EXIT_USAGE,
+        f"{args.path}: has {has}; pass --from torchtitan or --from kempnerforge (or --from "
+        "megatron for Megatron-LM's arguments)",
     )
 
 
@@ -134,6 +151,10 @@ def _body(conversion: Conversion) -> list[str]:
     """The keys as YAML, nested mappings as blocks after a blank line."""
     lines: list[str] = []
     for key, value in conversion.data.items():
+        if isinstance(value, list):
+            flow = f"[{', '.join(str(item) for item in value)}]"
+            lines.append(_key_line(f"{key}: {flow}", conversion.comments.get(key)))
+            continue
         if not isinstance(value, dict):
             lines.append(_key_line(f"{key}: {value}", conversion.comments.get(key)))
             continue
@@ -142,6 +163,8 @@ def _body(conversion: Conversion) -> list[str]:
         lines.append(f"{key}:")
         for inner, inner_value in value.items():
             comment = conversion.comments.get(f"{key}.{inner}")
+            if isinstance(inner_value, list):
+                inner_value = f"[{', '.join(str(item) for item in inner_value)}]"
             lines.append(_key_line(f"  {inner}: {inner_value}", comment))
     return lines
 
@@ -150,9 +173,10 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
     """The YAML file: modeline, what it came from, one paragraph per note, then the keys."""
     tool = TOOL_NAMES[conversion.source]
     lines = [f"# yaml-language-server: $schema={schema}"]
+    origin = f"the [{conversion.table}] table of " if conversion.table else ""
     lines += _comment(
-        f"Converted by meshconf convert from the [{conversion.table}] table of {source_path} "
-        f"({tool}). What differs from {tool}:",
+        f"Converted by meshconf convert from {origin}{source_path} ({tool}). What differs "
+        f"from {tool}:",
         "# ",
         "# ",
     )
@@ -173,30 +197,40 @@ def _write(out: str, text: str) -> int:
     return EXIT_OK
 
 
+def _convert(args: argparse.Namespace) -> Conversion:
+    """The conversion of the input the arguments name."""
+    sizes = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node}
+    if args.source == MEGATRON:
+        return convert_megatron(_read_megatron(args), **sizes)
+    if args.args is not None:
+        raise _Failure(EXIT_USAGE, "--args is for --from megatron")
+    if args.path is None:
+        raise _Failure(EXIT_USAGE, "PATH is required: the TOML file to convert")
+    document = _read_toml(args.path)
+    source = _pick_source(args, document)
+    return convert(source, document.get(TABLES[source]), **sizes)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.out is not None and output_is_input(args.out, [args.path]) is not None:
-        return usage_error(f"--out {args.out} is the input TOML; choose another file")
+    inputs = [] if args.path is None else [args.path]
+    if args.out is not None and output_is_input(args.out, inputs) is not None:
+        kind = "file" if args.source == MEGATRON else "TOML"
+        return usage_error(f"--out {args.out} is the input {kind}; choose another file")
+    where = "--args" if args.path is None else args.path
     try:
-        document = _read_toml(args.path)
-        source = _pick_source(args, document)
+        conversion = _convert(args)
     except _Failure as failure:
         message = str(failure)
         if failure.code == EXIT_INVALID:
             emit(lambda: print(message))
             return EXIT_INVALID
         return usage_error(message)
-    try:
-        conversion = convert(
-            source,
-            document.get(TABLES[source]),
-            world_size=args.world_size,
-            gpus_per_node=args.gpus_per_node,
-        )
     except ConversionError as error:
-        lines = "\n".join(f"{args.path}: {p.where}: {p.message}" for p in error.problems)
+        lines = "\n".join(problem.render(where) for problem in error.problems)
         emit(lambda: print(lines))
         return EXIT_INVALID
-    text = render(conversion, args.path, schema_reference(args.out))
+    source = "the command line of --args" if args.path is None else args.path
+    text = render(conversion, source, schema_reference(args.out))
     if args.out is not None:
         return _write(args.out, text)
     emit(lambda: print(text, end=""))
@@ -206,13 +240,20 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert a torchtitan [parallelism] or KempnerForge [distributed] table to YAML",
+        help="convert torchtitan, KempnerForge or Megatron-LM parallelism settings to YAML",
         description="Convert the parallelism settings of a torchtitan job TOML "
-        "([parallelism]) or a KempnerForge TOML ([distributed]) into a validated meshconf "
-        "config, with a comment on every semantic difference. Exit 0 when written, 1 if the "
-        "input is invalid, 2 on a usage error.",
+        "([parallelism]), a KempnerForge TOML ([distributed]) or Megatron-LM's arguments (a "
+        "launch script, a command line, or NeMo's YAML) into a validated meshconf config, "
+        "with a comment on every semantic difference. Exit 0 when written, 1 if the input is "
+        "invalid, 2 on a usage error.",
     )
-    parser.add_argument("path", metavar="PATH", help="the TOML file")
+    parser.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="?",
+        help="the TOML file; for --from megatron, a launch script, a file holding the "
+        "command line, or a YAML file (.yaml, .yml)",
+    )
     parser.add_argument(
         "--from",
         dest="source",
@@ -220,10 +261,16 @@ def add_parser(subparsers: Any) -> None:
         help="the tool the file is for; default: found from the table it has",
     )
     parser.add_argument(
+        "--args",
+        metavar="TEXT",
+        help="for --from megatron: Megatron-LM's command line itself, instead of PATH",
+    )
+    parser.add_argument(
         "--world-size",
         type=positive_int,
         metavar="N",
-        help="the job's world size (the TOML has none): written into the config and checked",
+        help="the job's world size (a TOML has none; a launch line may): written into the "
+        "config and checked",
     )
     parser.add_argument(
         "--gpus-per-node",

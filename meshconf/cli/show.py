@@ -15,6 +15,7 @@ from meshconf.cli.common import (
     non_negative_int,
     usage_error,
 )
+from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
@@ -80,6 +81,7 @@ def build_report(
         "world_size": config.resolved_world_size,
         "gpus_per_node": config.gpus_per_node,
         "inside_node": None if config.inside_node is None else config.inside_node.model_dump(),
+        "order": list(config.order or WORLD_FACTORS),
         "rank": rank,
         "domains": {
             domain: {
@@ -147,6 +149,8 @@ def report_text(
     sizes = config.dim_sizes
     derived = [f"{name}={sizes[name]}" for name in config.effective_derived if name in sizes]
     print("derived: " + " ".join(derived))
+    if config.order is not None:
+        print("rank order, outer to inner: " + " ".join(config.order))
     if config.inside_node is not None:
         inside, across = split_degrees(degrees, config.inside_node.model_dump())
         print(

@@ -69,6 +69,7 @@ class MeshConfigNode:
     world_size: Optional[int] = None  # noqa: UP045
     gpus_per_node: Optional[int] = None  # noqa: UP045
     degrees: DegreesNode = field(default_factory=DegreesNode)
+    order: Optional[List[str]] = None  # noqa: UP006, UP045
     # A node rather than None, so that `parallelism.inside_node.tp=8` works on the command
     # line; left all None, it means no inside_node at all.
     inside_node: InsideNodeNode = field(default_factory=InsideNodeNode)

@@ -36,6 +36,7 @@ from meshconf.model.fields import (
     Positive,
     TimeoutSeconds,
     WorldFactor,
+    WorldOrder,
     device_value,
 )
 from meshconf.model.rules import Analysis, MeshSpec, analyze
@@ -180,6 +181,13 @@ class MeshConfig(_Strict):
         description="Parallel degrees; their product (with -1 filled in) is the world size.",
         examples=[{"pp": 4, "dp_shard": -1, "tp": 8}],
     )
+    order: WorldOrder | None = Field(
+        None,
+        description="The world factors outer to inner as the ranks number them; by default "
+        "pp, dp_replicate, dp_shard, cp, tp. It changes only which ranks a group holds: dims "
+        "and domains keep their meaning.",
+        examples=[["dp_replicate", "dp_shard", "pp", "cp", "tp"]],
+    )
     inside_node: InsideNode | None = Field(
         None,
         description="Hierarchical placement: the part of each degree inside a node, the rest "
@@ -244,6 +252,7 @@ class MeshConfig(_Strict):
             world_size=self.world_size,
             gpus_per_node=self.gpus_per_node,
             inside_node=None if self.inside_node is None else self.inside_node.model_dump(),
+            order=self.order,
             degrees=self.degrees.model_dump(),
             explicit_degrees=self.degrees.explicit,
             derived=self.effective_derived,
@@ -332,7 +341,7 @@ class MeshConfig(_Strict):
         """SHA-256 of the resolved config: two configs that describe the same meshes (say
         ``dp_shard: -1`` and ``dp_shard: 2`` at world size 8) have the same fingerprint."""
         analysis = self._analysis
-        resolved = {
+        resolved: dict[str, Any] = {
             "world_size": analysis.world_size,
             "gpus_per_node": self.gpus_per_node,
             "degrees": analysis.degrees or self.degrees.model_dump(),
@@ -346,6 +355,9 @@ class MeshConfig(_Strict):
         if self.inside_node is not None:
             # Only when set, so that configs without it keep the fingerprints they had.
             resolved["inside_node"] = self.inside_node.model_dump()
+        if self.order is not None and self.order != WORLD_FACTORS:
+            # The default order written out describes the same meshes as none.
+            resolved["order"] = list(self.order)
         canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

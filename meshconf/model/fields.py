@@ -156,6 +156,17 @@ def _dim_list(value: Any) -> Any:
     return value
 
 
+def _order_list(value: Any) -> Any:
+    if not isinstance(value, list | tuple):
+        raise PydanticCustomError(
+            "order_type",
+            "expected a list of the world factors, outer to inner, such as "
+            "[dp_replicate, dp_shard, pp, cp, tp], got {got}",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
 def _integer_schema(maximum: int = MAX_WORLD_SIZE) -> dict[str, Any]:
     return {"type": "integer", "minimum": 1, "maximum": maximum}
 
@@ -200,4 +211,17 @@ DimList = Annotated[
     tuple[Name, ...],
     BeforeValidator(_dim_list),
     WithJsonSchema({"type": "array", "items": _NAME_SCHEMA, "minItems": 1, "uniqueItems": True}),
+]
+WorldOrder = Annotated[
+    tuple[Name, ...],
+    BeforeValidator(_order_list),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"enum": list(WORLD_FACTORS)},
+            "minItems": len(WORLD_FACTORS),
+            "maxItems": len(WORLD_FACTORS),
+            "uniqueItems": True,
+        }
+    ),
 ]

@@ -23,9 +23,10 @@ from meshconf.core.degrees import (
     world_product,
 )
 from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
-from meshconf.core.hierarchy import NodePart, describe_parts, node_numbering
+from meshconf.core.hierarchy import NodePart, node_numbering
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 from meshconf.core.messages import did_you_mean, name_list
+from meshconf.model.numbering import check_order, describe_split, numbering, placement_keys
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class MeshSpec:
     user_derived: frozenset[str]
     domains: Mapping[str, tuple[str, ...]]
     user_domains: bool
+    order: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -53,6 +55,8 @@ class Analysis:
     sizes: dict[str, int] = field(default_factory=dict)
     layouts: dict[str, DomainLayout] = field(default_factory=dict)
     node_parts: tuple[NodePart, ...] | None = None
+    #: The rank order of the world factors; None while the one given is not valid.
+    order: tuple[str, ...] | None = WORLD_FACTORS
     problems: list[Problem] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
     waiting_for_world: bool = False
@@ -192,8 +196,8 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
                 f"{inside[name]} ranks of {name} inside a node must divide {name}"
                 f"({degrees[name]}), so that the rest go across nodes in whole groups",
             )
-    if not result.problems and result.degrees is not None:
-        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node)
+    if not result.problems and result.degrees is not None and result.order is not None:
+        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node, result.order)
 
 
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
@@ -300,24 +304,23 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
             )
             continue
         sizes = [(dim, result.sizes[dim]) for dim in dims]
-        if result.node_parts is None:
-            if spec.inside_node is None:
-                result.layouts[domain] = DomainLayout.row_major(domain, sizes, result.world_size)
+        ranks = numbering(spec, result)
+        if ranks is None:
             continue
         try:
-            result.layouts[domain] = DomainLayout.unflatten(
-                domain, sizes, [part.mode for part in result.node_parts]
-            )
+            result.layouts[domain] = DomainLayout.unflatten(domain, sizes, ranks)
         except UnevenSplitError as error:
-            parts = describe_parts([result.node_parts[index] for index in error.mode_indices])
             result.fail(
                 ("domains", domain, dims.index(error.dim))
                 if spec.user_domains
-                else ("inside_node",),
-                f"{error.dim}({error.dim_size}) in domain {domain!r} would split {parts} "
-                f"unevenly: it needs {error.needed} ranks where {error.mode_size} remain; a dim "
-                f"must take whole parts or an even share of one, so change inside_node or "
-                f"the size of {error.dim}",
+                else ("inside_node",)
+                if spec.inside_node is not None
+                else ("order",),
+                f"{error.dim}({error.dim_size}) in domain {domain!r} would split "
+                f"{describe_split(result, error.mode_indices)} unevenly: it needs "
+                f"{error.needed} ranks where {error.mode_size} remain; a dim must take whole "
+                f"parts or an even share of one, so change {placement_keys(spec)} or the size "
+                f"of {error.dim}",
             )
 
 
@@ -355,6 +358,7 @@ RULES = (
     resolve_world,
     check_etp,
     check_expert_borrow,
+    check_order,
     check_inside_node,
     check_derived,
     check_domain_dims,
