@@ -7,19 +7,22 @@ import argparse
 import sys
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID
+from meshconf.cli.common import EXIT_INVALID, usage_error
 from meshconf.core.errors import ConfigError, SourceError
 from meshconf.features.estimate.architecture import Architecture
 from meshconf.features.estimate.model_file import load_model_file
 from meshconf.features.estimate.presets import PRESETS
-from meshconf.features.estimate.step import Estimate
+from meshconf.features.estimate.step import Estimate, estimate
 from meshconf.features.estimate.training import (
     CHECKPOINTING,
     DTYPE_BYTES,
     GIB,
     SCHEDULES,
+    Parallelism,
     Training,
 )
+from meshconf.features.locality import RANKED_DIMS, home_domain
+from meshconf.model.config import MeshConfig
 
 _DEFAULTS = Training()
 #: The training options, which need a model.
@@ -167,7 +170,7 @@ def settings_line(model: Architecture, training: Training) -> str:
     """One line naming the model and the settings an estimate used."""
     batch = training.global_batch_tokens
     batch_text = "one micro-batch per GPU" if batch is None else f"{batch} tokens per step"
-    schedule = training.schedule
+    schedule: str = training.schedule
     if schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
     return (
@@ -196,3 +199,31 @@ def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
         )
         lines.append(f"communication per step and GPU: {flows}")
     return lines
+
+
+def show_estimate(
+    args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
+) -> list[str] | int:
+    """For ``show --model``: the estimate of the config's layout, added to ``report`` under
+    ``estimate`` and returned as text lines (none without a model); an exit code after a
+    usage error or an invalid model file."""
+    modelled = model_request(args)
+    if isinstance(modelled, str):
+        return usage_error(modelled)
+    if isinstance(modelled, int):
+        return modelled
+    model, training = modelled
+    if model is None:
+        return []
+    gpus = config.gpus_per_node
+    layouts = config.layouts
+    crosses = {
+        name: gpus is not None
+        and name in layouts[home_domain(name)].dim_names
+        and layouts[home_domain(name)].crosses_nodes(name, gpus)
+        for name in RANKED_DIMS
+        if any(name in layout.dim_names for layout in layouts.values())
+    }
+    found = estimate(model, Parallelism.of(config.resolved_degrees), training, crosses)
+    report["estimate"] = {"model": model.name, **memory_json(found)}
+    return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from meshconf.cli.common import (
@@ -14,6 +15,7 @@ from meshconf.cli.common import (
     load_for_rank,
     non_negative_int,
 )
+from meshconf.cli.estimate_options import add_model_options, show_estimate
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, process_group_count
@@ -75,7 +77,7 @@ def _ranks_text(group: list[int]) -> str:
     return f"{head}, ..., {group[-1]} ({len(group)} ranks)"
 
 
-def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
+def report_text(config: MeshConfig, report: dict[str, Any], extra: Sequence[str] = ()) -> None:
     rank = report["rank"]
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
     print(f"world_size {report['world_size']}{nodes}; showing rank {rank}")
@@ -119,6 +121,8 @@ def report_text(config: MeshConfig, report: dict[str, Any]) -> None:
         f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
         "of more than one rank across all domains"
     )
+    for line in extra:
+        print(line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,10 +132,13 @@ def run(args: argparse.Namespace) -> int:
     layouts = config.layouts
     domains = list(layouts) if args.domain is None else [args.domain]
     report = build_report(config, args.rank, domains)
+    estimate_lines = show_estimate(args, config, report)
+    if isinstance(estimate_lines, int):
+        return estimate_lines
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))
     else:
-        emit(lambda: report_text(config, report))
+        emit(lambda: report_text(config, report, estimate_lines))
     return EXIT_OK
 
 
@@ -148,4 +155,5 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--domain", metavar="D", help="show only this domain")
     add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)
+    add_model_options(parser)
     parser.set_defaults(run=run)

@@ -133,9 +133,10 @@ def make_plan(request: Request, count: int) -> Plan:
 
 def estimate_degrees(request: Request, degrees: Mapping[str, int]) -> Estimate:
     """The estimate of one assignment under ``request``, which must name a model."""
-    assert request.model is not None
     locality = NodeLocality(request.world_size, request.gpus_per_node, request.experts)
-    return _estimated(request, locality, degrees).estimate  # type: ignore[return-value]
+    found = _estimated(request, locality, dict(degrees)).estimate
+    assert found is not None
+    return found
 
 
 @dataclass(frozen=True, order=True)

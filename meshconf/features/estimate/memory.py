@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from meshconf.features.estimate import activations
 from meshconf.features.estimate.architecture import Architecture, LayerKind, Weight
-from meshconf.features.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.estimate.training import Checkpointing, Parallelism, Training, microbatches
 
 #: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
 ADAM_MOMENT_BYTES = 8
@@ -159,7 +159,7 @@ def _activations(
 
     sizes: dict[tuple[str, str], int] = {}
 
-    def layer_bytes(layer: int, layer_mode: activations.Checkpointing) -> int:
+    def layer_bytes(layer: int, layer_mode: Checkpointing) -> int:
         kind = arch.kind(layer)
         found = sizes.get((kind, layer_mode))
         if found is None:
