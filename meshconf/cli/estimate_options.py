@@ -82,6 +82,9 @@ def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Traini
         return None, _DEFAULTS
     settings: dict[str, Any] = {}
     for name, text in given.items():
+        if name in _CHOICES:
+            settings[name] = text
+            continue
         value = _value(name, text)
         if isinstance(value, str):
             return value
@@ -111,9 +114,8 @@ def _flag(name: str) -> str:
     }.get(name, "--" + name.replace("_", "-"))
 
 
-def _value(name: str, text: Any) -> Any:
-    if name in _CHOICES:
-        return text
+def _value(name: str, text: Any) -> int | float | str:
+    """The number an option gives, or the message saying why it is not one."""
     if name in _INTEGERS:
         if not str(text).strip().isdigit() or int(text) < 1:
             return f"{_flag(name)}: expected an integer >= 1, got {text!r}"

@@ -21,8 +21,9 @@ LayerKind = Literal["dense", "moe"]
 
 @dataclass(frozen=True)
 class Weight:
-    """One weight tensor: ``rows x cols`` elements, ``experts`` of them stacked (0 when not
-    an expert weight); ``split`` says how tp (etp for experts) splits it."""
+    """One weight tensor: ``rows x cols`` elements (a norm's vector is ``rows x 1``: FSDP
+    splits its only dim), ``experts`` of them stacked (0 when not an expert weight);
+    ``split`` says how tp (etp for experts) splits it."""
 
     name: str
     rows: int
@@ -91,9 +92,9 @@ class Architecture:
     def layer_weights(self, kind: LayerKind) -> tuple[Weight, ...]:
         """The weights of one block of this kind."""
         return (
-            Weight("attention_norm", 1, self.hidden, "none"),
+            Weight("attention_norm", self.hidden, 1, "none"),
             *self._attention_weights(),
-            Weight("ffn_norm", 1, self.hidden, "none"),
+            Weight("ffn_norm", self.hidden, 1, "none"),
             *(self._expert_weights() if kind == "moe" else _swiglu("ffn", self.hidden, self.ffn)),
         )
 
@@ -104,7 +105,7 @@ class Architecture:
     def output_weights(self) -> tuple[Weight, ...]:
         """The weights of the last pipeline stage that are not in a block; a tied output
         reuses the embedding, so only the final norm is left."""
-        norm = Weight("norm", 1, self.hidden, "none")
+        norm = Weight("norm", self.hidden, 1, "none")
         if self.tied_embeddings:
             return (norm,)
         return norm, Weight("output", self.vocab, self.hidden, "rows")
@@ -140,8 +141,8 @@ class Architecture:
             )
             norms = (
                 (
-                    Weight("q_norm", 1, attention.head_dim, "none"),
-                    Weight("k_norm", 1, attention.head_dim, "none"),
+                    Weight("q_norm", attention.head_dim, 1, "none"),
+                    Weight("k_norm", attention.head_dim, 1, "none"),
                 )
                 if attention.qk_norm
                 else ()
@@ -158,7 +159,7 @@ class Architecture:
         if attention.q_lora_rank:
             query: tuple[Weight, ...] = (
                 Weight("wq_a", attention.q_lora_rank, hidden, "none"),
-                Weight("q_norm", 1, attention.q_lora_rank, "none"),
+                Weight("q_norm", attention.q_lora_rank, 1, "none"),
                 Weight("wq_b", heads * qk_head, attention.q_lora_rank, "rows"),
             )
         else:
@@ -167,7 +168,7 @@ class Architecture:
         return (
             *query,
             Weight("wkv_a", attention.kv_lora_rank + attention.qk_rope_head_dim, hidden, "none"),
-            Weight("kv_norm", 1, attention.kv_lora_rank, "none"),
+            Weight("kv_norm", attention.kv_lora_rank, 1, "none"),
             Weight("wkv_b", kv_b_rows, attention.kv_lora_rank, "rows"),
             Weight("wo", hidden, heads * attention.v_head_dim, "cols"),
         )
