@@ -51,9 +51,10 @@ def block(arch: Architecture, kind: LayerKind, mode: Checkpointing) -> PerToken:
 
 
 def output_head(arch: Architecture) -> PerToken:
-    """The last stage's final norm (input and output) and logits, in the compute dtype and
-    once more in fp32 for the softmax of the cross-entropy loss."""
-    return PerToken(split=2 * arch.hidden + arch.vocab, fp32=arch.vocab)
+    """The last stage's final norm (input and output) and the fp32 log-probabilities the
+    cross-entropy loss keeps (the logits are cast to fp32 first; log-softmax keeps only its
+    output)."""
+    return PerToken(split=2 * arch.hidden, fp32=arch.vocab)
 
 
 def _attention(arch: Architecture, mode: Checkpointing) -> PerToken:

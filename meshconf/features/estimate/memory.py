@@ -173,13 +173,13 @@ def _activations(
         stored = in_flight * chunk_bytes[0]
     else:
         stored = in_flight * max(chunk_bytes)
+    head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
     layers = [layer for chunk in chunks for layer in chunk]
     if mode == "full" and layers:
-        # the backward pass recomputes one block at a time, with everything it stores
-        stored += max(layer_bytes(layer, "none") for layer in layers)
-    if last:
-        stored += activations.output_head(arch).bytes(tokens, par.tp, dtype)
-    return stored
+        # the backward pass recomputes one block at a time, keeping what it stores, after
+        # the output head's backward has freed the head's tensors
+        return stored + max(head, max(layer_bytes(layer, "none") for layer in layers))
+    return stored + head
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
