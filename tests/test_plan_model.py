@@ -150,7 +150,7 @@ def test_plan_text_marks_rows_that_do_not_fit(run_cli) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[2] == "1 valid assignment; 0 fit in 80 GiB"
-    assert lines[4].split()[6:8] == ["1201.4", "no"]
+    assert lines[4].split()[6:8] == ["1196.9", "no"]
 
 
 def test_show_model_prints_the_memory_breakdown(run_cli) -> None:
