@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from meshconf.features.estimate.memory import estimate_memory, stage_layers
+from meshconf.features.estimate.architecture import Architecture, Experts, GroupedQueryAttention
+from meshconf.features.estimate.memory import _rank_memory, estimate_memory, stage_layers
 from meshconf.features.estimate.model_file import model_schema_text
 from meshconf.features.estimate.presets import PRESETS
 from meshconf.features.estimate.training import GIB, Parallelism, Training
@@ -248,3 +249,38 @@ def test_the_committed_model_schema_is_fresh() -> None:
         '"from meshconf.features.estimate.model_file import model_schema_text; '
         "open('schemas/meshconf.model.schema.json', 'w').write(model_schema_text())\""
     )
+
+
+# --- the pipeline rank that needs the most ----------------------------------------------
+
+SMALL_MOE = Architecture(
+    "m", 13, 64, 128, 100, GroupedQueryAttention(4, 2, 16), Experts(8, 2, 32, 0, 3)
+)
+
+
+@pytest.mark.parametrize("arch", [PRESETS["deepseek-v3"], PRESETS["llama3-405b"], SMALL_MOE])
+@pytest.mark.parametrize("pp", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("virtual", [1, 2, 3])
+def test_the_candidate_ranks_find_the_rank_every_rank_would(
+    arch: Architecture, pp: int, virtual: int
+) -> None:
+    """estimate_memory looks at a few pipeline ranks only; the largest of all is among them."""
+    for microbatches in (1, 3, 64):
+        training = Training(
+            schedule="interleaved" if virtual > 1 else "1f1b",
+            virtual_stages=virtual,
+            global_batch_tokens=microbatches * 8192,
+        )
+        par = Parallelism(pp=pp)
+        every = max(
+            (_rank_memory(arch, par, training, rank) for rank in range(pp)),
+            key=lambda memory: memory.total,
+        )
+        assert estimate_memory(arch, par, training).total == every.total
+
+
+def test_more_pipeline_chunks_than_layers_do_not_fit() -> None:
+    arch = PRESETS["llama3-8b"]  # 32 layers
+    found = make_plan(Request(64, 8, {"pp": 64}, arch, Training()), 1).best[0].estimate
+    assert found is not None and not found.fits
+    assert found.problem == "64 pipeline chunks for 32 layers: some chunk holds none"

@@ -152,6 +152,7 @@ def memory_json(found: Estimate) -> dict[str, Any]:
         },
         "memory_pp_rank": memory.pp_rank,
         "fits": found.fits,
+        "problem": found.problem,
         "microbatches": found.microbatches,
         "batch_tokens": found.batch_tokens,
         "compute_seconds": round(found.compute_seconds, 4),
@@ -188,6 +189,8 @@ def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
     memory = found.memory
     parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in _MEMORY_PARTS)
     verdict = "fits" if found.fits else "does NOT fit"
+    if found.problem:
+        verdict += f" ({found.problem})"
     lines = [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
         f"{gib(memory.total):g}: {verdict} in {gpu_memory_gib:g} GiB",

@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.estimate.memory import block_split, stage_layers, unsharded
+from meshconf.features.estimate.memory import (
+    block_split,
+    candidate_ranks,
+    kind_counts,
+    rank_chunks,
+    unsharded,
+)
 from meshconf.features.estimate.training import Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
@@ -47,20 +53,25 @@ class StageWork:
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
     """The pipeline rank with the most layers (the first such rank)."""
-    ranks = stage_layers(arch.layers, par.pp, training.chunks_per_stage)
-    counts = [sum(len(chunk) for chunk in chunks) for chunks in ranks]
-    rank = counts.index(max(counts))
-    layers = [layer for chunk in ranks[rank] for layer in chunk]
+    v = training.chunks_per_stage
+    candidates = candidate_ranks(arch, par.pp, v)
+    stages = {rank: rank_chunks(arch.layers, par.pp, v, rank) for rank in candidates}
+    sizes = {rank: sum(len(chunk) for chunk in chunks) for rank, chunks in stages.items()}
+    rank = max(candidates, key=lambda candidate: (sizes[candidate], -candidate))
+    kinds = [kind_counts(arch, chunk) for chunk in stages[rank]]
     last = rank == (par.pp * training.chunks_per_stage - 1) % par.pp
-    dense = expert = 0
-    for layer in layers:
-        block_dense, block_experts = block_split(arch, arch.kind(layer), par)
-        dense += block_dense
-        expert += block_experts
+    dense = expert = moe = 0
+    for counts in kinds:
+        for kind, count in counts.items():
+            if not count:
+                continue
+            block_dense, block_experts = block_split(arch, kind, par)
+            dense += count * block_dense
+            expert += count * block_experts
+        moe += counts["moe"]
     lookup = unsharded(arch.embedding_weights(), par) if rank == 0 else 0
     dense += lookup + (unsharded(arch.output_weights(), par) if last else 0)
-    moe = sum(arch.kind(layer) == "moe" for layer in layers)
-    return StageWork(len(layers), moe, dense, expert, lookup)
+    return StageWork(sizes[rank], moe, dense, expert, lookup)
 
 
 def traffic(

@@ -46,21 +46,67 @@ class Shard:
 
 
 def stage_layers(layers: int, pp: int, chunks_per_stage: int) -> list[list[list[int]]]:
-    """The layers of each pipeline rank, chunk by chunk. The model is cut into
+    """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank) for rank in range(pp))
+    return [[list(chunk) for chunk in chunks] for chunks in ranks]
+
+
+def rank_chunks(layers: int, pp: int, chunks_per_stage: int, rank: int) -> list[range]:
+    """The layers of one pipeline rank, chunk by chunk. The model is cut into
     ``pp * chunks_per_stage`` chunks of consecutive layers; chunk ``c`` runs on rank
     ``c % pp``. Sizes differ by at most one, and the larger ones go to the middle chunks
     first, so the first chunk (with the embedding) and the last (with the output) are the
     smaller ones when the layers do not divide evenly."""
     count = pp * chunks_per_stage
     base, extra = divmod(layers, count)
-    order = [*range(1, count - 1), 0, count - 1][: max(0, extra)]
-    sizes = [base + (chunk in order) for chunk in range(count)]
-    ranks: list[list[list[int]]] = [[] for _ in range(pp)]
-    start = 0
-    for chunk, size in enumerate(sizes):
-        ranks[chunk % pp].append(list(range(start, start + size)))
-        start += size
-    return ranks
+    found = []
+    for chunk in range(rank, count, pp):
+        start = chunk * base + _extras_before(chunk, extra, count)
+        size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
+        found.append(range(start, start + size))
+    return found
+
+
+def _extras_before(chunk: int, extra: int, count: int) -> int:
+    """How many of the chunks before ``chunk`` get one layer more: chunks 1 to count - 2
+    first, then chunk 0, then chunk count - 1."""
+    middle = min(extra, max(0, count - 2))
+    zero = 1 if extra > middle and chunk > 0 else 0
+    inside = max(0, min(chunk, middle + 1) - 1)
+    last = 1 if extra > middle + 1 and chunk >= count else 0
+    return inside + zero + last
+
+
+def candidate_ranks(arch: Architecture, pp: int, chunks_per_stage: int) -> list[int]:
+    """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
+    numbers and kinds of layers differ only in the micro-batches in flight, which fall with
+    the rank, so the first rank of each run of equal ranks is enough, with the last rank
+    (the output). Runs end where a round of chunks crosses the chunks with one layer more
+    (chunks 1 to ``extra``) or the first layer with experts."""
+    count = pp * chunks_per_stage
+    middle = min(arch.layers % count, max(0, count - 2))
+    edges = {0, pp - 1}
+    for round_ in range(chunks_per_stage):
+        edges.update(boundary - round_ * pp for boundary in (1, middle + 1))
+    experts = arch.experts
+    if experts is not None and 0 < experts.dense_layers < arch.layers:
+        base, extra = divmod(arch.layers, count)
+        for layer in (experts.dense_layers - 1, experts.dense_layers):
+            chunk = _chunk_of(layer, base, extra, count)
+            edges.update((chunk % pp, chunk % pp + 1))
+    return sorted(rank for rank in edges if 0 <= rank < pp)
+
+
+def _chunk_of(layer: int, base: int, extra: int, count: int) -> int:
+    """The chunk that holds a layer (binary search on the chunks' first layers)."""
+    low, high = 0, count - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if middle * base + _extras_before(middle, extra, count) <= layer:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def local_shard(weights: Sequence[Weight], par: Parallelism) -> Shard:
@@ -80,15 +126,17 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
     """The memory of the pipeline rank with the largest total."""
+    ranks = candidate_ranks(arch, par.pp, training.chunks_per_stage)
     return max(
-        (_rank_memory(arch, par, training, rank) for rank in range(par.pp)),
+        (_rank_memory(arch, par, training, rank) for rank in ranks),
         key=lambda memory: memory.total,
     )
 
 
 def _rank_memory(arch: Architecture, par: Parallelism, training: Training, rank: int) -> Memory:
-    chunks = stage_layers(arch.layers, par.pp, training.chunks_per_stage)[rank]
-    layers = [layer for chunk in chunks for layer in chunk]
+    chunks = rank_chunks(arch.layers, par.pp, training.chunks_per_stage, rank)
+    kinds = [kind_counts(arch, chunk) for chunk in chunks]
+    layers = {kind: sum(counts[kind] for counts in kinds) for kind in _KINDS}
     last = rank == (par.pp * training.chunks_per_stage - 1) % par.pp
     shard = _rank_shard(arch, par, layers, rank == 0, last)
     optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
@@ -99,20 +147,32 @@ def _rank_memory(arch: Architecture, par: Parallelism, training: Training, rank:
         grads=shard.elements * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, layers),
-        activations=_activations(arch, par, training, rank, chunks, last),
+        activations=_activations(arch, par, training, rank, kinds, last),
         pp_rank=rank,
     )
 
 
+def kind_counts(arch: Architecture, layers: range) -> dict[LayerKind, int]:
+    """How many of ``layers`` are dense and how many have experts (those from
+    ``dense_layers`` on)."""
+    first_moe = arch.layers if arch.experts is None else arch.experts.dense_layers
+    dense = max(0, min(layers.stop, first_moe) - layers.start)
+    return {"dense": dense, "moe": len(layers) - dense}
+
+
+_KINDS: tuple[LayerKind, ...] = ("dense", "moe")
+
+
 def _rank_shard(
-    arch: Architecture, par: Parallelism, layers: list[int], first: bool, last: bool
+    arch: Architecture, par: Parallelism, layers: dict[LayerKind, int], first: bool, last: bool
 ) -> Shard:
     """The rank's shard, from one shard per kind of block (many rows share them)."""
     elements = tensors = 0
-    for layer in layers:
-        shard = _block_shard(arch, arch.kind(layer), par)
-        elements += shard.elements
-        tensors += shard.tensors
+    for kind, count in layers.items():
+        if count:
+            shard = _block_shard(arch, kind, par)
+            elements += count * shard.elements
+            tensors += count * shard.tensors
     ends = (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
     shard = local_shard(ends, par)
     return Shard(elements + shard.elements, tensors + shard.tensors)
@@ -123,10 +183,12 @@ def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard
     return local_shard(arch.layer_weights(kind), par)
 
 
-def _gathers(arch: Architecture, par: Parallelism, training: Training, layers: list[int]) -> int:
+def _gathers(
+    arch: Architecture, par: Parallelism, training: Training, layers: dict[LayerKind, int]
+) -> int:
     if par.fsdp == 1 and (arch.experts is None or par.efsdp == 1):
         return 0
-    kinds = {arch.kind(layer) for layer in layers}
+    kinds = [kind for kind, count in layers.items() if count]
     largest = max((block_elements(arch, kind, par) for kind in kinds), default=0)
     return largest * (2 * training.param_bytes + training.grad_bytes)
 
@@ -150,35 +212,26 @@ def _activations(
     par: Parallelism,
     training: Training,
     rank: int,
-    chunks: list[list[int]],
+    kinds: list[dict[LayerKind, int]],
     last: bool,
 ) -> int:
     tokens = training.seq_len * training.micro_batch // par.cp
     dtype = training.param_bytes
     mode = training.checkpointing
 
-    sizes: dict[tuple[str, str], int] = {}
+    def layer_bytes(kind: LayerKind, layer_mode: Checkpointing) -> int:
+        return activations.block(arch, kind, layer_mode).bytes(tokens, par.tp, dtype)
 
-    def layer_bytes(layer: int, layer_mode: Checkpointing) -> int:
-        kind = arch.kind(layer)
-        found = sizes.get((kind, layer_mode))
-        if found is None:
-            per_token = activations.block(arch, kind, layer_mode)
-            found = sizes[kind, layer_mode] = per_token.bytes(tokens, par.tp, dtype)
-        return found
-
-    chunk_bytes = [sum(layer_bytes(layer, mode) for layer in chunk) for chunk in chunks]
+    held = [kind for kind in _KINDS if any(chunk[kind] for chunk in kinds)]
+    per_layer = {kind: layer_bytes(kind, mode) for kind in held}
+    chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in held) for chunk in kinds]
     in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
-    if training.chunks_per_stage == 1:
-        stored = in_flight * chunk_bytes[0]
-    else:
-        stored = in_flight * max(chunk_bytes)
+    stored = in_flight * max(chunk_bytes)
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
-    layers = [layer for chunk in chunks for layer in chunk]
-    if mode == "full" and layers:
+    if mode == "full" and held:
         # the backward pass recomputes one block at a time, keeping what it stores, after
         # the output head's backward has freed the head's tensors
-        return stored + max(head, max(layer_bytes(layer, "none") for layer in layers))
+        return stored + max(head, *(layer_bytes(kind, "none") for kind in held))
     return stored + head
 
 

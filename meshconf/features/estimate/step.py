@@ -20,7 +20,8 @@ from meshconf.features.estimate.training import GIB, Parallelism, Training, micr
 
 @dataclass(frozen=True)
 class Estimate:
-    """Everything estimated for one layout."""
+    """Everything estimated for one layout. ``fits`` is false also when some pipeline
+    chunk would hold no layer (``problem`` says so)."""
 
     memory: Memory
     fits: bool
@@ -30,6 +31,7 @@ class Estimate:
     traffic: Mapping[str, DimTraffic]
     step_seconds: float
     batch_tokens: int
+    problem: str | None = None
 
 
 def estimate(
@@ -49,9 +51,16 @@ def estimate(
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in OVERLAPPED)
     overlapped = sum(flow.seconds for flow in flows.values() if flow.name in OVERLAPPED)
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
+    chunks = par.pp * training.chunks_per_stage
+    problem = (
+        f"{chunks} pipeline chunks for {arch.layers} layers: some chunk holds none"
+        if chunks > arch.layers
+        else None
+    )
     return Estimate(
         memory=memory,
-        fits=memory.total <= training.gpu_memory_gib * GIB,
+        fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,
+        problem=problem,
         microbatches=m,
         compute_seconds=compute,
         bubble_fraction=bubble,
