@@ -13,9 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
-from meshconf.core.formulas import evaluate, parse
+from meshconf.core.formulas import evaluate, names, parse
 from meshconf.core.layout import DomainLayout
 
 #: The dims a plan shows and ranks, outer to inner; the expert dims only with experts.
@@ -28,6 +27,7 @@ HEAVY_DIMS = ("tp", "cp", "etp", "ep")
 LIGHT_DIMS = ("fsdp", "efsdp", "dp_replicate")
 
 _FORMULAS = {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
+_FORMULA_NAMES = {name: tuple(sorted(set(names(formula)))) for name, formula in _FORMULAS.items()}
 
 
 def home_domain(name: str) -> str:
@@ -47,12 +47,29 @@ def blocks(degrees: Mapping[str, int]) -> dict[str, tuple[int, int]]:
     """``(size, stride)`` of each ranked dim in its home domain, which lays its dims out
     row-major: the stride is the product of the dims inside it."""
     sizes = dim_sizes(degrees)
-    found: dict[str, tuple[int, int]] = {}
-    for name in RANKED_DIMS:
-        dims = DEFAULT_DOMAINS[home_domain(name)]
-        inner = dims[dims.index(name) + 1 :]
-        found[name] = (sizes[name], math.prod(sizes[dim] for dim in inner))
-    return found
+    return {name: _block(name, sizes) for name in RANKED_DIMS}
+
+
+def _block(name: str, sizes: Mapping[str, int]) -> tuple[int, int]:
+    dims = DEFAULT_DOMAINS[home_domain(name)]
+    inner = dims[dims.index(name) + 1 :]
+    return sizes[name], math.prod(sizes[dim] for dim in inner)
+
+
+def _inner_dims(name: str) -> tuple[str, ...]:
+    dims = DEFAULT_DOMAINS[home_domain(name)]
+    return dims[dims.index(name) + 1 :]
+
+
+def _degrees_read(name: str) -> tuple[str, ...]:
+    """The degrees a ranked dim's ``(size, stride)`` depends on: those of its own formula
+    and of the dims inside it in its home domain."""
+    dims = DEFAULT_DOMAINS[home_domain(name)]
+    read: set[str] = set()
+    for dim in dims[dims.index(name) :]:
+        formula = _FORMULAS.get(dim)
+        read.update(names(formula) if formula is not None else (dim,))
+    return tuple(sorted(read))
 
 
 class NodeLocality:
@@ -62,21 +79,35 @@ class NodeLocality:
         self._world = world_size
         self._gpus = gpus_per_node
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
+        self._read = {name: _degrees_read(name) for name in self.dims}
+        self._inner = {name: _inner_dims(name) for name in self.dims}
         self._crossings: dict[tuple[int, int], bool] = {}
-        self._flags: dict[tuple[int, ...], dict[str, bool]] = {}
+        self._flags: dict[tuple[str, tuple[int, ...]], bool] = {}
+        self._derived: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def crosses(self, degrees: Mapping[str, int]) -> dict[str, bool]:
-        """Per ranked dim, whether its groups cross nodes (never, without nodes)."""
-        key = tuple(degrees[name] for name in (*WORLD_FACTORS, "ep", "etp"))
-        found = self._flags.get(key)
-        if found is None:
-            found = {
-                name: self._crosses(size, stride)
-                for name, (size, stride) in blocks(degrees).items()
-                if name in self.dims
-            }
-            self._flags[key] = found
+        """Per ranked dim, whether its groups cross nodes (never, without nodes); each
+        answer remembered under the degrees it depends on."""
+        found: dict[str, bool] = {}
+        for name in self.dims:
+            key = (name, tuple(degrees[degree] for degree in self._read[name]))
+            flag = self._flags.get(key)
+            if flag is None:
+                stride = math.prod(self._size(dim, degrees) for dim in self._inner[name])
+                flag = self._flags[key] = self._crosses(self._size(name, degrees), stride)
+            found[name] = flag
         return found
+
+    def _size(self, dim: str, degrees: Mapping[str, int]) -> int:
+        """A degree, or a derived dim by its default formula (remembered per inputs)."""
+        formula = _FORMULAS.get(dim)
+        if formula is None:
+            return degrees[dim]
+        key = (dim, tuple(degrees[name] for name in _FORMULA_NAMES[dim]))
+        size = self._derived.get(key)
+        if size is None:
+            size = self._derived[key] = evaluate(formula, degrees)
+        return size
 
     def key(self, degrees: Mapping[str, int]) -> tuple[int, ...]:
         """Smaller is better: heavy dims inside a node (tp, cp, etp, ep in turn), then fewer
