@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from meshconf.features.estimate.architecture import Architecture, Experts, GroupedQueryAttention
-from meshconf.features.estimate.memory import _rank_memory, estimate_memory, stage_layers
+from meshconf.features.estimate.memory import (
+    estimate_memory,
+    rank_memory,
+    rank_stage,
+    stage_layers,
+)
 from meshconf.features.estimate.model_file import model_schema_text
 from meshconf.features.estimate.presets import PRESETS
 from meshconf.features.estimate.training import GIB, Parallelism, Training
@@ -273,7 +278,7 @@ def test_the_candidate_ranks_find_the_rank_every_rank_would(
         )
         par = Parallelism(pp=pp)
         every = max(
-            (_rank_memory(arch, par, training, rank) for rank in range(pp)),
+            (rank_memory(arch, par, training, rank_stage(arch, pp, virtual, r)) for r in range(pp)),
             key=lambda memory: memory.total,
         )
         assert estimate_memory(arch, par, training).total == every.total

@@ -109,12 +109,15 @@ class NodeLocality:
             size = self._derived[key] = evaluate(formula, degrees)
         return size
 
-    def key(self, degrees: Mapping[str, int]) -> tuple[int, ...]:
+    def key(
+        self, degrees: Mapping[str, int], flags: Mapping[str, bool] | None = None
+    ) -> tuple[int, ...]:
         """Smaller is better: heavy dims inside a node (tp, cp, etp, ep in turn), then fewer
         pipeline stages, then light dims inside a node (fsdp, efsdp, dp_replicate), then
         fewer replicas, then fewer context-parallel ranks, then fewer FSDP shards: what is
-        left goes to tp, the innermost dim. Each flag is 1 when the dim's groups cross."""
-        flags = self.crosses(degrees)
+        left goes to tp, the innermost dim. Each flag is 1 when the dim's groups cross;
+        ``flags`` are :meth:`crosses` of ``degrees`` when already known."""
+        flags = self.crosses(degrees) if flags is None else flags
         heavy = tuple(int(flags[name]) for name in HEAVY_DIMS if name in flags)
         light = tuple(int(flags[name]) for name in LIGHT_DIMS if name in flags)
         # cp before dp_shard: a sequence split is for long contexts, so one not asked for

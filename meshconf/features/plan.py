@@ -164,7 +164,7 @@ def _estimated(request: Request, locality: NodeLocality, degrees: dict[str, int]
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
-    key = (int(not found.fits), int(overshoot), found.step_seconds, *locality.key(degrees))
+    key = (int(not found.fits), int(overshoot), found.step_seconds, *locality.key(degrees, crosses))
     return _Ranked(key, degrees, found)
 
 

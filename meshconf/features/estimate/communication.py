@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.estimate.memory import (
-    block_split,
-    candidate_ranks,
-    kind_counts,
-    rank_chunks,
-    unsharded,
-)
+from meshconf.features.estimate.memory import block_split, rank_stages, unsharded
 from meshconf.features.estimate.training import Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
@@ -53,25 +48,25 @@ class StageWork:
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
     """The pipeline rank with the most layers (the first such rank)."""
-    v = training.chunks_per_stage
-    candidates = candidate_ranks(arch, par.pp, v)
-    stages = {rank: rank_chunks(arch.layers, par.pp, v, rank) for rank in candidates}
-    sizes = {rank: sum(len(chunk) for chunk in chunks) for rank, chunks in stages.items()}
-    rank = max(candidates, key=lambda candidate: (sizes[candidate], -candidate))
-    kinds = [kind_counts(arch, chunk) for chunk in stages[rank]]
-    last = rank == (par.pp * training.chunks_per_stage - 1) % par.pp
-    dense = expert = moe = 0
-    for counts in kinds:
-        for kind, count in counts.items():
-            if not count:
-                continue
+    # only tp, ep and etp split the weights before FSDP: rows share the answer
+    split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
+    return _busiest_stage(arch, split, training.chunks_per_stage)
+
+
+@lru_cache(maxsize=4096)
+def _busiest_stage(arch: Architecture, par: Parallelism, chunks_per_stage: int) -> StageWork:
+    stages = rank_stages(arch, par.pp, chunks_per_stage)
+    stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
+    layers = stage.layers
+    dense = expert = 0
+    for kind, count in layers.items():
+        if count:
             block_dense, block_experts = block_split(arch, kind, par)
             dense += count * block_dense
             expert += count * block_experts
-        moe += counts["moe"]
-    lookup = unsharded(arch.embedding_weights(), par) if rank == 0 else 0
-    dense += lookup + (unsharded(arch.output_weights(), par) if last else 0)
-    return StageWork(sizes[rank], moe, dense, expert, lookup)
+    lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
+    dense += lookup + (unsharded(arch.output_weights(), par) if stage.last else 0)
+    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup)
 
 
 def traffic(

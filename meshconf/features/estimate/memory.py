@@ -126,19 +126,49 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
     """The memory of the pipeline rank with the largest total."""
-    ranks = candidate_ranks(arch, par.pp, training.chunks_per_stage)
+    stages = rank_stages(arch, par.pp, training.chunks_per_stage)
     return max(
-        (_rank_memory(arch, par, training, rank) for rank in ranks),
+        (rank_memory(arch, par, training, stage) for stage in stages),
         key=lambda memory: memory.total,
     )
 
 
-def _rank_memory(arch: Architecture, par: Parallelism, training: Training, rank: int) -> Memory:
-    chunks = rank_chunks(arch.layers, par.pp, training.chunks_per_stage, rank)
-    kinds = [kind_counts(arch, chunk) for chunk in chunks]
-    layers = {kind: sum(counts[kind] for counts in kinds) for kind in _KINDS}
-    last = rank == (par.pp * training.chunks_per_stage - 1) % par.pp
-    shard = _rank_shard(arch, par, layers, rank == 0, last)
+@dataclass(frozen=True)
+class RankStage:
+    """What one pipeline rank holds: the kinds of layers of each of its chunks, and
+    whether it has the embedding (first) and the output (last)."""
+
+    rank: int
+    chunks: tuple[dict[LayerKind, int], ...]
+    first: bool
+    last: bool
+
+    @property
+    def layers(self) -> dict[LayerKind, int]:
+        return {kind: sum(chunk[kind] for chunk in self.chunks) for kind in _KINDS}
+
+
+@lru_cache(maxsize=1024)
+def rank_stages(arch: Architecture, pp: int, chunks_per_stage: int) -> tuple[RankStage, ...]:
+    """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
+    ranks = candidate_ranks(arch, pp, chunks_per_stage)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank) for rank in ranks)
+
+
+def rank_stage(arch: Architecture, pp: int, chunks_per_stage: int, rank: int) -> RankStage:
+    """What pipeline rank ``rank`` holds."""
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank)
+    last_rank = (pp * chunks_per_stage - 1) % pp
+    kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
+    return RankStage(rank, kinds, rank == 0, rank == last_rank)
+
+
+def rank_memory(
+    arch: Architecture, par: Parallelism, training: Training, stage: RankStage
+) -> Memory:
+    """The memory of one pipeline rank."""
+    layers = stage.layers
+    shard = _rank_shard(arch, par, layers, stage.first, stage.last)
     optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
         optimizer += shard.elements * MASTER_BYTES
@@ -147,8 +177,8 @@ def _rank_memory(arch: Architecture, par: Parallelism, training: Training, rank:
         grads=shard.elements * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, layers),
-        activations=_activations(arch, par, training, rank, kinds, last),
-        pp_rank=rank,
+        activations=_activations(arch, par, training, stage.rank, stage.chunks, stage.last),
+        pp_rank=stage.rank,
     )
 
 
@@ -212,7 +242,7 @@ def _activations(
     par: Parallelism,
     training: Training,
     rank: int,
-    kinds: list[dict[LayerKind, int]],
+    kinds: tuple[dict[LayerKind, int], ...],
     last: bool,
 ) -> int:
     tokens = training.seq_len * training.micro_batch // par.cp
