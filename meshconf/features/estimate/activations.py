@@ -14,6 +14,7 @@ Every formula is written out in docs/plan.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshconf.features.estimate.architecture import (
     Architecture,
@@ -43,6 +44,7 @@ class PerToken:
         return split + self.whole * dtype_bytes * tokens
 
 
+@lru_cache(maxsize=256)
 def block(arch: Architecture, kind: LayerKind, mode: Checkpointing) -> PerToken:
     """What one block stores per token under ``mode``; ``full`` stores only its input."""
     if mode == "full":

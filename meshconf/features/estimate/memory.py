@@ -225,7 +225,7 @@ def _gathers(
 
 def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
     """Elements of one block after tp/ep/etp, as an FSDP all-gather rebuilds it."""
-    dense, experts = block_split(arch, kind, par)
+    dense, experts = block_split(arch, kind, Parallelism(tp=par.tp, ep=par.ep, etp=par.etp))
     return dense + experts
 
 
