@@ -131,14 +131,6 @@ def make_plan(request: Request, count: int) -> Plan:
     return Plan(request, valid.seen, assignments, fitting)
 
 
-def estimate_degrees(request: Request, degrees: Mapping[str, int]) -> Estimate:
-    """The estimate of one assignment under ``request``, which must name a model."""
-    locality = NodeLocality(request.world_size, request.gpus_per_node, request.experts)
-    found = _estimated(request, locality, dict(degrees)).estimate
-    assert found is not None
-    return found
-
-
 @dataclass(frozen=True, order=True)
 class _Ranked:
     key: tuple[float, ...]

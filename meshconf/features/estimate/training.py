@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from meshconf.core.domains import DEFAULT_DERIVED
@@ -17,6 +18,7 @@ SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 GIB = 2**30
+_FORMULAS = {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class Training:
 
 @dataclass(frozen=True)
 class Parallelism:
-    """The seven degrees of a layout; the derived sizes follow meshconf's default formulas."""
+    """The seven degrees of a layout; ``fsdp``, ``efsdp`` and ``batch`` follow meshconf's
+    default formulas (``meshconf.core.domains.DEFAULT_DERIVED``)."""
 
     pp: int = 1
     dp_replicate: int = 1
@@ -70,24 +73,21 @@ class Parallelism:
         names = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
         return cls(**{name: degrees.get(name, 1) for name in names})
 
-    def size(self, name: str) -> int:
-        """A degree, or a derived dim of the default domains (``fsdp``, ``efsdp``, ``batch``)."""
-        values = self.__dict__
-        if name in values:
-            return int(values[name])
-        return evaluate(parse(DEFAULT_DERIVED[name]), values)
-
-    @property
+    @cached_property
     def fsdp(self) -> int:
-        return self.dp_shard * self.cp
+        return self._derived("fsdp")
 
-    @property
+    @cached_property
     def efsdp(self) -> int:
-        return self.dp_shard * self.cp * self.tp // (self.ep * self.etp)
+        return self._derived("efsdp")
 
-    @property
+    @cached_property
     def batch(self) -> int:
-        return self.dp_replicate * self.dp_shard
+        return self._derived("batch")
+
+    def _derived(self, name: str) -> int:
+        """A derived dim of the default domains, by its default formula."""
+        return evaluate(_FORMULAS[name], self.__dict__)
 
     @property
     def world(self) -> int:
