@@ -1,6 +1,7 @@
 """The estimator's model-state memory against a real run: on 8 gloo processes, a small
 Llama-shaped model parallelized as docs/runtime.md advises (tensor parallelism over ``tp``,
-FSDP2 over ``fsdp``, HSDP over ``dp_replicate`` and ``fsdp``) takes one AdamW step; then the
+FSDP2 over ``fsdp``, HSDP over ``dp_replicate`` and ``fsdp``), and a small mixture of experts
+(experts over ``ep``, FSDP2 over ``efsdp``), takes one AdamW step; then the
 bytes of every rank's local parameter, gradient and optimizer-state shards equal the
 estimator's figures exactly. The model's dims divide every shard count, so FSDP2 pads
 nothing; the estimator's padding rule (``ceil(rows / n)`` rows per rank) is checked against
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 from distributed import run_ranks
-from llama_like import TINY, LlamaLike, tensor_parallel_plan
+from llama_like import TINY, TINY_MOE, LlamaLike, tensor_parallel_plan
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
@@ -87,6 +88,66 @@ LAYOUTS: list[dict[str, Any]] = [
 )
 def test_model_state_per_rank_equals_the_estimate(degrees: dict[str, int]) -> None:
     run_ranks(_measure, 8, degrees)
+
+
+def _measure_moe(rank: int, environ: dict[str, str], degrees: dict[str, int]) -> None:
+    """Experts split over ep (each rank builds only its own), then FSDP2 over efsdp (HSDP
+    over dp_replicate and efsdp); the rest FSDP2 over fsdp. Tokens go to the rank's own
+    experts: the parameters and gradients are those of a routed step."""
+    config = load_config({"world_size": 8, "degrees": degrees})
+    assert TINY_MOE.experts is not None
+    with DistributedContext(config, environ=environ) as ctx:
+        ep = config.dim_sizes["ep"]
+        count = TINY_MOE.experts.routed // ep
+        first = ctx.coordinate("sparse")["ep"] * count
+        torch.manual_seed(0)
+        model = LlamaLike(TINY_MOE, first, count)
+        replicate = ctx.get_optional_mesh("dp_replicate") is not None
+        dense_mesh = ctx.get_mesh(["dp_replicate", "fsdp"] if replicate else ["fsdp"])
+        expert_mesh = ctx.get_mesh(["dp_replicate", "efsdp"] if replicate else ["efsdp"])
+        for layer in model.layers:
+            if layer.moe is not None:
+                fully_shard(layer.moe.experts, mesh=expert_mesh)
+            fully_shard(layer, mesh=dense_mesh)
+        fully_shard(model, mesh=dense_mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tokens = torch.randint(0, TINY_MOE.vocab, (FP32.micro_batch, FP32.seq_len))
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        optimizer.step()
+
+        params = list(model.parameters())
+        measured = {
+            "params": sum(_local_bytes(p) for p in params),
+            "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(
+                _local_bytes(value)
+                for state in optimizer.state.values()
+                for value in state.values()
+            ),
+        }
+        expected = estimate_memory(TINY_MOE, Parallelism.of(config.resolved_degrees), FP32)
+        assert measured == {
+            "params": expected.params,
+            "grads": expected.grads,
+            "optimizer": expected.optimizer,
+        }, (rank, degrees, measured, expected)
+
+
+MOE_LAYOUTS: list[dict[str, Any]] = [
+    {"dp_shard": 8, "ep": 4},
+    {"dp_shard": 8, "ep": 2},
+    {"dp_replicate": 2, "dp_shard": 4, "ep": 2},
+]
+
+
+# 8 forked processes each build meshes and run a step on 2 shared cores
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "degrees", MOE_LAYOUTS, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items())
+)
+def test_mixture_of_experts_state_per_rank_equals_the_estimate(degrees: dict[str, int]) -> None:
+    run_ranks(_measure_moe, 8, degrees)
 
 
 def _uneven(rank: int, environ: dict[str, str]) -> None:

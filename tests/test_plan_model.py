@@ -289,3 +289,26 @@ def test_more_pipeline_chunks_than_layers_do_not_fit() -> None:
     found = make_plan(Request(64, 8, {"pp": 64}, arch, Training()), 1).best[0].estimate
     assert found is not None and not found.fits
     assert found.problem == "64 pipeline chunks for 32 layers: some chunk holds none"
+
+
+def test_emit_with_a_model_repeats_the_model_options_and_the_estimate(run_cli) -> None:
+    args = ["--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--model", "llama3-70b"]
+    result = run_cli("plan", *args, "--seq-len", "4096", "--emit", "1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "# meshconf plan --world-size 64 --gpus-per-node 8 --tp 8 --model llama3-70b "
+        "--seq-len 4096 --emit 1 (assignment 1 of "
+    )
+    assert lines[2].startswith("# estimated: ") and "GiB per GPU (fits), step " in lines[2]
+
+
+def test_show_with_a_bad_model_file_exits_1_with_located_errors(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(TINY_MOE.replace("layers: 4", "layers: 0"))
+    result = run_cli("show", "examples/llama3_8b_8gpu_fsdp.yaml", "--model-file", str(path))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert (
+        result.stderr
+        == f"{path}:2:1: layers: Input should be greater than or equal to 1, got the integer 0\n"
+    )
