@@ -312,3 +312,12 @@ def test_show_with_a_bad_model_file_exits_1_with_located_errors(run_cli, tmp_pat
         result.stderr
         == f"{path}:2:1: layers: Input should be greater than or equal to 1, got the integer 0\n"
     )
+
+
+def test_show_model_reads_locality_from_a_config_with_its_own_domains(run_cli) -> None:
+    args = ["examples/custom_domain.yaml", "--model", "llama3-8b", "--gpus-per-node", "8"]
+    result = run_cli("show", *args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)["estimate"]
+    assert found["fits"] is True
+    assert {flow["crosses_nodes"] for flow in found["communication"].values()} <= {True, False}

@@ -25,7 +25,7 @@ from meshconf.features.locality import RANKED_DIMS, home_domain
 from meshconf.model.config import MeshConfig
 
 _DEFAULTS = Training()
-#: The training options, which need a model.
+#: The training options, which need a model: integers, positive numbers, and choices.
 _INTEGERS = ("seq_len", "micro_batch", "global_batch_tokens", "virtual_stages")
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
 _CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule")
@@ -53,20 +53,63 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="tokens per step; sets the micro-batches per step (default: one per GPU)",
     )
     dtypes = tuple(DTYPE_BYTES)
-    group.add_argument("--param-dtype", dest="param_dtype", choices=dtypes, default=None)
-    group.add_argument("--grad-dtype", dest="grad_dtype", choices=dtypes, default=None)
     group.add_argument(
-        "--activation-checkpointing", dest="checkpointing", choices=CHECKPOINTING, default=None
+        "--param-dtype",
+        dest="param_dtype",
+        choices=dtypes,
+        help=f"stored parameters and activations ({_DEFAULTS.param_dtype})",
     )
-    group.add_argument("--pp-schedule", dest="schedule", choices=SCHEDULES, default=None)
     group.add_argument(
-        "--virtual-stages", dest="virtual_stages", metavar="V", help="chunks per pipeline rank"
+        "--grad-dtype",
+        dest="grad_dtype",
+        choices=dtypes,
+        help=f"gradients and their reduction ({_DEFAULTS.grad_dtype})",
     )
-    group.add_argument("--gpu-memory-gib", dest="gpu_memory_gib", metavar="GIB")
-    group.add_argument("--intra-node-gbps", dest="intra_node_gbps", metavar="GBPS")
-    group.add_argument("--inter-node-gbps", dest="inter_node_gbps", metavar="GBPS")
-    group.add_argument("--peak-tflops", dest="peak_tflops", metavar="TF")
-    group.add_argument("--mfu", dest="mfu", metavar="F", help="fraction of peak reached (0.4)")
+    group.add_argument(
+        "--activation-checkpointing",
+        dest="checkpointing",
+        choices=CHECKPOINTING,
+        help=f"what the backward pass recomputes ({_DEFAULTS.checkpointing})",
+    )
+    group.add_argument(
+        "--pp-schedule",
+        dest="schedule",
+        choices=SCHEDULES,
+        help=f"pipeline schedule ({_DEFAULTS.schedule})",
+    )
+    group.add_argument(
+        "--virtual-stages",
+        dest="virtual_stages",
+        metavar="V",
+        help="model chunks per pipeline rank, for --pp-schedule interleaved",
+    )
+    group.add_argument(
+        "--gpu-memory-gib",
+        dest="gpu_memory_gib",
+        metavar="GIB",
+        help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})",
+    )
+    group.add_argument(
+        "--intra-node-gbps",
+        dest="intra_node_gbps",
+        metavar="GBPS",
+        help=f"bandwidth per GPU inside a node, each way ({_DEFAULTS.intra_node_gbps:g})",
+    )
+    group.add_argument(
+        "--inter-node-gbps",
+        dest="inter_node_gbps",
+        metavar="GBPS",
+        help=f"bandwidth per GPU across nodes ({_DEFAULTS.inter_node_gbps:g})",
+    )
+    group.add_argument(
+        "--peak-tflops",
+        dest="peak_tflops",
+        metavar="TF",
+        help=f"peak dense TFLOP/s of one GPU ({_DEFAULTS.peak_tflops:g})",
+    )
+    group.add_argument(
+        "--mfu", dest="mfu", metavar="F", help=f"fraction of peak reached ({_DEFAULTS.mfu:g})"
+    )
 
 
 def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | str | int:
@@ -221,14 +264,13 @@ def show_estimate(
     if model is None:
         return []
     gpus = config.gpus_per_node
-    layouts = config.layouts
-    crosses = {
-        name: gpus is not None
-        and name in layouts[home_domain(name)].dim_names
-        and layouts[home_domain(name)].crosses_nodes(name, gpus)
-        for name in RANKED_DIMS
-        if any(name in layout.dim_names for layout in layouts.values())
-    }
+    crosses: dict[str, bool] = {}
+    for name in RANKED_DIMS:
+        # the dim's default domain when the config has it, else the first that holds it
+        holders = [layout for layout in config.layouts.values() if name in layout.dim_names]
+        home = [layout for layout in holders if layout.name == home_domain(name)]
+        if gpus is not None and holders:
+            crosses[name] = (home or holders)[0].crosses_nodes(name, gpus)
     found = estimate(model, Parallelism.of(config.resolved_degrees), training, crosses)
     report["estimate"] = {"model": model.name, **memory_json(found)}
     return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]
