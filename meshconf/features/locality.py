@@ -61,17 +61,6 @@ def _inner_dims(name: str) -> tuple[str, ...]:
     return dims[dims.index(name) + 1 :]
 
 
-def _degrees_read(name: str) -> tuple[str, ...]:
-    """The degrees a ranked dim's ``(size, stride)`` depends on: those of its own formula
-    and of the dims inside it in its home domain."""
-    dims = DEFAULT_DOMAINS[home_domain(name)]
-    read: set[str] = set()
-    for dim in dims[dims.index(name) :]:
-        formula = _FORMULAS.get(dim)
-        read.update(names(formula) if formula is not None else (dim,))
-    return tuple(sorted(read))
-
-
 class NodeLocality:
     """The node locality of assignments of one world; answers remembered across them."""
 
@@ -79,35 +68,25 @@ class NodeLocality:
         self._world = world_size
         self._gpus = gpus_per_node
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
-        self._read = {name: _degrees_read(name) for name in self.dims}
         self._inner = {name: _inner_dims(name) for name in self.dims}
         self._crossings: dict[tuple[int, int], bool] = {}
-        self._flags: dict[tuple[str, tuple[int, ...]], bool] = {}
         self._derived: dict[tuple[str, tuple[int, ...]], int] = {}
 
     def crosses(self, degrees: Mapping[str, int]) -> dict[str, bool]:
-        """Per ranked dim, whether its groups cross nodes (never, without nodes); each
-        answer remembered under the degrees it depends on."""
-        found: dict[str, bool] = {}
-        for name in self.dims:
-            key = (name, tuple(degrees[degree] for degree in self._read[name]))
-            flag = self._flags.get(key)
-            if flag is None:
-                stride = math.prod(self._size(dim, degrees) for dim in self._inner[name])
-                flag = self._flags[key] = self._crosses(self._size(name, degrees), stride)
-            found[name] = flag
-        return found
-
-    def _size(self, dim: str, degrees: Mapping[str, int]) -> int:
-        """A degree, or a derived dim by its default formula (remembered per inputs)."""
-        formula = _FORMULAS.get(dim)
-        if formula is None:
-            return degrees[dim]
-        key = (dim, tuple(degrees[name] for name in _FORMULA_NAMES[dim]))
-        size = self._derived.get(key)
-        if size is None:
-            size = self._derived[key] = evaluate(formula, degrees)
-        return size
+        """Per ranked dim, whether its groups cross nodes (never, without nodes)."""
+        if self._gpus is None:
+            return dict.fromkeys(self.dims, False)
+        sizes = dict(degrees)
+        for name, inputs in _FORMULA_NAMES.items():
+            key = (name, tuple(degrees[degree] for degree in inputs))
+            size = self._derived.get(key)
+            if size is None:
+                size = self._derived[key] = evaluate(_FORMULAS[name], degrees)
+            sizes[name] = size
+        return {
+            name: self._crosses(sizes[name], math.prod(sizes[dim] for dim in self._inner[name]))
+            for name in self.dims
+        }
 
     def key(
         self, degrees: Mapping[str, int], flags: Mapping[str, bool] | None = None

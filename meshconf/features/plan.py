@@ -118,8 +118,9 @@ def make_plan(request: Request, count: int) -> Plan:
     locality = NodeLocality(request.world_size, request.gpus_per_node, request.experts)
     valid = _Counter(_valid(request))
     if request.model is None:
-        ranked = (_Ranked(_locality_key(request, locality, degrees), degrees) for degrees in valid)
-        best = heapq.nsmallest(count, ranked)
+        # plain tuples compare fastest; keys end with every degree, so they never tie
+        ranked = ((_locality_key(request, locality, degrees), degrees) for degrees in valid)
+        best = [_Ranked(key, degrees) for key, degrees in heapq.nsmallest(count, ranked)]
         fitting = None
     else:
         estimated = [_estimated(request, locality, degrees) for degrees in valid]
