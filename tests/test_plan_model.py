@@ -82,11 +82,16 @@ def test_llama3_405b_rows_above_meta_layout_have_fewer_stages_and_fit() -> None:
     plan = make_plan(request, 1000)
     meta = {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8, "ep": 1, "etp": 1}
     position = [dict(row.degrees) for row in plan.best].index(meta)
+    assert (position + 1, plan.total) == (34, 78)  # as docs/plan.md says
     above = plan.best[:position]
     assert all(row.estimate and row.estimate.fits for row in above)
-    assert {row.degrees["pp"] for row in above} <= {1, 2, 4, 8, 16}
-    assert all(row.estimate and row.estimate.bubble_fraction <= 15 / 16 for row in above)
-    assert plan.best[position].estimate and plan.best[position].estimate.fits
+    # 32 rows with fewer stages, then the same pipeline with replicas instead of shards
+    assert [row.degrees["pp"] for row in above[:32]] == [1] * 8 + [2] * 8 + [4] * 8 + [8] * 8
+    twin = above[32].degrees
+    assert (twin["pp"], twin["dp_replicate"], twin["dp_shard"]) == (16, 128, 1)
+    assert above[32].estimate and plan.best[position].estimate
+    assert above[32].estimate.step_seconds == plan.best[position].estimate.step_seconds
+    assert plan.best[position].estimate.fits
 
 
 def test_deepseek_v3_on_2048_gpus_with_pp16_ep64_fits() -> None:
