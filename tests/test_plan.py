@@ -11,12 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.features.locality import RANKED_DIMS, NodeLocality, blocks, home_domain
 from meshconf.features.plan import (
-    SHOWN_DIMS,
     PlanError,
     Request,
-    _NodeLocality,
-    _row_major_blocks,
     _valid,
     build_config,
     make_plan,
@@ -28,17 +26,41 @@ from meshconf.model.config import MeshConfig
 
 
 def test_textbook_32_nodes_of_8_with_tp_8_keeps_tp_groups_in_a_node() -> None:
-    plan = make_plan(Request(256, 8, {"tp": 8}), 10)
+    plan = make_plan(Request(256, 8, {"tp": 8}), 100)
     best = plan.best[0]
     config = build_config(plan.request, best.degrees)
     assert not config.layout("dense").crosses_nodes("tp", 8)
-    # dp = 32 across the nodes: DDP first (its traffic is the lighter), FSDP second.
+    # dp = 32 across the nodes: a model that needs tp 8 needs its state sharded, so FSDP
+    # first and pure DDP, whose locality alone would put it first, last of the pp 1 rows.
     assert [dict(a.degrees) for a in plan.best[:2]] == [
-        {"pp": 1, "dp_replicate": 32, "dp_shard": 1, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
         {"pp": 1, "dp_replicate": 1, "dp_shard": 32, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
+        {"pp": 1, "dp_replicate": 2, "dp_shard": 16, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
     ]
-    # 32 = 2**5 split over pp, dp_replicate, dp_shard and cp: C(8, 3) tuples.
-    assert plan.total == math.comb(8, 3)
+    pp_1 = [dict(a.degrees) for a in plan.best if a.degrees["pp"] == 1]
+    assert pp_1[-1] == {
+        "pp": 1,
+        "dp_replicate": 32,
+        "dp_shard": 1,
+        "cp": 1,
+        "tp": 8,
+        "ep": 1,
+        "etp": 1,
+    }
+    # 32 = 2**5 split over pp, dp_replicate and dp_shard (cp is 1 unless pinned): C(7, 2).
+    assert plan.total == math.comb(7, 2)
+
+
+def test_cp_is_enumerated_only_when_pinned() -> None:
+    unpinned = make_plan(Request(64, 8, {"tp": 8}), 1000)
+    assert {a.degrees["cp"] for a in unpinned.best} == {1}
+    pinned = make_plan(Request(64, 8, {"tp": 8, "cp": 2}), 1000)
+    assert {a.degrees["cp"] for a in pinned.best} == {2}
+    assert pinned.total == math.comb(4, 2)  # 4 = 2**2 over pp, dp_replicate, dp_shard
+
+
+def test_without_tp_pinned_replicas_alone_keep_their_locality_rank() -> None:
+    best = make_plan(Request(64, 8, {}), 1).best[0]
+    assert (best.degrees["dp_replicate"], best.degrees["dp_shard"], best.degrees["tp"]) == (8, 1, 8)
 
 
 def test_textbook_512_ranks_as_dp_8_pp_8_tp_8(run_cli) -> None:
@@ -49,31 +71,20 @@ def test_textbook_512_ranks_as_dp_8_pp_8_tp_8(run_cli) -> None:
     assert result.stderr == ""
     assert result.stdout.splitlines() == [
         "world_size 512 = 64 nodes x 8 GPUs; pinned: pp=8 tp=8",
-        "10 valid assignments; all, best first (ranking: docs/plan.md)",
-        " #  pp  dp_replicate  dp_shard  cp  tp  groups cross nodes                   groups stay in a node",
-        " 1   8             8         1   1   8  pp(8) dp_replicate(8)                tp(8)",
-        " 2   8             1         8   1   8  pp(8) fsdp(8)                        tp(8)",
-        " 3   8             2         4   1   8  pp(8) dp_replicate(2) fsdp(4)        tp(8)",
-        " 4   8             4         2   1   8  pp(8) dp_replicate(4) fsdp(2)        tp(8)",
-        " 5   8             1         4   2   8  pp(8) fsdp(8) cp(2)                  tp(8)",
-        " 6   8             1         2   4   8  pp(8) fsdp(8) cp(4)                  tp(8)",
-        " 7   8             1         1   8   8  pp(8) fsdp(8) cp(8)                  tp(8)",
-        " 8   8             2         2   2   8  pp(8) dp_replicate(2) fsdp(4) cp(2)  tp(8)",
-        " 9   8             2         1   4   8  pp(8) dp_replicate(2) fsdp(4) cp(4)  tp(8)",
-        "10   8             4         1   2   8  pp(8) dp_replicate(4) fsdp(2) cp(2)  tp(8)",
+        "4 valid assignments; all, best first (ranking: docs/plan.md)",
+        "#  pp  dp_replicate  dp_shard  cp  tp  groups cross nodes             groups stay in a node",
+        "1   8             1         8   1   8  pp(8) fsdp(8)                  tp(8)",
+        "2   8             2         4   1   8  pp(8) dp_replicate(2) fsdp(4)  tp(8)",
+        "3   8             4         2   1   8  pp(8) dp_replicate(4) fsdp(2)  tp(8)",
+        "4   8             8         1   1   8  pp(8) dp_replicate(8)          tp(8)",
     ]
 
 
-def test_textbook_512_json_lists_every_split_of_dp_8() -> None:
+def test_textbook_512_lists_every_split_of_dp_8_and_with_cp_pinned_free_every_split() -> None:
     plan = make_plan(Request(512, 8, {"tp": 8, "pp": 8}), 100)
-    listed = {
-        (a.degrees["dp_replicate"], a.degrees["dp_shard"], a.degrees["cp"]) for a in plan.best
-    }
-    expected = {
-        (r, s, c) for r, s, c in itertools.product([1, 2, 4, 8], repeat=3) if r * s * c == 8
-    }
-    assert listed == expected
-    assert plan.total == len(expected) == 10
+    listed = {(a.degrees["dp_replicate"], a.degrees["dp_shard"]) for a in plan.best}
+    assert listed == {(r, s) for r, s in itertools.product([1, 2, 4, 8], repeat=2) if r * s == 8}
+    assert plan.total == 4
 
 
 def test_the_ranking_follows_the_documented_rules_in_turn() -> None:
@@ -90,8 +101,8 @@ def test_the_ranking_follows_the_documented_rules_in_turn() -> None:
         "ep": 1,
         "etp": 1,
     }
-    # The last ones put tp across nodes.
-    assert plan.best[-1].key[0] == 1
+    # The last ones put tp across nodes (key[0] is 0 here: tp is not pinned).
+    assert plan.best[-1].key[:2] == (0, 1)
 
 
 def test_without_gpus_per_node_fewer_stages_replicas_cp_and_shards_win() -> None:
@@ -124,32 +135,26 @@ REQUESTS = [
 def test_every_assignment_validates_and_its_flags_are_the_layouts(request_: Request) -> None:
     plan = make_plan(request_, 10**6)
     assert len(plan.best) == plan.total
-    locality = _NodeLocality(request_)
+    locality = NodeLocality(request_.world_size, request_.gpus_per_node, experts=True)
     for assignment in plan.best:
         config = build_config(request_, assignment.degrees)  # raises if a rule fails
         assert config.resolved_degrees == dict(assignment.degrees)
         if request_.gpus_per_node is None:
             continue
-        blocks = _row_major_blocks(
-            *(assignment.degrees[n] for n in ("dp_shard", "cp", "tp", "ep", "etp"))
-        )
-        blocks["dp_replicate"] = (
-            assignment.degrees["dp_replicate"],
-            assignment.degrees["dp_shard"] * assignment.degrees["cp"] * assignment.degrees["tp"],
-        )
-        for name, (size, stride) in blocks.items():
-            layout = config.layout(SHOWN_DIMS[name])
+        flags = locality.crosses(assignment.degrees)
+        for name, (size, stride) in blocks(assignment.degrees).items():
+            layout = config.layout(home_domain(name))
             assert layout.dim(name).size == size
             assert layout.dim(name).stride == stride or size == 1
             expected = layout.crosses_nodes(name, request_.gpus_per_node)
-            assert locality._crosses(size, stride) == expected, (assignment, name)
+            assert flags[name] == expected, (assignment, name)
 
 
 def test_rationale_reads_the_config_layouts() -> None:
     request = Request(64, 8, {"ep": 8})
     config = build_config(request, make_plan(request, 1).best[0].degrees)
     dims = rationale(request, config)
-    assert [dim.name for dim in dims] == list(SHOWN_DIMS)
+    assert [dim.name for dim in dims] == list(RANKED_DIMS)
     assert {dim.name: dim.crosses_nodes for dim in dims if dim.size > 1} == {
         "dp_replicate": True,
         "tp": False,
@@ -161,8 +166,8 @@ def test_rationale_reads_the_config_layouts() -> None:
 
 
 def _brute_force_count(world: int, pins: dict[str, int]) -> int:
-    """Every 5-tuple in [1, world]^5, kept when its product is the world, it keeps the pins,
-    and MeshConfig accepts it with the pinned ep and etp."""
+    """Every 5-tuple in [1, world]^5, kept when its product is the world, it keeps the pins
+    (cp is 1 unless pinned), and MeshConfig accepts it with the pinned ep and etp."""
     experts = {name: pins[name] for name in ("ep", "etp") if name in pins}
     count = 0
     for values in itertools.product(range(1, world + 1), repeat=len(WORLD_FACTORS)):
@@ -170,6 +175,8 @@ def _brute_force_count(world: int, pins: dict[str, int]) -> int:
             continue
         degrees = dict(zip(WORLD_FACTORS, values, strict=True))
         if any(degrees[name] != value for name, value in pins.items() if name in degrees):
+            continue
+        if degrees["cp"] != pins.get("cp", 1):
             continue
         try:
             MeshConfig(world_size=world, degrees={**degrees, **experts})
@@ -205,7 +212,7 @@ def test_emit_prints_a_config_that_validates(run_cli, tmp_path: Path) -> None:
     result = run_cli("plan", *args)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "# meshconf plan --world-size 64 --gpus-per-node 8 --ep 4 --etp 2 --emit 1 (assignment 1 of 40)",
+        "# meshconf plan --world-size 64 --gpus-per-node 8 --ep 4 --etp 2 --emit 1 (assignment 1 of 10)",
         "# groups cross nodes: dp_replicate(8); stay in a node: fsdp(4) tp(2) ep(4) etp(2)",
         "world_size: 64",
         "gpus_per_node: 8",
@@ -225,7 +232,7 @@ def test_emit_prints_a_config_that_validates(run_cli, tmp_path: Path) -> None:
     assert checked.stdout == f"{path}: ok (world_size 64)\n"
 
 
-@pytest.mark.parametrize("index", ["1", "5", "56"])
+@pytest.mark.parametrize("index", ["1", "5", "21"])
 def test_every_emitted_row_validates(run_cli, tmp_path: Path, index: str) -> None:
     result = run_cli(
         "plan", "--world-size", "256", "--gpus-per-node", "8", "--tp", "8", "--emit", index
@@ -239,7 +246,7 @@ def test_every_emitted_row_validates(run_cli, tmp_path: Path, index: str) -> Non
 def test_emit_without_gpus_per_node_leaves_out_the_key_and_the_locality_line(run_cli) -> None:
     result = run_cli("plan", "--world-size", "8", "--tp", "2", "--emit", "1")
     assert result.stdout.splitlines()[:3] == [
-        "# meshconf plan --world-size 8 --tp 2 --emit 1 (assignment 1 of 10)",
+        "# meshconf plan --world-size 8 --tp 2 --emit 1 (assignment 1 of 6)",
         "world_size: 8",
         "degrees:",
     ]
@@ -267,14 +274,14 @@ def test_json_lists_the_rows_with_their_dims(run_cli) -> None:
         "world_size": 4,
         "gpus_per_node": 2,
         "pins": {"tp": 2},
-        "total": 4,
+        "total": 3,
         "assignments": [
             {
                 "index": 1,
                 "degrees": {
                     "pp": 1,
-                    "dp_replicate": 2,
-                    "dp_shard": 1,
+                    "dp_replicate": 1,
+                    "dp_shard": 2,
                     "cp": 1,
                     "tp": 2,
                     "ep": 1,
@@ -282,8 +289,8 @@ def test_json_lists_the_rows_with_their_dims(run_cli) -> None:
                 },
                 "dims": [
                     {"name": "pp", "size": 1, "crosses_nodes": False},
-                    {"name": "dp_replicate", "size": 2, "crosses_nodes": True},
-                    {"name": "fsdp", "size": 1, "crosses_nodes": False},
+                    {"name": "dp_replicate", "size": 1, "crosses_nodes": False},
+                    {"name": "fsdp", "size": 2, "crosses_nodes": True},
                     {"name": "cp", "size": 1, "crosses_nodes": False},
                     {"name": "tp", "size": 2, "crosses_nodes": False},
                 ],
@@ -362,7 +369,7 @@ def test_a_node_larger_than_the_world_is_planned_with_a_warning(run_cli) -> None
         (["--tp", "2"], "--world-size N is required"),
         (
             ["--world-size", "8", "--emit", "99"],
-            "--emit 99 is not a row: there are 35 valid assignments",
+            "--emit 99 is not a row: there are 20 valid assignments",
         ),
         (
             ["--world-size", "8", "--emit", "1", "--format", "json"],
@@ -395,10 +402,10 @@ def test_plan_error_is_a_value_error() -> None:
 
 @pytest.mark.parametrize("world", [2**16, 2**20])
 def test_highly_composite_worlds_count_every_assignment(world: int) -> None:
-    # 2**16 has C(20, 4) = 4845 assignments and 2**20 has C(24, 4) = 10626.
+    # With cp 1, 2**16 has C(19, 3) = 969 assignments and 2**20 has C(23, 3) = 1771.
     plan = make_plan(Request(world, 8), 10)
     exponent = world.bit_length() - 1
-    assert plan.total == math.comb(exponent + 4, 4)
+    assert plan.total == math.comb(exponent + 3, 3)
 
 
 @pytest.mark.parametrize("number", [1, 2, 12, 97, 360, 720720, 2**20, 2 * 1_000_003])

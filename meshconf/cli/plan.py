@@ -1,5 +1,6 @@
 """``meshconf plan --world-size N``: every valid assignment of the degrees, ranked by node
-locality, and ``--emit`` to print one as a config."""
+locality or, with a model, by fit and estimated step time; ``--emit`` prints one as a
+config."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from typing import Any
 import yaml
 
 from meshconf.cli.common import EXIT_OK, emit, positive_int, usage_error
+from meshconf.cli.estimate_options import (
+    add_model_options,
+    gib,
+    memory_json,
+    model_request,
+    settings_line,
+)
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.features.plan import (
     Assignment,
@@ -28,6 +36,25 @@ from meshconf.features.plan import (
 )
 
 DEFAULT_LIMIT = 10
+#: The model and training options (flag, attribute), in the order an emitted command
+#: line gives them.
+_MODEL_FLAGS = (
+    ("--model", "model"),
+    ("--model-file", "model_file"),
+    ("--seq-len", "seq_len"),
+    ("--micro-batch", "micro_batch"),
+    ("--global-batch-tokens", "global_batch_tokens"),
+    ("--param-dtype", "param_dtype"),
+    ("--grad-dtype", "grad_dtype"),
+    ("--activation-checkpointing", "checkpointing"),
+    ("--pp-schedule", "schedule"),
+    ("--virtual-stages", "virtual_stages"),
+    ("--gpu-memory-gib", "gpu_memory_gib"),
+    ("--intra-node-gbps", "intra_node_gbps"),
+    ("--inter-node-gbps", "inter_node_gbps"),
+    ("--peak-tflops", "peak_tflops"),
+    ("--mfu", "mfu"),
+)
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
 _NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit")
 
@@ -48,7 +75,7 @@ def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
     return numbers
 
 
-def _command_line(request: Request, index: int) -> str:
+def _command_line(request: Request, index: int, model_words: list[str]) -> str:
     """The command that prints this config again, options in a fixed order."""
     words = ["meshconf plan", f"--world-size {request.world_size}"]
     if request.gpus_per_node is not None:
@@ -56,8 +83,18 @@ def _command_line(request: Request, index: int) -> str:
     words += [
         f"{option_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
     ]
+    words += model_words
     words.append(f"--emit {index}")
     return " ".join(words)
+
+
+def _model_words(args: argparse.Namespace) -> list[str]:
+    """The model and training options as given, for the emitted command line."""
+    return [
+        f"{flag} {getattr(args, name)}"
+        for flag, name in _MODEL_FLAGS
+        if getattr(args, name) is not None
+    ]
 
 
 def _dims_text(dims: Sequence[DimLocality]) -> str:
@@ -72,7 +109,7 @@ def _split(dims: list[DimLocality]) -> tuple[str, str]:
     return _dims_text(crossing), _dims_text(staying)
 
 
-def _emit_yaml(plan: Plan, index: int) -> str:
+def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
     request = plan.request
     assignment = plan.best[index - 1]
     config = build_config(request, assignment.degrees)
@@ -84,7 +121,19 @@ def _emit_yaml(plan: Plan, index: int) -> str:
     )
     body = yaml.safe_dump(config_data(request, assignment.degrees), sort_keys=False)
     return (
-        f"# {_command_line(request, index)} (assignment {index} of {plan.total})\n{locality}{body}"
+        f"# {_command_line(request, index, model_words)} (assignment {index} of {plan.total})"
+        f"\n{locality}{_estimate_comment(assignment)}{body}"
+    )
+
+
+def _estimate_comment(assignment: Assignment) -> str:
+    found = assignment.estimate
+    if found is None:
+        return ""
+    verdict = "fits" if found.fits else "does NOT fit"
+    return (
+        f"# estimated: {gib(found.memory.total):g} GiB per GPU ({verdict}), "
+        f"step {found.step_seconds:.3g} s\n"
     )
 
 
@@ -106,7 +155,12 @@ def _header(plan: Plan) -> list[str]:
     else:
         which = f"the best {shown}" if shown < plan.total else "all"
         count = f"{plan.total} valid assignments; {which}, best first (ranking: docs/plan.md)"
-    lines = [f"{world}; pinned: {pins}", count]
+    lines = [f"{world}; pinned: {pins}"]
+    if request.model is not None:
+        lines.append(settings_line(request.model, request.training))
+        fit = f"{plan.fitting} fit in {request.training.gpu_memory_gib:g} GiB"
+        count = count.replace(";", f"; {fit};", 1) if ";" in count else f"{count}; {fit}"
+    lines.append(count)
     if gpus is None:
         lines.append(
             "no --gpus-per-node: node locality unknown; ranked by smaller pp, dp_replicate, cp, "
@@ -118,12 +172,18 @@ def _header(plan: Plan) -> list[str]:
 def _rows(plan: Plan) -> list[list[str]]:
     """The table, header first: index, world factors, rationale."""
     located = plan.request.gpus_per_node is not None
+    estimated = plan.request.model is not None
     header = ["#", *WORLD_FACTORS]
+    header += ["GiB", "fits", "step s"] if estimated else []
     header += ["groups cross nodes", "groups stay in a node"] if located else ["dims (ranks)"]
     rows = [header]
     for index, assignment in enumerate(plan.best, start=1):
         dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
         cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
+        found = assignment.estimate
+        if found is not None:
+            total = f"{found.memory.total / 2**30:.1f}"
+            cells += [total, "yes" if found.fits else "no", f"{found.step_seconds:.3g}"]
         cells += list(_split(dims)) if located else [_dims_text([d for d in dims if d.size > 1])]
         rows.append(cells)
     return rows
@@ -132,7 +192,7 @@ def _rows(plan: Plan) -> list[list[str]]:
 def _print_table(plan: Plan) -> None:
     print("\n".join(_header(plan)))
     rows = _rows(plan)
-    numeric = 1 + len(WORLD_FACTORS)
+    numeric = 1 + len(WORLD_FACTORS) + (3 if plan.request.model is not None else 0)
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         cells = [
@@ -144,18 +204,21 @@ def _print_table(plan: Plan) -> None:
 
 def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any]:
     dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
-    return {
+    entry: dict[str, Any] = {
         "index": index,
         "degrees": dict(assignment.degrees),
         "dims": [
             {"name": dim.name, "size": dim.size, "crosses_nodes": dim.crosses_nodes} for dim in dims
         ],
     }
+    if assignment.estimate is not None:
+        entry.update(memory_json(assignment.estimate))
+    return entry
 
 
 def _json_report(plan: Plan) -> dict[str, Any]:
     request = plan.request
-    return {
+    report: dict[str, Any] = {
         "world_size": request.world_size,
         "gpus_per_node": request.gpus_per_node,
         "pins": dict(request.pins),
@@ -165,6 +228,11 @@ def _json_report(plan: Plan) -> dict[str, Any]:
             for index, assignment in enumerate(plan.best, start=1)
         ],
     }
+    if request.model is not None:
+        report["model"] = request.model.name
+        report["training"] = dict(request.training.__dict__)
+        report["fitting"] = plan.fitting
+    return report
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,10 +241,18 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(numbers)
     if "emit" in numbers and args.format == "json":
         return usage_error("--emit prints a YAML config; leave out --format json")
+    modelled = model_request(args)
+    if isinstance(modelled, str):
+        return usage_error(modelled)
+    if isinstance(modelled, int):
+        return modelled
+    model, training = modelled
     request = Request(
         world_size=numbers["world_size"],
         gpus_per_node=numbers.get("gpus_per_node"),
         pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
+        model=model,
+        training=training,
     )
     wanted = numbers.get("emit", numbers.get("limit", DEFAULT_LIMIT))
     try:
@@ -192,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
             return usage_error(
                 f"--emit {index} is not a row: there are {plan.total} valid assignments"
             )
-        text = _emit_yaml(plan, index)
+        text = _emit_yaml(plan, index, _model_words(args))
         emit(lambda: print(text, end=""))
     elif args.format == "json":
         report = _json_report(plan)
@@ -226,4 +302,5 @@ def add_parser(subparsers: Any) -> None:
         default="text",
         help="text: a table (default); json: the same as data",
     )
+    add_model_options(parser)
     parser.set_defaults(run=run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from meshconf.cli.common import (
@@ -15,6 +16,7 @@ from meshconf.cli.common import (
     non_negative_int,
     usage_error,
 )
+from meshconf.cli.estimate_options import add_model_options, show_estimate
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
@@ -138,8 +140,10 @@ def report_text(
     config: MeshConfig,
     report: dict[str, Any],
     hidden: tuple[list[str], dict[str, str]] = ([], {}),
+    extra: Sequence[str] = (),
 ) -> None:
-    """Print ``report`` as text, without the dims and domains in ``hidden``."""
+    """Print ``report`` as text, without the dims and domains in ``hidden``, then the
+    ``extra`` lines."""
     hidden_dims, hidden_domains = hidden
     rank = report["rank"]
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
@@ -199,6 +203,8 @@ def report_text(
         f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
         "of more than one rank across all domains"
     )
+    for line in extra:
+        print(line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,13 +224,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         listed = JSON_GROUP_RANKS if args.format == "json" else _SHOWN_RANKS
     report = build_report(config, args.rank, domains, listed)
+    estimate_lines = show_estimate(args, config, report)
+    if isinstance(estimate_lines, int):
+        return estimate_lines
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))
     else:
         # A domain asked for by name is shown even when trivial.
         dims, trivial_domains = left_out(config, domains)
         hidden = ([], {}) if args.all else (dims, {} if args.domain else trivial_domains)
-        emit(lambda: report_text(config, report, hidden))
+        emit(lambda: report_text(config, report, hidden, estimate_lines))
     return EXIT_OK
 
 
@@ -259,4 +268,5 @@ def add_parser(subparsers: Any) -> None:
     )
     add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)
+    add_model_options(parser)
     parser.set_defaults(run=run)

@@ -1,16 +1,16 @@
-"""Plan degree assignments for a world size: enumerate, check, rank by node locality.
+"""Plan degree assignments for a world size: enumerate, check, rank.
 
 ``meshconf plan`` lists every assignment of the world factors (``pp``, ``dp_replicate``,
 ``dp_shard``, ``cp``, ``tp``) whose product is the world size, under the degrees the user
-pins, and ranks them so that the dims with the most traffic keep their groups inside a node.
+pins (``cp`` stays 1 unless pinned). Without a model it ranks them so that the dims with the
+most traffic keep their groups inside a node; with one, layouts that fit in memory come
+first, by estimated step time (``meshconf.features.estimate``), node locality breaking ties.
 This module is the pure logic: no torch, no command line, no I/O.
 
-Speed: a highly composite world has many assignments (65,536 = 2**16 has 4,845), so the
-ranking never builds a config per assignment. In the default domains every dim is a single
-row-major block, whose groups depend only on its size and on the product of the dims inside
-it (its stride); :class:`_NodeLocality` asks :meth:`DomainLayout.crosses_nodes` once per
-distinct ``(size, stride)`` and remembers the answer. Only the rows that are shown or
-emitted are built as :class:`MeshConfig` and so checked by every rule of meshconf.
+Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
+the ranking never builds a config per assignment: :class:`NodeLocality` answers locality
+from ``(size, stride)`` pairs. Only the rows that are shown or emitted are built as
+:class:`MeshConfig` and so checked by every rule of meshconf.
 """
 
 from __future__ import annotations
@@ -21,31 +21,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, divisors
-from meshconf.core.domains import DATALOADING, DENSE, SPARSE
 from meshconf.core.errors import MeshconfError, Problem
-from meshconf.core.layout import DomainLayout
+from meshconf.features.estimate.architecture import Architecture
+from meshconf.features.estimate.step import Estimate, estimate
+from meshconf.features.estimate.training import Parallelism, Training
+from meshconf.features.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.model.rules import Analysis, MeshSpec, check_etp, check_expert_borrow
-
-#: Dims whose groups carry the most traffic, most first: their locality is ranked before the
-#: number of pipeline stages. ``etp`` and ``ep`` count only for a mixture of experts.
-HEAVY_DIMS = ("tp", "cp", "etp", "ep")
-#: Dims with less traffic, most first: their locality is ranked after the pipeline stages.
-LIGHT_DIMS = ("fsdp", "efsdp", "dp_replicate")
-#: The dims shown in a row's rationale, outer to inner, with the default domain each is
-#: read from; the expert dims only when ep or etp is pinned.
-SHOWN_DIMS: Mapping[str, str] = {
-    "pp": DENSE,
-    "dp_replicate": DENSE,
-    "fsdp": DENSE,
-    "cp": DATALOADING,
-    "tp": DENSE,
-    "efsdp": SPARSE,
-    "ep": SPARSE,
-    "etp": SPARSE,
-}
-_EXPERT_DIMS = frozenset({"efsdp", "ep", "etp"})
 
 #: An assignment of the world factors, in WORLD_FACTORS order (pp outermost).
 Factors = tuple[int, int, int, int, int]
@@ -66,10 +49,14 @@ class Request:
     world_size: int
     gpus_per_node: int | None = None
     pins: Mapping[str, int] = field(default_factory=dict)
+    model: Architecture | None = None
+    training: Training = field(default_factory=Training)
 
     @property
     def experts(self) -> bool:
         """Whether the model has experts: only then are ep, etp and efsdp ranked."""
+        if self.model is not None and self.model.experts is not None:
+            return True
         return any(name in self.pins for name in EXPERT_DEGREES)
 
     @property
@@ -83,10 +70,12 @@ class Request:
 
 @dataclass(frozen=True)
 class Assignment:
-    """One valid assignment: every degree, and the key it was ranked by (smaller first)."""
+    """One valid assignment: every degree, the key it was ranked by (smaller first), and
+    with a model its estimate."""
 
     degrees: Mapping[str, int]
-    key: tuple[int, ...]
+    key: tuple[float, ...]
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +85,7 @@ class Plan:
     request: Request
     total: int
     best: tuple[Assignment, ...]
+    fitting: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,17 +114,56 @@ def node_warning(request: Request) -> str | None:
 
 
 def make_plan(request: Request, count: int) -> Plan:
-    """The ``count`` best assignments under ``request``, and the number of valid ones."""
+    """The ``count`` best assignments under ``request``, and the number of valid ones.
+
+    Raises :class:`PlanError` when the pins or ranges admit no assignment."""
     _check_ranges(request)
     _check_pins_fit(request)
     _check_count(request)
-    locality = _NodeLocality(request)
+    locality = NodeLocality(request.world_size, request.gpus_per_node, request.experts)
     valid = _Counter(_valid(request))
-    best = heapq.nsmallest(count, ((locality.key(factors), factors) for factors in valid))
+    if request.model is None:
+        # plain tuples compare fastest; keys end with every degree, so they never tie
+        ranked = ((_locality_key(request, locality, degrees), degrees) for degrees in valid)
+        best = [_Ranked(key, degrees) for key, degrees in heapq.nsmallest(count, ranked)]
+        fitting = None
+    else:
+        estimated = [_estimated(request, locality, degrees) for degrees in valid]
+        best = heapq.nsmallest(count, estimated)
+        fitting = sum(1 for row in estimated if row.estimate is not None and row.estimate.fits)
     if valid.seen == 0:
         raise PlanError(_no_assignment_message(request))
-    assignments = tuple(Assignment(_degrees(request, factors), key) for key, factors in best)
-    return Plan(request, valid.seen, assignments)
+    assignments = tuple(Assignment(row.degrees, row.key, row.estimate) for row in best)
+    return Plan(request, valid.seen, assignments, fitting)
+
+
+@dataclass(frozen=True, order=True)
+class _Ranked:
+    key: tuple[float, ...]
+    degrees: dict[str, int] = field(compare=False)
+    estimate: Estimate | None = field(default=None, compare=False)
+
+
+def _locality_key(
+    request: Request, locality: NodeLocality, degrees: Mapping[str, int]
+) -> tuple[float, ...]:
+    """Without a model: a model that needs tensor parallelism rarely fits in a replica, so
+    with ``--tp`` > 1 a layout of replicas alone (no FSDP shards) comes after the others."""
+    needs_tp = request.pins.get("tp", 1) > 1
+    replicas_only = needs_tp and degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1
+    return (int(replicas_only), *locality.key(degrees))
+
+
+def _estimated(request: Request, locality: NodeLocality, degrees: dict[str, int]) -> _Ranked:
+    """With a model: layouts that fit first, then those that reach the global batch without
+    overshooting it, then by step time, then by node locality."""
+    assert request.model is not None
+    crosses = locality.crosses(degrees)
+    found = estimate(request.model, Parallelism.of(degrees), request.training, crosses)
+    wanted = request.training.global_batch_tokens
+    overshoot = wanted is not None and found.batch_tokens > wanted
+    key = (int(not found.fits), int(overshoot), found.step_seconds, *locality.key(degrees, crosses))
+    return _Ranked(key, degrees, found)
 
 
 def build_config(request: Request, degrees: Mapping[str, int]) -> MeshConfig:
@@ -159,13 +188,13 @@ def rationale(request: Request, config: MeshConfig) -> list[DimLocality]:
     layouts = config.layouts
     sizes = config.dim_sizes
     shown: list[DimLocality] = []
-    for name, domain in SHOWN_DIMS.items():
-        if name in _EXPERT_DIMS and not request.experts:
+    for name in RANKED_DIMS:
+        if name in EXPERT_DIMS and not request.experts:
             continue
         crosses = (
             None
             if request.gpus_per_node is None
-            else layouts[domain].crosses_nodes(name, request.gpus_per_node)
+            else layouts[home_domain(name)].crosses_nodes(name, request.gpus_per_node)
         )
         shown.append(DimLocality(name, sizes[name], crosses))
     return shown
@@ -293,7 +322,8 @@ def _assignments(request: Request) -> Iterator[Factors]:
 
     world = request.world_size
     for tp in options("tp", world):
-        for cp in options("cp", world // tp):
+        # a sequence split is for long contexts: only when asked for
+        for cp in options("cp", world // tp) if "cp" in pins else [1]:
             for dp_shard in options("dp_shard", world // (tp * cp)):
                 rest = world // (tp * cp * dp_shard)
                 for dp_replicate in options("dp_replicate", rest):
@@ -303,10 +333,12 @@ def _assignments(request: Request) -> Iterator[Factors]:
                         yield (pp, dp_replicate, dp_shard, cp, tp)
 
 
-def _valid(request: Request) -> Iterator[Factors]:
-    """The assignments that also pass meshconf's expert rules."""
+def _valid(request: Request) -> Iterator[dict[str, int]]:
+    """The assignments that also pass meshconf's expert rules, as every degree."""
     experts = _ExpertRules(request)
-    return (factors for factors in _assignments(request) if experts.allow(factors))
+    for factors in _assignments(request):
+        if experts.allow(factors):
+            yield _degrees(request, factors)
 
 
 class _ExpertRules:
@@ -318,7 +350,7 @@ class _ExpertRules:
         self._answers: dict[tuple[int, int, int], bool] = {}
 
     def allow(self, factors: Factors) -> bool:
-        if not self._request.experts:
+        if not any(name in self._request.pins for name in EXPERT_DEGREES):
             return True
         inner = factors[2:]
         answer = self._answers.get(inner)
@@ -354,93 +386,11 @@ def _degrees(request: Request, factors: Factors) -> dict[str, int]:
 class _Counter:
     """Passes items through and counts them, so one pass both ranks and counts."""
 
-    def __init__(self, items: Iterator[Factors]) -> None:
+    def __init__(self, items: Iterator[dict[str, int]]) -> None:
         self._items = items
         self.seen = 0
 
-    def __iter__(self) -> Iterator[Factors]:
+    def __iter__(self) -> Iterator[dict[str, int]]:
         for item in self._items:
             self.seen += 1
             yield item
-
-
-class _NodeLocality:
-    """The ranking key of an assignment, from the node locality of its dims.
-
-    Smaller is better: heavy dims inside a node (tp, cp, etp, ep in turn), then fewer
-    pipeline stages, then light dims inside a node (fsdp, efsdp, dp_replicate), then fewer
-    replicas, then fewer context-parallel ranks, then fewer FSDP shards: what is left goes to
-    tp, the innermost dim. Each flag is 1 when the dim's groups cross nodes.
-    """
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        experts = request.experts
-        self._heavy = tuple(name for name in HEAVY_DIMS if experts or name not in _EXPERT_DIMS)
-        self._light_inner = tuple(
-            name
-            for name in LIGHT_DIMS
-            if name != "dp_replicate" and (experts or name not in _EXPERT_DIMS)
-        )
-        self._crossings: dict[tuple[int, int], int] = {}
-        self._inner: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-
-    def key(self, factors: Factors) -> tuple[int, ...]:
-        pp, dp_replicate, dp_shard, cp, tp = factors
-        heavy, light = self._inner_flags(dp_shard, cp, tp)
-        replicate = self._crosses(dp_replicate, dp_shard * cp * tp)
-        # cp before dp_shard: a sequence split is for long contexts, so one not asked for
-        # is the last thing to add.
-        return (*heavy, pp, *light, replicate, dp_replicate, cp, dp_shard, tp)
-
-    def _inner_flags(
-        self, dp_shard: int, cp: int, tp: int
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Flags of the dims inside dp_replicate, which depend on dp_shard, cp and tp only;
-        remembered, since many assignments share them."""
-        found = self._inner.get((dp_shard, cp, tp))
-        if found is None:
-            blocks = _row_major_blocks(dp_shard, cp, tp, self._request.ep, self._request.etp)
-            found = (
-                tuple(self._crosses(*blocks[name]) for name in self._heavy),
-                tuple(self._crosses(*blocks[name]) for name in self._light_inner),
-            )
-            self._inner[dp_shard, cp, tp] = found
-        return found
-
-    def _crosses(self, size: int, stride: int) -> int:
-        """1 if the groups of a row-major dim of this size and stride cross nodes, else 0;
-        0 for every dim without gpus_per_node."""
-        gpus = self._request.gpus_per_node
-        if gpus is None or size == 1:
-            return 0
-        answer = self._crossings.get((size, stride))
-        if answer is None:
-            world = self._request.world_size
-            outer = world // (size * stride)
-            block = DomainLayout.row_major(
-                "block", [("outer", outer), ("dim", size), ("inner", stride)], world
-            )
-            answer = int(block.crosses_nodes("dim", gpus))
-            self._crossings[size, stride] = answer
-        return answer
-
-
-def _row_major_blocks(
-    dp_shard: int, cp: int, tp: int, ep: int, etp: int
-) -> dict[str, tuple[int, int]]:
-    """``(size, stride)`` of the ranked dims inside dp_replicate in the default domains,
-    which lay their dims out row-major, pp outermost: dense ``[pp, dp_replicate, fsdp, tp]``,
-    dataloading ``[pp, batch, cp, tp]``, sparse ``[pp, dp_replicate, efsdp, ep, etp]``. The
-    sizes are the default derived formulas (``fsdp = dp_shard * cp``,
-    ``efsdp = dp_shard * cp * tp / (ep * etp)``); dp_replicate is ``(dp_replicate,
-    dp_shard * cp * tp)``. tests/test_plan.py checks every flag against the layouts of the
-    validated config."""
-    return {
-        "tp": (tp, 1),
-        "cp": (cp, tp),
-        "etp": (etp, 1),
-        "ep": (ep, etp),
-        "fsdp": (dp_shard * cp, tp),
-        "efsdp": (dp_shard * cp * tp // (ep * etp), ep * etp),
-    }

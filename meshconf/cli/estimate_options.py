@@ -1,0 +1,276 @@
+"""The model and training options of ``plan`` and ``show``, and the text and JSON of an
+estimate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from meshconf.cli.common import EXIT_INVALID, usage_error
+from meshconf.core.errors import ConfigError, SourceError
+from meshconf.features.estimate.architecture import Architecture
+from meshconf.features.estimate.model_file import load_model_file
+from meshconf.features.estimate.presets import PRESETS
+from meshconf.features.estimate.step import Estimate, estimate
+from meshconf.features.estimate.training import (
+    CHECKPOINTING,
+    DTYPE_BYTES,
+    GIB,
+    SCHEDULES,
+    Parallelism,
+    Training,
+)
+from meshconf.features.locality import RANKED_DIMS, home_domain
+from meshconf.model.config import MeshConfig
+
+_DEFAULTS = Training()
+#: The training options, which need a model: integers, positive numbers, and choices.
+_INTEGERS = ("seq_len", "micro_batch", "global_batch_tokens", "virtual_stages")
+_NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
+_CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule")
+_MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--model`` or ``--model-file``, and the training settings with their defaults."""
+    group = parser.add_argument_group("model (memory and step-time estimates: docs/plan.md)")
+    group.add_argument("--model", metavar="NAME", help=f"a preset: {', '.join(PRESETS)}")
+    group.add_argument("--model-file", metavar="FILE", help="a model described in YAML")
+    group.add_argument(
+        "--seq-len", dest="seq_len", metavar="S", help=f"tokens per sequence ({_DEFAULTS.seq_len})"
+    )
+    group.add_argument(
+        "--micro-batch",
+        dest="micro_batch",
+        metavar="B",
+        help=f"sequences per micro-batch ({_DEFAULTS.micro_batch})",
+    )
+    group.add_argument(
+        "--global-batch-tokens",
+        dest="global_batch_tokens",
+        metavar="T",
+        help="tokens per step; sets the micro-batches per step (default: one per GPU)",
+    )
+    dtypes = tuple(DTYPE_BYTES)
+    group.add_argument(
+        "--param-dtype",
+        dest="param_dtype",
+        choices=dtypes,
+        help=f"stored parameters and activations ({_DEFAULTS.param_dtype})",
+    )
+    group.add_argument(
+        "--grad-dtype",
+        dest="grad_dtype",
+        choices=dtypes,
+        help=f"gradients and their reduction ({_DEFAULTS.grad_dtype})",
+    )
+    group.add_argument(
+        "--activation-checkpointing",
+        dest="checkpointing",
+        choices=CHECKPOINTING,
+        help=f"what the backward pass recomputes ({_DEFAULTS.checkpointing})",
+    )
+    group.add_argument(
+        "--pp-schedule",
+        dest="schedule",
+        choices=SCHEDULES,
+        help=f"pipeline schedule ({_DEFAULTS.schedule})",
+    )
+    group.add_argument(
+        "--virtual-stages",
+        dest="virtual_stages",
+        metavar="V",
+        help="model chunks per pipeline rank, for --pp-schedule interleaved",
+    )
+    group.add_argument(
+        "--gpu-memory-gib",
+        dest="gpu_memory_gib",
+        metavar="GIB",
+        help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})",
+    )
+    group.add_argument(
+        "--intra-node-gbps",
+        dest="intra_node_gbps",
+        metavar="GBPS",
+        help=f"bandwidth per GPU inside a node, each way ({_DEFAULTS.intra_node_gbps:g})",
+    )
+    group.add_argument(
+        "--inter-node-gbps",
+        dest="inter_node_gbps",
+        metavar="GBPS",
+        help=f"bandwidth per GPU across nodes ({_DEFAULTS.inter_node_gbps:g})",
+    )
+    group.add_argument(
+        "--peak-tflops",
+        dest="peak_tflops",
+        metavar="TF",
+        help=f"peak dense TFLOP/s of one GPU ({_DEFAULTS.peak_tflops:g})",
+    )
+    group.add_argument(
+        "--mfu", dest="mfu", metavar="F", help=f"fraction of peak reached ({_DEFAULTS.mfu:g})"
+    )
+
+
+def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | str | int:
+    """The model and settings the options ask for; a message for a usage error, or
+    ``EXIT_INVALID`` after printing the problems of an invalid model file."""
+    names = [*_INTEGERS, *_NUMBERS, *_CHOICES]
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.model is not None and args.model_file is not None:
+        return "--model and --model-file exclude each other"
+    if args.model is None and args.model_file is None:
+        if given:
+            return f"{_flag(next(iter(given)))} needs --model or --model-file"
+        return None, _DEFAULTS
+    settings: dict[str, Any] = {}
+    for name, text in given.items():
+        if name in _CHOICES:
+            settings[name] = text
+            continue
+        value = _value(name, text)
+        if isinstance(value, str):
+            return value
+        settings[name] = value
+    training = Training(**{**_DEFAULTS.__dict__, **settings})
+    problem = _schedule_problem(training)
+    if problem:
+        return problem
+    if args.model is not None:
+        if args.model not in PRESETS:
+            return f"--model: unknown model {args.model!r}; presets: {', '.join(PRESETS)}"
+        return PRESETS[args.model], training
+    try:
+        return load_model_file(args.model_file), training
+    except SourceError as error:
+        return str(error)
+    except ConfigError as error:
+        for diagnostic in error.diagnostics:
+            print(diagnostic.render(), file=sys.stderr)
+        return EXIT_INVALID
+
+
+def _flag(name: str) -> str:
+    return {
+        "checkpointing": "--activation-checkpointing",
+        "schedule": "--pp-schedule",
+    }.get(name, "--" + name.replace("_", "-"))
+
+
+def _value(name: str, text: Any) -> int | float | str:
+    """The number an option gives, or the message saying why it is not one."""
+    if name in _INTEGERS:
+        if not str(text).strip().isdigit() or int(text) < 1:
+            return f"{_flag(name)}: expected an integer >= 1, got {text!r}"
+        return int(text)
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not number > 0 or number == float("inf") or (name == "mfu" and number > 1):
+        bound = "a number in (0, 1]" if name == "mfu" else "a number > 0"
+        return f"{_flag(name)}: expected {bound}, got {text!r}"
+    return number
+
+
+def _schedule_problem(training: Training) -> str | None:
+    if training.schedule == "interleaved" and training.virtual_stages < 2:
+        return "--pp-schedule interleaved needs --virtual-stages V with V >= 2"
+    if training.schedule == "1f1b" and training.virtual_stages != 1:
+        return "--virtual-stages needs --pp-schedule interleaved"
+    return None
+
+
+def gib(value: float) -> float:
+    return round(value / GIB, 2)
+
+
+def memory_json(found: Estimate) -> dict[str, Any]:
+    """The estimate of one layout as ``--format json`` gives it."""
+    memory = found.memory
+    return {
+        "memory_gib": {
+            **{part: gib(getattr(memory, part)) for part in _MEMORY_PARTS},
+            "total": gib(memory.total),
+        },
+        "memory_pp_rank": memory.pp_rank,
+        "fits": found.fits,
+        "problem": found.problem,
+        "microbatches": found.microbatches,
+        "batch_tokens": found.batch_tokens,
+        "compute_seconds": round(found.compute_seconds, 4),
+        "bubble_fraction": round(found.bubble_fraction, 4),
+        "communication": {
+            name: {
+                "bytes": flow.bytes,
+                "seconds": round(flow.seconds, 4),
+                "crosses_nodes": flow.crosses_nodes,
+            }
+            for name, flow in found.traffic.items()
+        },
+        "step_seconds": round(found.step_seconds, 4),
+    }
+
+
+def settings_line(model: Architecture, training: Training) -> str:
+    """One line naming the model and the settings an estimate used."""
+    batch = training.global_batch_tokens
+    batch_text = "one micro-batch per GPU" if batch is None else f"{batch} tokens per step"
+    schedule: str = training.schedule
+    if schedule == "interleaved":
+        schedule += f" x{training.virtual_stages}"
+    return (
+        f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
+        f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
+        f"{training.checkpointing} checkpointing, {schedule}; {training.param_dtype} params, "
+        f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU"
+    )
+
+
+def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
+    """The memory breakdown, communication and step time of one layout, as text."""
+    memory = found.memory
+    parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in _MEMORY_PARTS)
+    verdict = "fits" if found.fits else "does NOT fit"
+    if found.problem:
+        verdict += f" ({found.problem})"
+    lines = [
+        f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
+        f"{gib(memory.total):g}: {verdict} in {gpu_memory_gib:g} GiB",
+        f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s, "
+        f"pipeline bubble {found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
+    ]
+    if found.traffic:
+        flows = ", ".join(
+            f"{name} {flow.bytes / 1e9:.3g} GB {flow.seconds:.3g} s"
+            for name, flow in found.traffic.items()
+        )
+        lines.append(f"communication per step and GPU: {flows}")
+    return lines
+
+
+def show_estimate(
+    args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
+) -> list[str] | int:
+    """For ``show --model``: the estimate of the config's layout, added to ``report`` under
+    ``estimate`` and returned as text lines (none without a model); an exit code after a
+    usage error or an invalid model file."""
+    modelled = model_request(args)
+    if isinstance(modelled, str):
+        return usage_error(modelled)
+    if isinstance(modelled, int):
+        return modelled
+    model, training = modelled
+    if model is None:
+        return []
+    gpus = config.gpus_per_node
+    crosses: dict[str, bool] = {}
+    for name in RANKED_DIMS:
+        # the dim's default domain when the config has it, else the first that holds it
+        holders = [layout for layout in config.layouts.values() if name in layout.dim_names]
+        home = [layout for layout in holders if layout.name == home_domain(name)]
+        if gpus is not None and holders:
+            crosses[name] = (home or holders)[0].crosses_nodes(name, gpus)
+    found = estimate(model, Parallelism.of(config.resolved_degrees), training, crosses)
+    report["estimate"] = {"model": model.name, **memory_json(found)}
+    return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]

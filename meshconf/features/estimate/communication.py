@@ -1,0 +1,156 @@
+"""Bytes each dim's collectives send per rank per training step, and their time on a
+two-level network (one bandwidth inside a node, one across nodes).
+
+Pure Python. Ring algorithms: an all-gather or reduce-scatter of ``X`` bytes over ``n``
+ranks sends ``X (n - 1) / n`` per rank, an all-reduce twice that, an all-to-all
+``X (n - 1) / n``. Formulas and sources in docs/plan.md ("Communication per step").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.estimate.memory import block_split, rank_stages, unsharded
+from meshconf.features.estimate.training import Parallelism, Training, microbatches
+
+#: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
+OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
+EXPERT_DIMS = frozenset({"ep", "etp", "efsdp"})
+COMM_DIMS = ("tp", "cp", "ep", "etp", "pp", "fsdp", "efsdp", "dp_replicate")
+
+
+@dataclass(frozen=True)
+class DimTraffic:
+    """One dim's bytes per step per rank, the seconds they take, and whether its groups
+    cross nodes (which picks the bandwidth)."""
+
+    name: str
+    size: int
+    bytes: int
+    seconds: float
+    crosses_nodes: bool
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """What the busiest pipeline rank holds: its layers (mixture-of-experts ones counted
+    apart) and its weights after tp/ep/etp, dense and expert."""
+
+    layers: int
+    moe_layers: int
+    dense_elements: int
+    expert_elements: int
+    lookup_elements: int
+
+
+def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
+    """The pipeline rank with the most layers (the first such rank)."""
+    # only tp, ep and etp split the weights before FSDP: rows share the answer
+    split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
+    return _busiest_stage(arch, split, training.chunks_per_stage)
+
+
+@lru_cache(maxsize=4096)
+def _busiest_stage(arch: Architecture, par: Parallelism, chunks_per_stage: int) -> StageWork:
+    stages = rank_stages(arch, par.pp, chunks_per_stage)
+    stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
+    layers = stage.layers
+    dense = expert = 0
+    for kind, count in layers.items():
+        if count:
+            block_dense, block_experts = block_split(arch, kind, par)
+            dense += count * block_dense
+            expert += count * block_experts
+    lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
+    dense += lookup + (unsharded(arch.output_weights(), par) if stage.last else 0)
+    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup)
+
+
+def traffic(
+    arch: Architecture,
+    par: Parallelism,
+    training: Training,
+    crosses: Mapping[str, bool],
+    stage: StageWork | None = None,
+) -> dict[str, DimTraffic]:
+    """Every dim of more than one rank with the bytes it sends per step per rank."""
+    work = stage or busiest_stage(arch, par, training)
+    sent = _bytes(arch, par, training, work)
+    found: dict[str, DimTraffic] = {}
+    for name in COMM_DIMS:
+        size = _size(par, name)
+        if size == 1 or (arch.experts is None and name in EXPERT_DIMS):
+            continue
+        crossing = bool(crosses.get(name, False))
+        gbps = training.inter_node_gbps if crossing else training.intra_node_gbps
+        found[name] = DimTraffic(name, size, sent[name], sent[name] * 8 / (gbps * 1e9), crossing)
+    return found
+
+
+def _size(par: Parallelism, name: str) -> int:
+    return par.fsdp if name == "fsdp" else par.efsdp if name == "efsdp" else getattr(par, name)
+
+
+def _ring(ranks: int) -> float:
+    return (ranks - 1) / ranks
+
+
+def _bytes(
+    arch: Architecture, par: Parallelism, training: Training, work: StageWork
+) -> dict[str, int]:
+    m = microbatches(par, training)
+    tokens = training.seq_len * training.micro_batch // par.cp
+    p, g = training.param_bytes, training.grad_bytes
+    recompute = training.checkpointing == "full"
+    # forward passes per micro-batch that move activations: one, two with full recomputation
+    passes = 2 + recompute
+    hidden = arch.hidden
+    top_k = arch.experts.top_k if arch.experts else 0
+    dense, expert = work.dense_elements, work.expert_elements
+    sent = {
+        # all-gather in forward and again in backward per micro-batch; one reduce-scatter
+        "fsdp": (2 * m * dense * p + dense * g) * _ring(par.fsdp),
+        "efsdp": (2 * m * expert * p + expert * g) * _ring(par.efsdp),
+        # all-reduce of the gradient shards, once per step
+        "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),
+        # sequence parallelism: per block 2 all-gathers + 2 reduce-scatters per pass
+        "tp": 2 * passes * work.layers * m * tokens * hidden * p * _ring(par.tp),
+        # ring attention: every rank receives the other cp-1 key/value chunks per pass,
+        # and in backward also their gradients
+        "cp": (passes + 1) * work.layers * m * tokens * _kv_per_token(arch, par) * p * (par.cp - 1),
+        # dispatch and combine all-to-all per pass, tokens split by tp
+        "ep": 2
+        * passes
+        * work.moe_layers
+        * m
+        * tokens
+        * top_k
+        * hidden
+        * p
+        * _ring(par.ep)
+        / par.tp,
+        "etp": 2
+        * passes
+        * work.moe_layers
+        * m
+        * tokens
+        * top_k
+        * hidden
+        * p
+        * _ring(par.etp)
+        / par.tp,
+        # one activation forward and one gradient backward per chunk boundary per micro-batch
+        "pp": 2 * m * training.chunks_per_stage * tokens * hidden * p / par.tp,
+    }
+    return {name: int(value) for name, value in sent.items()}
+
+
+def _kv_per_token(arch: Architecture, par: Parallelism) -> float:
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        return 2 * attention.kv_heads * attention.head_dim / par.tp
+    qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
+    return attention.heads * (qk + attention.v_head_dim) / par.tp

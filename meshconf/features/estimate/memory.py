@@ -1,0 +1,293 @@
+"""Per-rank memory of a training step: model state (parameters, gradients, AdamW state),
+the transient FSDP gathers, and activations, on the pipeline rank that needs the most.
+
+Pure Python. Formulas and sources in docs/plan.md ("Memory per rank").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshconf.features.estimate import activations
+from meshconf.features.estimate.architecture import Architecture, LayerKind, Weight
+from meshconf.features.estimate.training import Checkpointing, Parallelism, Training, microbatches
+
+#: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
+ADAM_MOMENT_BYTES = 8
+ADAM_STEP_BYTES = 4
+MASTER_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on one rank. ``gathers`` is the transient FSDP working set: one block's
+    parameters gathered, the next one prefetched, and one block's unsharded gradient."""
+
+    params: int
+    grads: int
+    optimizer: int
+    gathers: int
+    activations: int
+    pp_rank: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.gathers + self.activations
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Elements and tensors of some weights on one rank."""
+
+    elements: int
+    tensors: int
+
+
+def stage_layers(layers: int, pp: int, chunks_per_stage: int) -> list[list[list[int]]]:
+    """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank) for rank in range(pp))
+    return [[list(chunk) for chunk in chunks] for chunks in ranks]
+
+
+def rank_chunks(layers: int, pp: int, chunks_per_stage: int, rank: int) -> list[range]:
+    """The layers of one pipeline rank, chunk by chunk. The model is cut into
+    ``pp * chunks_per_stage`` chunks of consecutive layers; chunk ``c`` runs on rank
+    ``c % pp``. Sizes differ by at most one, and the larger ones go to the middle chunks
+    first, so the first chunk (with the embedding) and the last (with the output) are the
+    smaller ones when the layers do not divide evenly."""
+    count = pp * chunks_per_stage
+    base, extra = divmod(layers, count)
+    found = []
+    for chunk in range(rank, count, pp):
+        start = chunk * base + _extras_before(chunk, extra, count)
+        size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
+        found.append(range(start, start + size))
+    return found
+
+
+def _extras_before(chunk: int, extra: int, count: int) -> int:
+    """How many of the chunks before ``chunk`` get one layer more: chunks 1 to count - 2
+    first, then chunk 0, then chunk count - 1."""
+    middle = min(extra, max(0, count - 2))
+    zero = 1 if extra > middle and chunk > 0 else 0
+    inside = max(0, min(chunk, middle + 1) - 1)
+    last = 1 if extra > middle + 1 and chunk >= count else 0
+    return inside + zero + last
+
+
+def candidate_ranks(arch: Architecture, pp: int, chunks_per_stage: int) -> list[int]:
+    """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
+    numbers and kinds of layers differ only in the micro-batches in flight, which fall with
+    the rank, so the first rank of each run of equal ranks is enough, with the last rank
+    (the output). Runs end where a round of chunks crosses the chunks with one layer more
+    (chunks 1 to ``extra``) or the first layer with experts."""
+    count = pp * chunks_per_stage
+    middle = min(arch.layers % count, max(0, count - 2))
+    edges = {0, pp - 1}
+    for round_ in range(chunks_per_stage):
+        edges.update(boundary - round_ * pp for boundary in (1, middle + 1))
+    experts = arch.experts
+    if experts is not None and 0 < experts.dense_layers < arch.layers:
+        base, extra = divmod(arch.layers, count)
+        for layer in (experts.dense_layers - 1, experts.dense_layers):
+            chunk = _chunk_of(layer, base, extra, count)
+            edges.update((chunk % pp, chunk % pp + 1))
+    return sorted(rank for rank in edges if 0 <= rank < pp)
+
+
+def _chunk_of(layer: int, base: int, extra: int, count: int) -> int:
+    """The chunk that holds a layer (binary search on the chunks' first layers)."""
+    low, high = 0, count - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if middle * base + _extras_before(middle, extra, count) <= layer:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def local_shard(weights: Sequence[Weight], par: Parallelism) -> Shard:
+    """The weights' local shard after tp (etp and ep for experts), then FSDP over ``fsdp``
+    (``efsdp`` for experts), which splits dim 0 into equal parts, padding the last: each
+    rank allocates ``ceil(rows / n)`` rows."""
+    elements = 0
+    for weight in weights:
+        elements += _sharded(weight, par)
+    return Shard(elements, len(weights))
+
+
+def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
+    """Elements of the weights after tp/ep/etp only: what an FSDP all-gather rebuilds."""
+    return sum(_tp_local(weight, par)[0] * _tp_local(weight, par)[1] for weight in weights)
+
+
+def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
+    """The memory of the pipeline rank with the largest total."""
+    stages = rank_stages(arch, par.pp, training.chunks_per_stage)
+    return max(
+        (rank_memory(arch, par, training, stage) for stage in stages),
+        key=lambda memory: memory.total,
+    )
+
+
+@dataclass(frozen=True)
+class RankStage:
+    """What one pipeline rank holds: the kinds of layers of each of its chunks, and
+    whether it has the embedding (first) and the output (last)."""
+
+    rank: int
+    chunks: tuple[dict[LayerKind, int], ...]
+    first: bool
+    last: bool
+
+    @property
+    def layers(self) -> dict[LayerKind, int]:
+        return {kind: sum(chunk[kind] for chunk in self.chunks) for kind in _KINDS}
+
+
+@lru_cache(maxsize=1024)
+def rank_stages(arch: Architecture, pp: int, chunks_per_stage: int) -> tuple[RankStage, ...]:
+    """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
+    ranks = candidate_ranks(arch, pp, chunks_per_stage)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank) for rank in ranks)
+
+
+def rank_stage(arch: Architecture, pp: int, chunks_per_stage: int, rank: int) -> RankStage:
+    """What pipeline rank ``rank`` holds."""
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank)
+    last_rank = (pp * chunks_per_stage - 1) % pp
+    kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
+    return RankStage(rank, kinds, rank == 0, rank == last_rank)
+
+
+def rank_memory(
+    arch: Architecture, par: Parallelism, training: Training, stage: RankStage
+) -> Memory:
+    """The memory of one pipeline rank."""
+    layers = stage.layers
+    shard = _rank_shard(arch, par, layers, stage.first, stage.last)
+    optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
+    if training.param_dtype != "fp32":
+        optimizer += shard.elements * MASTER_BYTES
+    return Memory(
+        params=shard.elements * training.param_bytes,
+        grads=shard.elements * training.grad_bytes,
+        optimizer=optimizer,
+        gathers=_gathers(arch, par, training, layers),
+        activations=_activations(arch, par, training, stage.rank, stage.chunks, stage.last),
+        pp_rank=stage.rank,
+    )
+
+
+def kind_counts(arch: Architecture, layers: range) -> dict[LayerKind, int]:
+    """How many of ``layers`` are dense and how many have experts (those from
+    ``dense_layers`` on)."""
+    first_moe = arch.layers if arch.experts is None else arch.experts.dense_layers
+    dense = max(0, min(layers.stop, first_moe) - layers.start)
+    return {"dense": dense, "moe": len(layers) - dense}
+
+
+_KINDS: tuple[LayerKind, ...] = ("dense", "moe")
+
+
+def _rank_shard(
+    arch: Architecture, par: Parallelism, layers: dict[LayerKind, int], first: bool, last: bool
+) -> Shard:
+    """The rank's shard, from one shard per kind of block (many rows share them)."""
+    elements = tensors = 0
+    for kind, count in layers.items():
+        if count:
+            shard = _block_shard(arch, kind, par)
+            elements += count * shard.elements
+            tensors += count * shard.tensors
+    ends = (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
+    shard = local_shard(ends, par)
+    return Shard(elements + shard.elements, tensors + shard.tensors)
+
+
+@lru_cache(maxsize=4096)
+def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard:
+    return local_shard(arch.layer_weights(kind), par)
+
+
+def _gathers(
+    arch: Architecture, par: Parallelism, training: Training, layers: dict[LayerKind, int]
+) -> int:
+    if par.fsdp == 1 and (arch.experts is None or par.efsdp == 1):
+        return 0
+    kinds = [kind for kind, count in layers.items() if count]
+    largest = max((block_elements(arch, kind, par) for kind in kinds), default=0)
+    return largest * (2 * training.param_bytes + training.grad_bytes)
+
+
+def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
+    """Elements of one block after tp/ep/etp, as an FSDP all-gather rebuilds it."""
+    dense, experts = block_split(arch, kind, Parallelism(tp=par.tp, ep=par.ep, etp=par.etp))
+    return dense + experts
+
+
+@lru_cache(maxsize=4096)
+def block_split(arch: Architecture, kind: LayerKind, par: Parallelism) -> tuple[int, int]:
+    """Elements of one block after tp/ep/etp: the non-expert weights, and the experts."""
+    weights = arch.layer_weights(kind)
+    experts = unsharded([weight for weight in weights if weight.experts], par)
+    return unsharded([weight for weight in weights if not weight.experts], par), experts
+
+
+def _activations(
+    arch: Architecture,
+    par: Parallelism,
+    training: Training,
+    rank: int,
+    kinds: tuple[dict[LayerKind, int], ...],
+    last: bool,
+) -> int:
+    tokens = training.seq_len * training.micro_batch // par.cp
+    dtype = training.param_bytes
+    mode = training.checkpointing
+
+    def layer_bytes(kind: LayerKind, layer_mode: Checkpointing) -> int:
+        return activations.block(arch, kind, layer_mode).bytes(tokens, par.tp, dtype)
+
+    held = [kind for kind in _KINDS if any(chunk[kind] for chunk in kinds)]
+    per_layer = {kind: layer_bytes(kind, mode) for kind in held}
+    chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in held) for chunk in kinds]
+    in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
+    stored = in_flight * max(chunk_bytes)
+    head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
+    if mode == "full" and held:
+        # the backward pass recomputes one block at a time, keeping what it stores, after
+        # the output head's backward has freed the head's tensors
+        return stored + max(head, *(layer_bytes(kind, "none") for kind in held))
+    return stored + head
+
+
+def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
+    """Micro-batches whose activations a pipeline rank holds at its peak (per model chunk
+    for the interleaved schedule): 1F1B starts ``pp - rank`` before its first backward
+    (Narayanan et al. 2021, section 2.2); the interleaved schedule of Megatron-LM warms up
+    ``2 (pp - rank - 1) + (v - 1) pp`` chunk-micro-batches, then holds one more."""
+    v = training.chunks_per_stage
+    if v == 1:
+        return min(microbatches, pp - rank)
+    return min(microbatches * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
+
+
+def _tp_local(weight: Weight, par: Parallelism) -> tuple[int, int]:
+    """Rows and columns of one rank's part after tensor parallelism (etp and ep for
+    experts, whose ``rows`` count every local expert)."""
+    ways = par.etp if weight.experts else par.tp
+    rows = -(-weight.rows // ways) if weight.split == "rows" else weight.rows
+    cols = -(-weight.cols // ways) if weight.split == "cols" else weight.cols
+    if weight.experts:
+        rows *= -(-weight.experts // par.ep)
+    return rows, cols
+
+
+def _sharded(weight: Weight, par: Parallelism) -> int:
+    rows, cols = _tp_local(weight, par)
+    ways = par.efsdp if weight.experts else par.fsdp
+    return -(-rows // ways) * cols

@@ -1,0 +1,225 @@
+"""``--model-file``: a decoder-only transformer described in YAML, read with meshconf's own
+reader (positions, YAML 1.2 scalars, no duplicate keys) and validated by a strict pydantic
+model whose JSON Schema is committed as ``schemas/meshconf.model.schema.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from meshconf.core.errors import ConfigError, Diagnostic, KeyPath, SourceError, describe_value
+from meshconf.features.estimate.architecture import (
+    Architecture,
+    Experts,
+    GroupedQueryAttention,
+    LatentAttention,
+)
+from meshconf.sources.yaml_reader import YamlError, decode, read_yaml
+
+Positive = Annotated[int, Field(strict=True, ge=1)]
+NonNegative = Annotated[int, Field(strict=True, ge=0)]
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+class GroupedQueryAttentionFile(BaseModel):
+    """Attention with ``kv_heads`` key/value heads; ``head_dim`` defaults to hidden / heads."""
+
+    model_config = _STRICT
+    kind: Literal["grouped_query"] = "grouped_query"
+    heads: Positive
+    kv_heads: Positive
+    head_dim: Positive | None = None
+    qk_norm: bool = False
+
+    @model_validator(mode="after")
+    def _kv_heads_divide_heads(self) -> GroupedQueryAttentionFile:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
+        return self
+
+
+class LatentAttentionFile(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3); ``q_lora_rank`` 0 projects queries
+    directly."""
+
+    model_config = _STRICT
+    kind: Literal["latent"]
+    heads: Positive
+    q_lora_rank: NonNegative
+    kv_lora_rank: Positive
+    qk_nope_head_dim: Positive
+    qk_rope_head_dim: Positive
+    v_head_dim: Positive
+
+
+class ExpertsFile(BaseModel):
+    """A mixture of experts in every layer from ``dense_layers`` on."""
+
+    model_config = _STRICT
+    routed: Positive
+    top_k: Positive
+    ffn: Positive
+    shared: NonNegative = 0
+    dense_layers: NonNegative = 0
+
+    @model_validator(mode="after")
+    def _top_k_within_routed(self) -> ExpertsFile:
+        if self.top_k > self.routed:
+            raise ValueError(f"top_k ({self.top_k}) is more than routed ({self.routed})")
+        return self
+
+
+def _attention_kind(value: Any) -> str | None:
+    """``kind`` picks the attention model; without it, grouped-query attention."""
+    if isinstance(value, dict):
+        kind = value.get("kind", "grouped_query")
+        return kind if kind in ("grouped_query", "latent") else None
+    if isinstance(value, BaseModel):
+        return str(getattr(value, "kind", None))
+    return None
+
+
+class ModelFile(BaseModel):
+    """A decoder-only transformer for ``meshconf plan --model-file``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, title="meshconf model")
+    name: str = Field(min_length=1, max_length=64)
+    layers: Positive
+    hidden: Positive
+    ffn: Positive = Field(description="width of the dense feed-forward layers")
+    vocab: Positive
+    attention: Annotated[
+        Annotated[GroupedQueryAttentionFile, Tag("grouped_query")]
+        | Annotated[LatentAttentionFile, Tag("latent")],
+        Discriminator(_attention_kind),
+    ]
+    experts: ExpertsFile | None = None
+    tied_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelFile:
+        attention = self.attention
+        if (
+            isinstance(attention, GroupedQueryAttentionFile)
+            and attention.head_dim is None
+            and self.hidden % attention.heads
+        ):
+            raise ValueError(
+                f"attention.heads ({attention.heads}) does not divide hidden ({self.hidden}); "
+                "give attention.head_dim"
+            )
+        if self.experts is not None and self.experts.dense_layers > self.layers:
+            raise ValueError(
+                f"experts.dense_layers ({self.experts.dense_layers}) is more than layers "
+                f"({self.layers})"
+            )
+        return self
+
+    def architecture(self) -> Architecture:
+        """The validated description as the estimators' :class:`Architecture`."""
+        attention = self.attention
+        if isinstance(attention, GroupedQueryAttentionFile):
+            head_dim = attention.head_dim or self.hidden // attention.heads
+            built: GroupedQueryAttention | LatentAttention = GroupedQueryAttention(
+                attention.heads, attention.kv_heads, head_dim, attention.qk_norm
+            )
+        else:
+            built = LatentAttention(
+                attention.heads,
+                attention.q_lora_rank,
+                attention.kv_lora_rank,
+                attention.qk_nope_head_dim,
+                attention.qk_rope_head_dim,
+                attention.v_head_dim,
+            )
+        experts = None if self.experts is None else Experts(**self.experts.model_dump())
+        return Architecture(
+            self.name,
+            self.layers,
+            self.hidden,
+            self.ffn,
+            self.vocab,
+            built,
+            experts,
+            self.tied_embeddings,
+        )
+
+
+def load_model_file(path: str) -> Architecture:
+    """Read and validate a model file.
+
+    Raises :class:`SourceError` when the file cannot be read and :class:`ConfigError`, one
+    located diagnostic per problem, when it is not a valid model."""
+    try:
+        raw = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise SourceError(f"{path}: is a directory, not a model file") from None
+    except OSError as error:
+        raise SourceError(f"{path}: cannot read: {error.strerror or error}") from None
+    try:
+        document = read_yaml(decode(raw))
+    except YamlError as error:
+        where = error.position
+        line, column = (where.line, where.column) if where else (None, None)
+        raise ConfigError([Diagnostic(error.path, error.message, path, line, column)]) from None
+    if not isinstance(document.data, dict):
+        what = "empty" if document.data is None else describe_value(document.data)
+        raise ConfigError([Diagnostic((), f"expected a mapping of model keys; got {what}", path)])
+    try:
+        return ModelFile.model_validate(document.data).architecture()
+    except ValidationError as error:
+        diagnostics = []
+        for item in error.errors(include_url=False):
+            located = _located(tuple(item["loc"]), document.positions)
+            position = document.positions.get(located)
+            diagnostics.append(
+                Diagnostic(
+                    located,
+                    _message(item),
+                    path,
+                    position.line if position else None,
+                    position.column if position else None,
+                )
+            )
+        raise ConfigError(diagnostics) from None
+
+
+def model_schema_text() -> str:
+    """The JSON Schema of a model file, as committed."""
+    return json.dumps(ModelFile.model_json_schema(), indent=2) + "\n"
+
+
+def _located(loc: KeyPath, positions: dict[KeyPath, Any]) -> KeyPath:
+    """The key path of a problem as written: without pydantic's union tags, cut back to the
+    deepest key the file has."""
+    path = tuple(part for part in loc if part not in ("grouped_query", "latent"))
+    while path and path not in positions:
+        path = path[:-1]
+    return path
+
+
+def _message(item: Any) -> str:
+    kind = item["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key missing"
+    if kind == "union_tag_invalid":
+        kind_given = describe_value(item["input"].get("kind"))
+        return f"kind must be grouped_query or latent, got {kind_given}"
+    text = str(item["msg"]).removeprefix("Value error, ")
+    if kind.endswith("_type") or kind.startswith(("greater_than", "string_")):
+        text += f", got {describe_value(item['input'])}"
+    return text

@@ -1,0 +1,99 @@
+"""One layout's estimate: memory per rank, whether it fits, communication per dim, and the
+time of a training step. Formulas and sources in docs/plan.md ("Step time")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.estimate.communication import (
+    OVERLAPPED,
+    DimTraffic,
+    StageWork,
+    busiest_stage,
+    traffic,
+)
+from meshconf.features.estimate.memory import Memory, estimate_memory
+from meshconf.features.estimate.training import GIB, Parallelism, Training, microbatches
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything estimated for one layout. ``fits`` is false also when some pipeline
+    chunk would hold no layer (``problem`` says so)."""
+
+    memory: Memory
+    fits: bool
+    microbatches: int
+    compute_seconds: float
+    bubble_fraction: float
+    traffic: Mapping[str, DimTraffic]
+    step_seconds: float
+    batch_tokens: int
+    problem: str | None = None
+
+
+def estimate(
+    arch: Architecture,
+    par: Parallelism,
+    training: Training,
+    crosses: Mapping[str, bool],
+) -> Estimate:
+    """Memory, fit, communication and step time of ``par``; ``crosses`` says, per dim,
+    whether its groups cross nodes."""
+    memory = estimate_memory(arch, par, training)
+    work = busiest_stage(arch, par, training)
+    m = microbatches(par, training)
+    flows = traffic(arch, par, training, crosses, work)
+    compute = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12 * training.mfu)
+    bubble = (par.pp - 1) / (training.chunks_per_stage * m)
+    exposed = sum(flow.seconds for flow in flows.values() if flow.name not in OVERLAPPED)
+    overlapped = sum(flow.seconds for flow in flows.values() if flow.name in OVERLAPPED)
+    step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
+    chunks = par.pp * training.chunks_per_stage
+    problem = (
+        f"{chunks} pipeline chunks for {arch.layers} layers: some chunk holds none"
+        if chunks > arch.layers
+        else None
+    )
+    return Estimate(
+        memory=memory,
+        fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,
+        problem=problem,
+        microbatches=m,
+        compute_seconds=compute,
+        bubble_fraction=bubble,
+        traffic=flows,
+        step_seconds=step,
+        batch_tokens=m * par.batch * training.seq_len * training.micro_batch,
+    )
+
+
+def _flops(
+    arch: Architecture, par: Parallelism, training: Training, work: StageWork, m: int
+) -> float:
+    """FLOPs of one rank per step: ``6 N`` per token for the weights it applies (Kaplan et
+    al. 2020; 8 N with full recomputation) and ``6 s`` per token per attention dim for the
+    scores and their use (PaLM, Chowdhery et al. 2022, appendix B), split by tp."""
+    tokens = m * training.micro_batch * training.seq_len // par.cp
+    passes = 4 if training.checkpointing == "full" else 3
+    # the embedding is a look-up, not a matrix product
+    active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        width = 2 * attention.heads * attention.head_dim
+    else:
+        qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
+        width = attention.heads * (qk + attention.v_head_dim)
+    per_token = 2 * passes * active + passes * 2 * training.seq_len * width * work.layers / par.tp
+    return per_token * tokens
+
+
+def _active_experts(arch: Architecture, work: StageWork, par: Parallelism) -> float:
+    """The expert weights one token passes through, per rank: ``top_k`` of the routed ones,
+    whose work ep spreads evenly over its ranks."""
+    experts = arch.experts
+    if experts is None or not work.moe_layers:
+        return 0.0
+    return work.expert_elements * par.ep * experts.top_k / experts.routed

@@ -1,0 +1,105 @@
+"""What the estimators need besides the model: the parallel degrees of a layout, and the
+training settings (with their defaults, which ``docs/plan.md`` states)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from meshconf.core.domains import DEFAULT_DERIVED
+from meshconf.core.formulas import evaluate, parse
+
+Checkpointing = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved"]
+CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
+#: Bytes per element of each dtype the options take.
+DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+GIB = 2**30
+_FORMULAS = {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
+
+
+@dataclass(frozen=True)
+class Training:
+    """Training settings. ``global_batch_tokens`` ``None`` means one micro-batch per GPU
+    (``world_size * micro_batch * seq_len`` tokens)."""
+
+    seq_len: int = 8192
+    micro_batch: int = 1
+    global_batch_tokens: int | None = None
+    param_dtype: str = "bf16"
+    grad_dtype: str = "fp32"
+    checkpointing: Checkpointing = "full"
+    schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    gpu_memory_gib: float = 80.0
+    intra_node_gbps: float = 3600.0
+    inter_node_gbps: float = 400.0
+    peak_tflops: float = 989.0
+    mfu: float = 0.4
+
+    @property
+    def param_bytes(self) -> int:
+        return DTYPE_BYTES[self.param_dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """Model chunks each pipeline rank holds: 1, or the virtual stages when interleaved."""
+        return self.virtual_stages if self.schedule == "interleaved" else 1
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """The seven degrees of a layout; ``fsdp``, ``efsdp`` and ``batch`` follow meshconf's
+    default formulas (``meshconf.core.domains.DEFAULT_DERIVED``)."""
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+    etp: int = 1
+
+    @classmethod
+    def of(cls, degrees: Mapping[str, int]) -> Parallelism:
+        """From a mapping with (at least) the seven degree names."""
+        names = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+        return cls(**{name: degrees.get(name, 1) for name in names})
+
+    @cached_property
+    def fsdp(self) -> int:
+        return self._derived("fsdp")
+
+    @cached_property
+    def efsdp(self) -> int:
+        return self._derived("efsdp")
+
+    @cached_property
+    def batch(self) -> int:
+        return self._derived("batch")
+
+    def _derived(self, name: str) -> int:
+        """A derived dim of the default domains, by its default formula."""
+        return evaluate(_FORMULAS[name], self.__dict__)
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+
+def microbatches(parallelism: Parallelism, training: Training) -> int:
+    """Micro-batches each data-parallel rank runs per step (gradient accumulation steps, and
+    the pipeline's micro-batches): the global batch over the sequences one micro-batch of all
+    batch ranks holds, rounded up, at least 1."""
+    tokens = training.global_batch_tokens
+    per_microbatch = training.seq_len * training.micro_batch * parallelism.batch
+    if tokens is None:
+        return parallelism.world // parallelism.batch
+    return max(1, -(-tokens // per_microbatch))

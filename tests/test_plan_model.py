@@ -1,0 +1,330 @@
+"""``meshconf plan --model``: presets, published layouts, ranking by fit and step time, the
+model file, and the options' errors. The estimator's formulas against real runs are in
+tests/test_plan_memory_gloo.py and tests/test_plan_activations.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshconf.features.estimate.architecture import Architecture, Experts, GroupedQueryAttention
+from meshconf.features.estimate.memory import (
+    estimate_memory,
+    rank_memory,
+    rank_stage,
+    stage_layers,
+)
+from meshconf.features.estimate.model_file import model_schema_text
+from meshconf.features.estimate.presets import PRESETS
+from meshconf.features.estimate.training import GIB, Parallelism, Training
+from meshconf.features.plan import Request, make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --- presets against their published sizes ------------------------------------------------
+
+# (total parameters, parameters per token including the embedding), as each model's release
+# states them, rounded as published.
+PUBLISHED = {
+    "llama3-8b": (8.03e9, None),
+    "llama3-70b": (70.6e9, None),
+    "llama3-405b": (405.9e9, None),
+    "deepseek-v3": (671e9, 37e9),
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_presets_have_their_published_parameter_counts(name: str) -> None:
+    arch = PRESETS[name]
+    total, active = PUBLISHED[name]
+    assert arch.parameter_count() == pytest.approx(total, rel=0.005)
+    if active is not None:
+        embedding = arch.vocab * arch.hidden
+        assert arch.active_parameter_count() + embedding == pytest.approx(active, rel=0.03)
+
+
+def test_llama3_8b_has_exactly_its_release_parameter_count() -> None:
+    # the sum of the tensor sizes in the Llama 3.1 8B safetensors index
+    assert PRESETS["llama3-8b"].parameter_count() == 8_030_261_248
+
+
+def test_the_first_and_last_stages_get_the_fewer_layers() -> None:
+    # 126 layers on 16 stages: 7 on the first and last, 8 on the 14 others (as Llama 3 did)
+    sizes = [len(chunks[0]) for chunks in stage_layers(126, 16, 1)]
+    assert sizes == [7] + [8] * 14 + [7]
+    interleaved = stage_layers(8, 2, 2)
+    assert interleaved == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+
+
+# --- published layouts ------------------------------------------------------------------
+
+LLAMA_405B = Training(seq_len=8192, global_batch_tokens=16 * 2**20)
+
+
+def test_llama3_405b_meta_layout_fits_in_80_gib_and_pinning_every_degree_gives_one_row() -> None:
+    pins = {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8}
+    plan = make_plan(Request(16384, 8, pins, PRESETS["llama3-405b"], LLAMA_405B), 10)
+    assert plan.total == 1
+    (row,) = plan.best
+    assert row.estimate is not None and row.estimate.fits
+    assert row.estimate.memory.total < 80 * GIB
+    assert row.estimate.microbatches == 16  # 2048 sequences over 128 data-parallel ranks
+
+
+def test_llama3_405b_rows_above_meta_layout_have_fewer_stages_and_fit() -> None:
+    """docs/plan.md shows these rows: with FSDP traffic hidden behind compute, the only cost
+    of a layout that changes with pp is the 1F1B bubble, (pp - 1) / 16 at 16 micro-batches."""
+    request = Request(16384, 8, {"tp": 8}, PRESETS["llama3-405b"], LLAMA_405B)
+    plan = make_plan(request, 1000)
+    meta = {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8, "ep": 1, "etp": 1}
+    position = [dict(row.degrees) for row in plan.best].index(meta)
+    assert (position + 1, plan.total) == (34, 78)  # as docs/plan.md says
+    above = plan.best[:position]
+    assert all(row.estimate and row.estimate.fits for row in above)
+    # 32 rows with fewer stages, then the same pipeline with replicas instead of shards
+    assert [row.degrees["pp"] for row in above[:32]] == [1] * 8 + [2] * 8 + [4] * 8 + [8] * 8
+    twin = above[32].degrees
+    assert (twin["pp"], twin["dp_replicate"], twin["dp_shard"]) == (16, 128, 1)
+    assert above[32].estimate and plan.best[position].estimate
+    assert above[32].estimate.step_seconds == plan.best[position].estimate.step_seconds
+    assert plan.best[position].estimate.fits
+
+
+def test_deepseek_v3_on_2048_gpus_with_pp16_ep64_fits() -> None:
+    training = Training(seq_len=4096, global_batch_tokens=15360 * 4096)
+    request = Request(2048, 8, {"pp": 16, "ep": 64, "tp": 1}, PRESETS["deepseek-v3"], training)
+    plan = make_plan(request, 10)
+    assert plan.total == 2
+    assert plan.fitting == 2
+    for row in plan.best:
+        assert row.estimate is not None and row.estimate.fits
+
+
+def test_pure_ddp_of_70b_on_1024_gpus_does_not_fit_and_ranks_last() -> None:
+    request = Request(1024, 8, {}, PRESETS["llama3-70b"], Training())
+    plan = make_plan(request, 10**4)
+    ddp = {"pp": 1, "dp_replicate": 1024, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 1, "etp": 1}
+    rows = [dict(row.degrees) for row in plan.best]
+    row = plan.best[rows.index(ddp)]
+    assert row.estimate is not None and not row.estimate.fits
+    # 70.6e9 parameters at 2 + 4 + 12 bytes: more than a terabyte per replica
+    assert row.estimate.memory.total > 1000 * GIB
+    fitting = [r for r in plan.best if r.estimate and r.estimate.fits]
+    assert plan.best[: len(fitting)] == tuple(fitting)
+    assert rows.index(ddp) >= len(fitting)
+
+
+def test_model_state_of_8b_under_fsdp_8_is_18_bytes_per_parameter_over_8() -> None:
+    arch = PRESETS["llama3-8b"]
+    memory = estimate_memory(arch, Parallelism(dp_shard=8), Training())
+    params = arch.parameter_count()
+    assert memory.params == 2 * params // 8  # every tensor's rows divide by 8
+    assert memory.grads == 4 * params // 8
+    # two fp32 moments and an fp32 master copy, and one 4-byte step per tensor
+    assert memory.optimizer == 12 * params // 8 + 4 * (32 * 9 + 3)
+
+
+# --- the command line -------------------------------------------------------------------
+
+
+def test_plan_json_gives_memory_fit_and_communication_per_row(run_cli) -> None:
+    args = ["--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--pp", "1"]
+    args += ["--dp-replicate", "1", "--dp-shard", "8", "--cp", "1", "--model", "llama3-70b"]
+    result = run_cli("plan", *args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["total"] == 1 and report["fitting"] == 1
+    (row,) = report["assignments"]
+    assert set(row["memory_gib"]) == {
+        "params",
+        "grads",
+        "optimizer",
+        "gathers",
+        "activations",
+        "total",
+    }
+    assert row["fits"] is True
+    assert set(row["communication"]) == {"tp", "fsdp"}
+    assert row["communication"]["fsdp"]["crosses_nodes"] is True
+    assert row["communication"]["tp"]["crosses_nodes"] is False
+    parts = sum(v for k, v in row["memory_gib"].items() if k != "total")
+    assert parts == pytest.approx(row["memory_gib"]["total"], abs=0.05)
+
+
+def test_plan_text_marks_rows_that_do_not_fit(run_cli) -> None:
+    args = ["--world-size", "1024", "--gpus-per-node", "8", "--dp-replicate", "1024"]
+    result = run_cli("plan", *args, "--model", "llama3-70b")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[2] == "1 valid assignment; 0 fit in 80 GiB"
+    assert lines[4].split()[6:8] == ["1196.9", "no"]
+
+
+def test_show_model_prints_the_memory_breakdown(run_cli) -> None:
+    path = "examples/llama3_70b_512gpu.yaml"
+    result = run_cli("show", path, "--model", "llama3-70b", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)["estimate"]
+    assert found["model"] == "llama3-70b"
+    assert found["fits"] is True
+    text = run_cli("show", path, "--model", "llama3-70b").stdout
+    assert "memory per GPU (GiB, pipeline rank 0): params " in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seq-len", "4096"], "--seq-len needs --model or --model-file"),
+        (["--model", "gpt5"], "--model: unknown model 'gpt5'; presets: " + ", ".join(PRESETS)),
+        (
+            ["--model", "llama3-8b", "--model-file", "x.yaml"],
+            "--model and --model-file exclude each other",
+        ),
+        (["--model", "llama3-8b", "--mfu", "2"], "--mfu: expected a number in (0, 1], got '2'"),
+        (
+            ["--model", "llama3-8b", "--gpu-memory-gib", "lots"],
+            "--gpu-memory-gib: expected a number > 0, got 'lots'",
+        ),
+        (
+            ["--model", "llama3-8b", "--pp-schedule", "interleaved"],
+            "--pp-schedule interleaved needs --virtual-stages V with V >= 2",
+        ),
+        (
+            ["--model", "llama3-8b", "--virtual-stages", "2"],
+            "--virtual-stages needs --pp-schedule interleaved",
+        ),
+        (["--model-file", "missing.yaml"], "missing.yaml: cannot read: No such file or directory"),
+    ],
+)
+def test_model_option_errors_are_one_line_and_exit_2(run_cli, args, message) -> None:
+    result = run_cli("plan", "--world-size", "8", *args)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"meshconf: error: {message}\n"
+
+
+# --- the model file ---------------------------------------------------------------------
+
+TINY_MOE = """\
+name: tiny-moe
+layers: 4
+hidden: 256
+ffn: 1024
+vocab: 1000
+attention:
+  heads: 8
+  kv_heads: 2
+experts:
+  routed: 8
+  top_k: 2
+  ffn: 128
+  dense_layers: 1
+"""
+
+
+def test_a_model_file_plans_like_a_preset(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "moe.yaml"
+    path.write_text(TINY_MOE)
+    args = ["--world-size", "8", "--ep", "4", "--model-file", str(path), "--format", "json"]
+    result = run_cli("plan", *args)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["model"] == "tiny-moe"
+    assert all("ep" in row["communication"] for row in report["assignments"])
+
+
+def test_a_bad_model_file_gives_located_errors_and_exit_1(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        TINY_MOE.replace("ffn: 1024", "ffn: '1024'")
+        .replace("kv_heads: 2", "kv_heads: 2\n  window: 4")
+        .replace("top_k: 2", "top_k: 9")
+    )
+    result = run_cli("plan", "--world-size", "8", "--model-file", str(path))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [
+        f"{path}:4:1: ffn: Input should be a valid integer, got the string '1024'",
+        f"{path}:9:3: attention.window: unknown key",
+        f"{path}:10:1: experts: top_k (9) is more than routed (8)",
+    ]
+
+
+def test_the_committed_model_schema_is_fresh() -> None:
+    committed = (ROOT / "schemas" / "meshconf.model.schema.json").read_text()
+    assert committed == model_schema_text(), (
+        "schemas/meshconf.model.schema.json is out of date; regenerate it with: python -c "
+        '"from meshconf.features.estimate.model_file import model_schema_text; '
+        "open('schemas/meshconf.model.schema.json', 'w').write(model_schema_text())\""
+    )
+
+
+# --- the pipeline rank that needs the most ----------------------------------------------
+
+SMALL_MOE = Architecture(
+    "m", 13, 64, 128, 100, GroupedQueryAttention(4, 2, 16), Experts(8, 2, 32, 0, 3)
+)
+
+
+@pytest.mark.parametrize("arch", [PRESETS["deepseek-v3"], PRESETS["llama3-405b"], SMALL_MOE])
+@pytest.mark.parametrize("pp", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("virtual", [1, 2, 3])
+def test_the_candidate_ranks_find_the_rank_every_rank_would(
+    arch: Architecture, pp: int, virtual: int
+) -> None:
+    """estimate_memory looks at a few pipeline ranks only; the largest of all is among them."""
+    for microbatches in (1, 3, 64):
+        training = Training(
+            schedule="interleaved" if virtual > 1 else "1f1b",
+            virtual_stages=virtual,
+            global_batch_tokens=microbatches * 8192,
+        )
+        par = Parallelism(pp=pp)
+        every = max(
+            (rank_memory(arch, par, training, rank_stage(arch, pp, virtual, r)) for r in range(pp)),
+            key=lambda memory: memory.total,
+        )
+        assert estimate_memory(arch, par, training).total == every.total
+
+
+def test_more_pipeline_chunks_than_layers_do_not_fit() -> None:
+    arch = PRESETS["llama3-8b"]  # 32 layers
+    found = make_plan(Request(64, 8, {"pp": 64}, arch, Training()), 1).best[0].estimate
+    assert found is not None and not found.fits
+    assert found.problem == "64 pipeline chunks for 32 layers: some chunk holds none"
+
+
+def test_emit_with_a_model_repeats_the_model_options_and_the_estimate(run_cli) -> None:
+    args = ["--world-size", "64", "--gpus-per-node", "8", "--tp", "8", "--model", "llama3-70b"]
+    result = run_cli("plan", *args, "--seq-len", "4096", "--emit", "1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "# meshconf plan --world-size 64 --gpus-per-node 8 --tp 8 --model llama3-70b "
+        "--seq-len 4096 --emit 1 (assignment 1 of "
+    )
+    assert lines[2].startswith("# estimated: ") and "GiB per GPU (fits), step " in lines[2]
+
+
+def test_show_with_a_bad_model_file_exits_1_with_located_errors(run_cli, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(TINY_MOE.replace("layers: 4", "layers: 0"))
+    result = run_cli("show", "examples/llama3_8b_8gpu_fsdp.yaml", "--model-file", str(path))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert (
+        result.stderr
+        == f"{path}:2:1: layers: Input should be greater than or equal to 1, got the integer 0\n"
+    )
+
+
+def test_show_model_reads_locality_from_a_config_with_its_own_domains(run_cli) -> None:
+    # pp 2 x dp_shard 4 x tp 8 on 8 nodes of 8, with an extra "reward" domain
+    args = ["examples/custom_domain.yaml", "--model", "llama3-8b"]
+    result = run_cli("show", *args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)["estimate"]
+    assert found["fits"] is True
+    crossing = {name: flow["crosses_nodes"] for name, flow in found["communication"].items()}
+    assert crossing == {"tp": False, "pp": True, "fsdp": True}
