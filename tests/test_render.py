@@ -1,4 +1,4 @@
-"""``meshconf render`` and ``meshconf.features.render``: the picture of a domain's rank grid."""
+"""``meshconf render`` and ``meshconf.render``: the picture of a domain's rank grid."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ from conftest import REPO, TEXTBOOK
 
 from meshconf.cli import main
 from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode
-from meshconf.features.render import (
-    FULL_LIMIT,
-    SUMMARY_CELLS,
-    draw_domain,
-    render_svg,
-    to_png,
-    to_svg,
-)
+from meshconf.features.render.grid import FULL_LIMIT, SUMMARY_CELLS
+from meshconf.render import draw_domain, render_svg, to_png, to_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
