@@ -320,11 +320,65 @@ def test_with_world_size_keeps_dp_shard_a_default() -> None:
             "divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
         )
     ]
+    assert caught.value.title == "MeshConfig"
+    assert load_config({}).with_world_size(8).resolved_degrees["dp_shard"] == 8
+    with pytest.raises(ValidationError) as caught:
+        load_config({"world_size": 8}).with_world_size(16)
+    assert [(e["type"], e["loc"], e["msg"]) for e in caught.value.errors()] == [
+        ("world_size_conflict", ("world_size",), "the config says 8, but the world size is 16")
+    ]
     resized = load_config({"degrees": {"tp": 2}}).with_world_size(8)
     assert resized.degrees.explicit == {"tp"}
     assert resized.with_world_size(8).degrees.explicit == {"tp"}
     # A config that makes another factor -1 keeps dp_shard's default of 1.
     assert load_config({"degrees": {"tp": -1}}).with_world_size(8).resolved_degrees["tp"] == 8
+
+
+def test_pending_checks_are_the_rules_that_wait_for_the_world_size() -> None:
+    domains = (
+        "domains.dataloading: product of dims == world_size",
+        "domains.dense: product of dims == world_size",
+        "domains.sparse: product of dims == world_size",
+        "domains.loss: product of dims == world_size",
+        "domains: shared dims denote the same rank groups",
+    )
+    fill_tp, fill_dp_shard = (
+        "degrees.tp: fill -1 from world_size",
+        "degrees.dp_shard: fill -1 from world_size",
+    )
+    borrow = "degrees.ep: ep * etp divides dp_shard * cp * tp"
+    assert load_config({"degrees": {"tp": -1}}).pending_checks == (fill_tp, *domains)
+    assert load_config({"degrees": {"tp": -1, "etp": 2}}).pending_checks == (
+        fill_tp,
+        "degrees.etp: etp is 1 or tp",
+        borrow,
+        *domains,
+    )
+    assert load_config({"degrees": {"tp": 8}}).pending_checks == (fill_dp_shard, *domains)
+    assert load_config({"degrees": {"tp": 2, "etp": 2}}).pending_checks == (
+        fill_dp_shard,
+        borrow,
+        *domains,
+    )
+
+
+def test_three_autos_are_all_named() -> None:
+    message = "only one degree may be -1 (fill the remaining ranks), but pp and cp and tp all are"
+    assert errors({"degrees": {"pp": -1, "tp": -1, "cp": -1}}) == [
+        f"degrees.cp: {message}",
+        f"degrees.tp: {message}",
+    ]
+
+
+def test_every_domain_whose_product_is_wrong_is_reported() -> None:
+    assert errors({"world_size": 16, "degrees": {"cp": 2}, "derived": {"fsdp": "dp_shard"}}) == [
+        "domains.dense: pp(1) * dp_replicate(1) * fsdp(8) * tp(1) = 8 != world_size 16 (default domain)"
+    ]
+    domains = {"a": ["pp", "tp"], "b": ["pp", "cp"], "c": ["dp_shard", "cp", "tp"]}
+    assert errors({"world_size": 16, "degrees": {"cp": 2, "tp": 2}, "domains": domains}) == [
+        "domains.a: pp(1) * tp(2) = 2 != world_size 16",
+        "domains.b: pp(1) * cp(2) = 2 != world_size 16",
+    ]
 
 
 def test_world_size_up_to_the_most_torch_can_number() -> None:
