@@ -10,35 +10,33 @@ in one process (as a subprocess, interpreter start included), the in-process cos
 ``load_config`` per file and the import time of ``meshconf``. Part B times layout queries
 at ``world_size = 2**20`` and shows that their cost does not grow with the world size.
 
-Only the standard library and meshconf are used. Nothing here asserts a timing.
+Only the standard library, meshconf and the modules beside this one are used. Nothing here
+asserts a timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
-import random
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import timeit
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import meshconf
+from configs import generate_configs  # benchmarks/ is on sys.path[0]
+from harness import fmt_time, per_call, preamble, table
+
 from meshconf import MeshConfig, load_config
 from meshconf.core.layout import process_group_count
 from meshconf.sources.yaml_reader import decode, read_yaml
 
 NUM_FILES = 100
-WORLD_MIN, WORLD_MAX = 8, 65536
 BIG_WORLD = 2**20
 SCALING_WORLDS = (2**10, 2**15, 2**20, 2**25)
 
@@ -56,42 +54,12 @@ class Settings:
         self.timeit_repeat = 2 if quick else 5
         self.timeit_min_s = 0.002 if quick else 0.1  # autorange target per repeat
 
+    def per_call(self, fn: Callable[[], Any]) -> tuple[float, float]:
+        """(median, best) seconds per call of ``fn`` at these repetitions."""
+        return per_call(fn, self.timeit_repeat, self.timeit_min_s)
+
 
 # --------------------------------------------------------------------------- helpers
-
-
-def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
-
-
-def fmt_us(seconds: float) -> str:
-    us = seconds * 1e6
-    if us >= 1000:
-        return f"{us:,.0f}"
-    return f"{us:.2f}" if us < 10 else f"{us:.1f}"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """A Markdown table; columns in ``right`` are right-aligned."""
-    align = ["---:" if i in right else "---" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def per_call(fn: Callable[[], Any], settings: Settings) -> tuple[float, float]:
-    """(median, best) seconds per call of ``fn`` over timeit repeats."""
-    timer = timeit.Timer(fn)
-    number = 1
-    while True:  # like Timer.autorange, with our own target
-        elapsed = timer.timeit(number)
-        if elapsed >= settings.timeit_min_s:
-            break
-        number *= 2 if elapsed > settings.timeit_min_s / 4 else 10
-    times = [elapsed / number] + [
-        t / number for t in timer.repeat(repeat=settings.timeit_repeat - 1, number=number)
-    ]
-    return statistics.median(times), min(times)
 
 
 def wall(cmd: Sequence[str], runs: int, expect_rc: int = 0) -> tuple[list[float], str]:
@@ -114,146 +82,13 @@ def wall(cmd: Sequence[str], runs: int, expect_rc: int = 0) -> tuple[list[float]
     return times, stdout
 
 
-# --------------------------------------------------------------------------- config files
-
-CUSTOM_DOMAIN_SETS: list[tuple[dict[str, str], dict[str, list[str]]]] = [
-    # (derived, domains): a few shapes seen in real training configs.
-    ({}, {"dense": ["pp", "dp_replicate", "fsdp", "tp"], "loss": ["pp", "loss", "tp"]}),
-    (
-        {"expert_dp": "dp_shard * cp * tp / (ep * etp)"},
-        {
-            "dense": ["pp", "dp_replicate", "fsdp", "tp"],
-            "moe": ["pp", "dp_replicate", "expert_dp", "ep", "etp"],
-        },
-    ),
-    (
-        {"attn_dp": "dp_shard * cp"},
-        {
-            "attention": ["pp", "dp_replicate", "attn_dp", "tp"],
-            "dataloading": ["pp", "batch", "cp", "tp"],
-        },
-    ),
-    (
-        {"model_parallel": "pp * tp", "tokens": "dp_replicate * dp_shard * cp"},
-        {
-            "dense": ["pp", "dp_replicate", "fsdp", "tp"],
-            "seq": ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
-            "loss": ["pp", "tokens", "tp"],
-        },
-    ),
-]
-
-
-def _degree_choices(rng: random.Random) -> dict[str, int] | None:
-    tp = rng.choice([1, 2, 4, 8, 8])
-    cp = rng.choice([1, 1, 1, 2, 4])
-    pp = rng.choice([1, 1, 2, 4, 8, 16])
-    dp_replicate = rng.choice([1, 1, 2, 4, 8])
-    dp_shard = rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512])
-    world = tp * cp * pp * dp_replicate * dp_shard
-    if not WORLD_MIN <= world <= WORLD_MAX:
-        return None
-    etp = rng.choice([1, 1, tp])
-    lender = dp_shard * cp * tp
-    eps = [ep for ep in (1, 2, 4, 8, 16, 32, 64) if lender % (ep * etp) == 0]
-    ep = rng.choice(eps)
-    return {
-        "pp": pp,
-        "dp_replicate": dp_replicate,
-        "dp_shard": dp_shard,
-        "cp": cp,
-        "tp": tp,
-        "ep": ep,
-        "etp": etp,
-    }
-
-
-# The first configs pin the ends of the world-size range.
-_ANCHORS = [
-    {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
-    {"pp": 16, "dp_replicate": 4, "dp_shard": 128, "cp": 1, "tp": 8, "ep": 8, "etp": 1},
-    {"pp": 8, "dp_replicate": 2, "dp_shard": 256, "cp": 2, "tp": 8, "ep": 16, "etp": 8},
-]
-
-
-def write_auto_style(
-    written: dict[str, int], degrees: dict[str, int], style: int, rng: random.Random
-) -> None:
-    """Write the -1 one of four ways: dp_shard left out (its default), dp_shard written as -1,
-    another world factor as -1, or every world factor explicit."""
-    if style == 0:
-        written.pop("dp_shard", None)
-    elif style == 1:
-        written["dp_shard"] = -1
-    elif style == 2:
-        auto = rng.choice([n for n in ("pp", "dp_replicate", "tp") if n in written] or ["pp"])
-        written["dp_shard"] = degrees["dp_shard"]
-        written[auto] = -1
-    else:
-        written.update({n: degrees[n] for n in ("pp", "dp_replicate", "dp_shard", "cp", "tp")})
-
-
-def config_text(index: int, rng: random.Random) -> str | None:
-    """One realistic config, or None if the random degrees fall outside the world range."""
-    degrees = dict(_ANCHORS[index]) if index < len(_ANCHORS) else _degree_choices(rng)
-    if degrees is None:
-        return None
-    world = math.prod(degrees[name] for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
-    written: dict[str, int] = {}
-    style = index % 4
-    for name, value in degrees.items():
-        if name in ("ep", "etp") and value == 1 and rng.random() < 0.7:
-            continue  # left at the default
-        if name != "dp_shard" and value == 1 and rng.random() < 0.5:
-            continue
-        written[name] = value
-    write_auto_style(written, degrees, style, rng)
-    lines = [f"# generated benchmark config {index:03d}: {world} ranks", f"world_size: {world}"]
-    if rng.random() < 0.6:
-        lines.append(f"gpus_per_node: {rng.choice([4, 8, 8, 8])}")
-    lines.append("degrees:")
-    lines += [f"  {name}: {value}" for name, value in written.items()]
-    if index % 3 == 0:
-        derived, domains = CUSTOM_DOMAIN_SETS[(index // 3) % len(CUSTOM_DOMAIN_SETS)]
-        if derived:
-            lines.append("derived:")
-            lines += [f'  {name}: "{text}"' for name, text in derived.items()]
-        lines.append("domains:")
-        lines += [f"  {name}: [{', '.join(dims)}]" for name, dims in domains.items()]
-    elif index % 5 == 1:
-        lines += ["derived:", '  dp_total: "dp_replicate * dp_shard"']
-    if rng.random() < 0.3:
-        lines += [
-            "runtime:",
-            f"  timeout_s: {rng.choice([600, 1800, 3600])}",
-            f"  backend: {rng.choice(['auto', 'nccl'])}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def write_configs(directory: Path, count: int = NUM_FILES) -> list[str]:
-    """``count`` distinct valid configs; each is checked with load_config before use."""
-    rng = random.Random(20240611)
-    seen: set[str] = set()
-    paths: list[str] = []
-    while len(paths) < count:
-        text = config_text(len(paths), rng)
-        if text is None or text in seen:
-            continue
-        seen.add(text)
-        path = directory / f"mesh_{len(paths):03d}.yaml"
-        path.write_text(text)
-        load_config(path)  # a generator bug should fail loudly, not skew the timing
-        paths.append(str(path))
-    return paths
-
-
 # --------------------------------------------------------------------------- part A
 
 
 def part_a(settings: Settings, tmp: Path) -> None:
-    paths = write_configs(tmp)
-    worlds = sorted(load_config(p).resolved_world_size or 0 for p in paths)
+    configs = generate_configs(NUM_FILES, tmp, broken_every=None)
+    paths = [str(config.path) for config in configs]
+    worlds = sorted(config.world_size for config in configs)
     python = sys.executable
     n = settings.subprocess_runs
 
@@ -302,55 +137,39 @@ def part_a(settings: Settings, tmp: Path) -> None:
         f"Subprocess rows: {n} run(s) after one warm-up run.\n"
     )
     median_validate = statistics.median(validate_times)
-    rows = [
-        [
-            "`python -m meshconf validate <100 files>` (wall, whole process)",
-            fmt_s(min(validate_times)),
-            fmt_s(median_validate),
-        ],
-        [
-            "`python -c pass` (bare interpreter start, for reference)",
-            fmt_s(min(bare_times)),
-            fmt_s(statistics.median(bare_times)),
-        ],
-        [
+    processes = [
+        ("`python -m meshconf validate <100 files>` (wall, whole process)", validate_times),
+        ("`python -c pass` (bare interpreter start, for reference)", bare_times),
+        (
             "`python -c 'import meshconf.cli'` (wall: start + every import validate needs)",
-            fmt_s(min(cli_times)),
-            fmt_s(statistics.median(cli_times)),
-        ],
-        [
-            "`import meshconf` alone, timed inside a fresh interpreter",
-            fmt_s(min(import_times)),
-            fmt_s(statistics.median(import_times)),
-        ],
+            cli_times,
+        ),
+        ("`import meshconf` alone, timed inside a fresh interpreter", import_times),
+    ]
+    rows = [
+        [label, fmt_time(min(times)), fmt_time(statistics.median(times))]
+        for label, times in processes
     ]
     print(table(["what", "best", "median"], rows, right=(1, 2)))
     print()
-    rows = [
-        ["`meshconf.load_config(path)`", fmt_us(load_each), fmt_s(load_each * NUM_FILES)],
-        [
-            "  of which: read YAML with key positions (`read_yaml`)",
-            fmt_us(yaml_each),
-            fmt_s(yaml_each * NUM_FILES),
-        ],
-        [
-            "  of which: `MeshConfig.model_validate(data)` (all rules)",
-            fmt_us(model_each),
-            fmt_s(model_each * NUM_FILES),
-        ],
+    in_process = [
+        ("`meshconf.load_config(path)`", load_each),
+        ("  of which: read YAML with key positions (`read_yaml`)", yaml_each),
+        ("  of which: `MeshConfig.model_validate(data)` (all rules)", model_each),
     ]
+    rows = [[label, fmt_time(each), fmt_time(each * NUM_FILES)] for label, each in in_process]
     print(
         f"In process, median of {settings.load_rounds} round(s) over the 100 files after a "
         "warm-up round:\n"
     )
-    print(table(["what", "µs per file", "x 100 files"], rows, right=(1, 2)))
+    print(table(["what", "per file", "x 100 files"], rows, right=(1, 2)))
     print()
     median_cli = statistics.median(cli_times)
     print(
-        f"Split of the median 100-file validate ({fmt_s(median_validate)}): interpreter start "
-        f"and imports {fmt_s(median_cli)} ({100 * median_cli / median_validate:.0f}%), "
-        f"checking the 100 files and printing {fmt_s(max(median_validate - median_cli, 0.0))} "
-        f"(in process, 100 x load_config takes {fmt_s(load_each * NUM_FILES)}).\n"
+        f"Split of the median 100-file validate ({fmt_time(median_validate)}): interpreter start "
+        f"and imports {fmt_time(median_cli)} ({100 * median_cli / median_validate:.0f}%), "
+        f"checking the 100 files and printing {fmt_time(max(median_validate - median_cli, 0.0))} "
+        f"(in process, 100 x load_config takes {fmt_time(load_each * NUM_FILES)}).\n"
     )
 
 
@@ -371,15 +190,15 @@ def _scaling_row(world: int, settings: Settings) -> list[str]:
     layout = config.layout("dense")
     rank = world * 3 // 4
     timings = [
-        per_call(lambda: MeshConfig.model_validate(data), settings)[1],
-        per_call(lambda: layout.coordinate(rank), settings)[1],
-        per_call(lambda: layout.group(rank, ["dp_replicate", "fsdp"]), settings)[1],
-        per_call(lambda: layout.crosses_nodes("tp", 8), settings)[1],
-        per_call(lambda: layout.crosses_nodes("fsdp", 8), settings)[1],
+        settings.per_call(lambda: MeshConfig.model_validate(data))[1],
+        settings.per_call(lambda: layout.coordinate(rank))[1],
+        settings.per_call(lambda: layout.group(rank, ["dp_replicate", "fsdp"]))[1],
+        settings.per_call(lambda: layout.crosses_nodes("tp", 8))[1],
+        settings.per_call(lambda: layout.crosses_nodes("fsdp", 8))[1],
     ]
     exponent = world.bit_length() - 1
     return [f"2**{exponent} = {world:,}", f"{config.resolved_degrees['dp_shard']:,}"] + [
-        fmt_us(t) for t in timings
+        fmt_time(t) for t in timings
     ]
 
 
@@ -432,14 +251,14 @@ def part_b(settings: Settings, tmp: Path) -> None:
     ]
     rows = []
     for label, fn in queries:
-        median, best = per_call(fn, settings)
-        rows.append([label, fmt_us(median), fmt_us(best)])
-    print(table(["query", "µs/call (median)", "µs/call (best)"], rows, right=(1, 2)))
+        median, best = settings.per_call(fn)
+        rows.append([label, fmt_time(median), fmt_time(best)])
+    print(table(["query", "per call (median)", "per call (best)"], rows, right=(1, 2)))
     print()
 
     # O(group size): listing ranks, and `meshconf show --format json`.
     group = big_layout.group(rank, big_dim.name)
-    median, best = per_call(group.ranks, settings)
+    median, best = settings.per_call(group.ranks)
     path = tmp / "world_2p20.json"  # JSON is valid YAML 1.2
     path.write_text(json.dumps(data))
     show_cmd = [
@@ -461,14 +280,14 @@ def part_b(settings: Settings, tmp: Path) -> None:
         [
             f'`layout.group(rank, "{big_dim.name}").ranks()` (domain `{big_layout.name}`, '
             f"the largest group: {group.size:,} ranks)",
-            fmt_s(median),
-            fmt_s(best),
+            fmt_time(median),
+            fmt_time(best),
         ],
         [
             f"`python -m meshconf show --format json` (subprocess, wall; lists {listed:,} ranks "
             f"in {len(report['domains'])} domains, {len(out):,} bytes)",
-            fmt_s(statistics.median(show_times)),
-            fmt_s(min(show_times)),
+            fmt_time(statistics.median(show_times)),
+            fmt_time(min(show_times)),
         ],
     ]
     print(table(["what", "median", "best"], rows, right=(1, 2)))
@@ -477,7 +296,7 @@ def part_b(settings: Settings, tmp: Path) -> None:
     # The same queries at other world sizes: the cost does not follow the world size.
     print(
         "Per-query cost against world size (same degrees, dp_shard fills the rest; domain "
-        f"`dense`, rank world_size * 3 // 4; µs per call, best of {settings.timeit_repeat}):\n"
+        f"`dense`, rank world_size * 3 // 4; per call, best of {settings.timeit_repeat}):\n"
     )
     rows = []
     for world in SCALING_WORLDS:
@@ -509,21 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings(args.quick)
 
-    command = shlex.join(["python", *sys.argv])
-    print("## meshconf core speed\n")
-    print(f"Command: `{command}`\n")
-    print(
-        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-        f"meshconf from `{Path(meshconf.__file__).parent}`"
-    )
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    processor = f", processor {platform.processor()}" if platform.processor() else ""
-    print(
-        f"- Machine: {platform.platform()}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs ({usable} usable){processor}"
-    )
-    mode = "quick (smoke run, few repetitions: numbers are rough)" if args.quick else "full"
-    print(f"- Mode: {mode}\n")
+    print(preamble("meshconf core speed", args.quick, ("meshconf", "pydantic", "PyYAML")))
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshconf-bench-") as name:

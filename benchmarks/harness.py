@@ -1,15 +1,20 @@
-"""What every benchmark shares: Markdown tables, time formatting, repeated timing, peak memory.
+"""What every benchmark shares: its heading, Markdown tables, time formatting, repeated timing,
+peak memory.
 
 The benchmarks print Markdown so that their output can be pasted into docs/performance.md.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import resource
+import shlex
 import statistics
 import sys
 import timeit
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 
@@ -54,3 +59,32 @@ def maxrss_mib() -> float:
     # ru_maxrss is in KiB on Linux and in bytes on macOS.
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def version(package: str) -> str:
+    """The installed version of ``package``, or "not installed"."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def preamble(title: str, quick: bool, packages: Sequence[str], mode_detail: str = "") -> str:
+    """A benchmark's heading: the command that ran it, the machine, the Python and package
+    versions, the load when it started, and whether it is a quick run."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    versions = "".join(f"; {name} {version(name)}" for name in packages)
+    mode = "quick (smoke run, few repetitions: numbers are rough)" if quick else "full"
+    lines = [
+        f"## {title}",
+        "",
+        f"Command: `{shlex.join(['python', *sys.argv])}`",
+        "",
+        f"- Machine: {platform.platform()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs ({usable} usable)",
+        f"- Python {platform.python_version()} ({platform.python_implementation()}){versions}",
+    ]
+    if hasattr(os, "getloadavg"):
+        lines.append(f"- Load average (1 min) at start: {os.getloadavg()[0]:.2f}")
+    lines += [f"- Mode: {mode}{mode_detail}", ""]
+    return "\n".join(lines)

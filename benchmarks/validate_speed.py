@@ -27,13 +27,9 @@ Nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import platform
-import random
 import re
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -41,29 +37,20 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from core_speed import (  # the benchmarks folder is on sys.path[0]
-    CUSTOM_DOMAIN_SETS,
-    write_auto_style,
-)
-
-from meshconf import ConfigError, load_config
+from configs import SEED, GeneratedConfig, generate_configs  # benchmarks/ is on sys.path[0]
+from harness import fmt_time, preamble, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "meshconf.schema.json"
 BIN = Path(sys.executable).parent
 CONFIG_DIR = "configs"
-BROKEN_EVERY = 10  # one file in ten breaks a formula rule
-WORLD_MIN, WORLD_MAX = 8, 65536
-SEED = 20240611
 CHECK_JSONSCHEMA_PIN = "check-jsonschema==0.39.0"
 COPY_IGNORED = ("*.egg-info", ".venv*", ".git", "__pycache__", ".*_cache", ".hypothesis")
-WORLD_FACTORS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-DEGREES = (*WORLD_FACTORS, "ep", "etp")  # the order a file writes them in
 
 
 # --------------------------------------------------------------------------- settings
@@ -88,267 +75,11 @@ class Settings:
         )
 
 
-# --------------------------------------------------------------------------- formatting
-
-
-def fmt_s(seconds: float) -> str:
-    if seconds >= 0.9995:  # what would print as 1000 ms
-        return f"{seconds:.2f} s"
-    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.2f} ms"
-
-
 def fmt_delta(seconds: float) -> str:
-    return ("+" if seconds >= 0 else "-") + fmt_s(abs(seconds))
-
-
-def fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.2f} ms"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """A Markdown table; columns in ``right`` are right-aligned."""
-    align = ["---:" if i in right else "---" for i in range(len(headers))]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return ("+" if seconds >= 0 else "-") + fmt_time(abs(seconds))
 
 
 # --------------------------------------------------------------------------- config files
-
-
-@dataclass(frozen=True)
-class GeneratedConfig:
-    """One config file's text; ``broken_rule`` names the formula rule it breaks, if any."""
-
-    text: str
-    world_size: int
-    broken_rule: str | None = None
-
-
-@dataclass
-class ConfigShape:
-    """What a config file says, before it is rendered to YAML."""
-
-    world_size: int
-    degrees: dict[str, int]
-    gpus_per_node: int | None = None
-    derived: dict[str, str] = field(default_factory=dict)
-    domains: dict[str, list[str]] = field(default_factory=dict)
-    runtime: dict[str, str | int] = field(default_factory=dict)
-    comment: str | None = None
-
-    def render(self) -> str:
-        lines = [f"# {self.comment}"] if self.comment else []
-        lines.append(f"world_size: {self.world_size}")
-        if self.gpus_per_node is not None:
-            lines.append(f"gpus_per_node: {self.gpus_per_node}")
-        lines.append("degrees:")
-        lines += [f"  {name}: {self.degrees[name]}" for name in DEGREES if name in self.degrees]
-        if self.derived:
-            lines.append("derived:")
-            lines += [f'  {name}: "{formula}"' for name, formula in self.derived.items()]
-        if self.domains:
-            lines.append("domains:")
-            lines += [f"  {name}: [{', '.join(dims)}]" for name, dims in self.domains.items()]
-        if self.runtime:
-            lines.append("runtime:")
-            lines += [f"  {name}: {value}" for name, value in self.runtime.items()]
-        return "\n".join(lines) + "\n"
-
-
-DERIVED_ONLY = [{"dp_total": "dp_replicate * dp_shard"}, {"sp": "cp * tp"}]
-
-# The first valid configs pin the ends of the world-size range.
-ANCHORS = [
-    {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 8, "ep": 1, "etp": 1},
-    {"pp": 8, "dp_replicate": 2, "dp_shard": 256, "cp": 2, "tp": 8, "ep": 16, "etp": 8},
-]
-
-
-def world_of(degrees: dict[str, int]) -> int:
-    return math.prod(degrees[name] for name in WORLD_FACTORS)
-
-
-def no_condition(degrees: dict[str, int]) -> bool:
-    return True
-
-
-def random_degrees(rng: random.Random, accept: Callable[[dict[str, int]], bool]) -> dict[str, int]:
-    """Resolved degrees (no -1) with a world size in range that ``accept`` takes."""
-    while True:
-        tp = rng.choice([1, 2, 4, 8, 8])
-        degrees = {
-            "pp": rng.choice([1, 1, 2, 4, 8, 16]),
-            "dp_replicate": rng.choice([1, 1, 2, 4, 8]),
-            "dp_shard": rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512]),
-            "cp": rng.choice([1, 1, 1, 2, 4]),
-            "tp": tp,
-            "etp": rng.choice([1, 1, tp]),
-        }
-        lender = degrees["dp_shard"] * degrees["cp"] * tp
-        eps = [ep for ep in (1, 2, 4, 8, 16, 32, 64) if lender % (ep * degrees["etp"]) == 0]
-        degrees["ep"] = rng.choice(eps)
-        if WORLD_MIN <= world_of(degrees) <= WORLD_MAX and accept(degrees):
-            return degrees
-
-
-def written_degrees(degrees: dict[str, int], style: int, rng: random.Random) -> dict[str, int]:
-    """The degrees as a file writes them: defaults left out, and one of four -1 styles."""
-    written = {
-        name: value
-        for name, value in degrees.items()
-        if value != 1 or (name == "dp_shard") or rng.random() < 0.3
-    }
-    write_auto_style(written, degrees, style, rng)
-    return written
-
-
-def add_extras(shape: ConfigShape, rng: random.Random, with_domains: bool) -> None:
-    """Optional blocks, drawn independently: about a fifth of the files have none of them."""
-    if rng.random() < 0.5:
-        shape.gpus_per_node = rng.choice([4, 8, 8, 8])
-    if with_domains and rng.random() < 0.3:
-        shape.derived, shape.domains = rng.choice(CUSTOM_DOMAIN_SETS)
-    elif rng.random() < 0.15:
-        shape.derived = dict(rng.choice(DERIVED_ONLY))
-    if rng.random() < 0.25:
-        shape.runtime = {
-            "timeout_s": rng.choice([600, 1800, 3600]),
-            "backend": rng.choice(["auto", "nccl"]),
-        }
-    if rng.random() < 0.4:
-        shape.comment = f"{rng.choice(['llama', 'moe', 'dense', 'long-context'])} run layout"
-
-
-def valid_config(index: int, rng: random.Random) -> ConfigShape:
-    degrees = dict(ANCHORS[index]) if index < len(ANCHORS) else random_degrees(rng, no_condition)
-    shape = ConfigShape(world_of(degrees), written_degrees(degrees, index % 4, rng))
-    add_extras(shape, rng, with_domains=True)
-    return shape
-
-
-# How each formula rule is broken. Every broken file keeps its keys, types and ranges valid,
-# so the JSON Schema accepts it.
-def _break_world_product(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.degrees.update({name: degrees[name] for name in WORLD_FACTORS})
-    shape.world_size = shape.world_size // 2 if shape.world_size >= 16 else shape.world_size * 2
-
-
-def _break_auto_fill(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.degrees.update({name: degrees[name] for name in ("pp", "dp_replicate", "cp", "tp")})
-    shape.degrees.pop("dp_shard", None)  # dp_shard defaults to -1 and cannot fill exactly
-    shape.world_size += 1
-
-
-def _break_expert_borrowing(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    lender = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
-    twos = (lender & -lender).bit_length() - 1  # the power of two in the lender
-    shape.degrees["ep"] = 2 ** (twos + 1)
-    shape.degrees.pop("etp", None)
-
-
-def _break_etp(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.degrees["etp"] = degrees["tp"] // 2
-    shape.degrees.pop("ep", None)
-
-
-def _break_derived_division(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.derived = {"tp_half_groups": "tp / 16"}
-
-
-def _break_derived_name(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.derived = {"moe_dp": "dp_shard * cp * tpp"}
-
-
-def _break_domain_product(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.derived = {}
-    shape.domains = {"dense": ["pp", "fsdp", "tp"], "loss": ["pp", "loss", "tp"]}
-
-
-def _break_same_groups(shape: ConfigShape, degrees: dict[str, int]) -> None:
-    shape.derived = {}
-    shape.domains = {
-        "dense": ["pp", "dp_replicate", "fsdp", "tp"],
-        "tp_outer": ["pp", "dp_replicate", "tp", "fsdp"],
-    }
-
-
-@dataclass(frozen=True)
-class BrokenRule:
-    name: str
-    key_prefix: str  # every diagnostic meshconf reports sits under this key
-    needs: Callable[[dict[str, int]], bool]  # which degrees can be broken this way
-    apply: Callable[[ConfigShape, dict[str, int]], None]
-
-
-BROKEN_RULES = [
-    BrokenRule("world product", "degrees.", no_condition, _break_world_product),
-    BrokenRule(
-        "-1 fills exactly",
-        "degrees.dp_shard",
-        lambda d: world_of(d) // d["dp_shard"] >= 2,
-        _break_auto_fill,
-    ),
-    BrokenRule("experts borrow", "degrees.ep", no_condition, _break_expert_borrowing),
-    BrokenRule("etp is 1 or tp", "degrees.etp", lambda d: d["tp"] >= 4, _break_etp),
-    BrokenRule("derived integer", "derived.", no_condition, _break_derived_division),
-    BrokenRule("derived names", "derived.", no_condition, _break_derived_name),
-    BrokenRule(
-        "domain product", "domains.", lambda d: d["dp_replicate"] >= 2, _break_domain_product
-    ),
-    BrokenRule(
-        "same rank groups",
-        "domains.",
-        lambda d: d["tp"] >= 2 and d["dp_shard"] * d["cp"] >= 2,
-        _break_same_groups,
-    ),
-]
-
-
-def broken_config(index: int, rng: random.Random) -> tuple[ConfigShape, BrokenRule]:
-    rule = BROKEN_RULES[(index // BROKEN_EVERY) % len(BROKEN_RULES)]
-    degrees = random_degrees(rng, rule.needs)
-    shape = ConfigShape(world_of(degrees), written_degrees(degrees, index % 4, rng))
-    add_extras(shape, rng, with_domains=False)
-    rule.apply(shape, degrees)
-    return shape, rule
-
-
-def check_generated(path: Path, rule: BrokenRule | None) -> None:
-    """A valid file loads; a broken one fails only under its rule's key (else: a generator bug)."""
-    try:
-        load_config(path)
-    except ConfigError as error:
-        keys = [d.key for d in error.diagnostics]
-        if rule is None or not all(key.startswith(rule.key_prefix) for key in keys):
-            sys.exit(f"generator bug: {path} ({rule.name if rule else 'valid'}) fails:\n{error}")
-        return
-    if rule is not None:
-        sys.exit(f"generator bug: {path} should break {rule.name!r} but is valid")
-
-
-def generate_configs(count: int, scratch: Path) -> list[GeneratedConfig]:
-    """``count`` distinct configs; file ``i`` breaks a formula rule when i % 10 == 9."""
-    rng = random.Random(SEED)
-    seen: set[str] = set()
-    configs: list[GeneratedConfig] = []
-    while len(configs) < count:
-        index = len(configs)
-        rule: BrokenRule | None = None
-        if index % BROKEN_EVERY == BROKEN_EVERY - 1:
-            shape, rule = broken_config(index, rng)
-        else:
-            shape = valid_config(index, rng)
-        body = replace(shape, comment=None).render()  # distinct beyond the comment line
-        if body in seen:
-            continue
-        seen.add(body)
-        path = scratch / f"check_{index:04d}.yaml"
-        path.write_text(shape.render())
-        check_generated(path, rule)
-        broken_rule = rule.name if rule else None
-        configs.append(GeneratedConfig(shape.render(), shape.world_size, broken_rule))
-    return configs
 
 
 def config_name(index: int) -> str:
@@ -526,10 +257,10 @@ def broken_names(configs: Sequence[GeneratedConfig]) -> set[str]:
 
 def timing_cells(series: Series, size: int) -> list[str]:
     return [
-        fmt_s(series.best),
-        fmt_s(series.median),
-        fmt_ms(series.median / size),
-        fmt_s(series.median_cpu),
+        fmt_time(series.best),
+        fmt_time(series.median),
+        fmt_time(series.median / size),
+        fmt_time(series.median_cpu),
     ]
 
 
@@ -573,10 +304,10 @@ def print_marginal_table(results: dict[int, list[Series]]) -> None:
         rows.append(
             [
                 low.command.label,
-                fmt_s(fixed),
-                fmt_ms(per_file),
-                fmt_s(fixed_cpu),
-                fmt_ms(per_file_cpu),
+                fmt_time(fixed),
+                fmt_time(per_file),
+                fmt_time(fixed_cpu),
+                fmt_time(per_file_cpu),
             ]
         )
     print(
@@ -594,7 +325,7 @@ def print_pre_commit_tables(
     direct: dict[int, list[Series]],
     configs: Sequence[GeneratedConfig],
 ) -> None:
-    rows = [[label, fmt_s(run.wall), fmt_s(run.cpu)] for label, run in cold]
+    rows = [[label, fmt_time(run.wall), fmt_time(run.cpu)] for label, run in cold]
     headers = ["first run of the hook (creates its environment)", "wall", "CPU"]
     print(table(headers, rows, right=(1, 2)))
     print()
@@ -755,37 +486,6 @@ def pre_commit_part(
 # --------------------------------------------------------------------------- main
 
 
-def version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def print_header(settings: Settings) -> None:
-    command = shlex.join(["python", *sys.argv])
-    print("## Validating files: meshconf validate vs check-jsonschema\n")
-    print(f"Command: `{command}`\n")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    print(
-        f"- Machine: {platform.platform()}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs ({usable} usable)"
-    )
-    versions = ", ".join(
-        f"{name} {version(name)}"
-        for name in ("meshconf", "pydantic", "PyYAML", "check-jsonschema", "jsonschema")
-    )
-    print(
-        f"- Python {platform.python_version()} ({platform.python_implementation()}); {versions}; "
-        f"pre-commit {version('pre-commit')}"
-    )
-    if hasattr(os, "getloadavg"):
-        print(f"- Load average (1 min) at start: {os.getloadavg()[0]:.2f}")
-    mode = "quick (smoke run, few repetitions: numbers are rough)" if settings.quick else "full"
-    parts = "direct runs and pre-commit hooks" if settings.pre_commit else "direct runs only"
-    print(f"- Mode: {mode}; {parts}\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -799,7 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     settings = Settings.from_args(args.quick, args.pre_commit)
-    print_header(settings)
+    parts = "direct runs and pre-commit hooks" if settings.pre_commit else "direct runs only"
+    packages = ("meshconf", "pydantic", "PyYAML", "check-jsonschema", "jsonschema", "pre-commit")
+    title = "Validating files: meshconf validate vs check-jsonschema"
+    print(preamble(title, settings.quick, packages, f"; {parts}"))
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="meshconf-validate-bench-") as name:

@@ -28,8 +28,8 @@ def test_core_speed_quick_runs_and_prints_tables() -> None:
     assert "Command: `python " in out and "--quick" in out
     for header in (
         "| what | best | median |",
-        "| what | µs per file | x 100 files |",
-        "| query | µs/call (median) | µs/call (best) |",
+        "| what | per file | x 100 files |",
+        "| query | per call (median) | per call (best) |",
         "| what | median | best |",
         "| world_size | dp_shard | model_validate | coordinate |",
     ):

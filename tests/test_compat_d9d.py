@@ -19,9 +19,10 @@ MIGRATION_EXAMPLE = DeviceMeshParameters(
 )
 
 
-def test_domain_names_are_d9d_s() -> None:
-    assert (d9d.DENSE_DOMAIN, d9d.EXPERT_DOMAIN, d9d.BATCH_DOMAIN) == ("dense", "expert", "batch")
-    assert (d9d.REGULAR_DOMAIN, d9d.FLAT_DOMAIN) == ("regular", "flat")
+def test_the_domain_constants_name_the_config_s_domains() -> None:
+    # The names themselves are d9d's: test_domains_have_d9d_s_dims_and_groups spells them out.
+    constants = [d9d.DENSE_DOMAIN, d9d.EXPERT_DOMAIN, d9d.BATCH_DOMAIN, d9d.REGULAR_DOMAIN]
+    assert list(MIGRATION_EXAMPLE.to_mesh_config().layouts) == [*constants, d9d.FLAT_DOMAIN]
 
 
 def test_every_degree_defaults_to_1_and_the_world_is_their_product() -> None:

@@ -63,3 +63,12 @@ def test_division_must_be_exact_at_every_step() -> None:
         formulas.evaluate(formulas.parse("a / 2 * 2"), {"a": 3})
     with pytest.raises(formulas.FormulaError, match=r"^3 / 0 divides by zero$"):
         formulas.evaluate(formulas.parse("a / 0"), {"a": 3})
+
+
+def test_limits_accept_up_to_their_bound() -> None:
+    assert formulas.evaluate(formulas.parse("9" * 12), {}) == 999_999_999_999
+    assert formulas.evaluate(formulas.parse("(" * 32 + "a" + ")" * 32), {"a": 3}) == 3
+    with pytest.raises(formulas.FormulaError) as caught:
+        formulas.parse("(" * 33 + "a" + ")" * 33)
+    assert str(caught.value) == "parentheses nested deeper than 32"
+    assert formulas.evaluate(formulas.parse("a" * 500), {"a" * 500: 2}) == 2

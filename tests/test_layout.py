@@ -104,6 +104,32 @@ def test_queries_reject_bad_input() -> None:
         layout.rank_at({"pp": 0, "tp": 4})
     with pytest.raises(LayoutError, match="missing \\['tp'\\]"):
         layout.rank_at({"pp": 0})
+    messages = {
+        "repeated dim": (
+            lambda: DomainLayout.row_major("d", [("a", 2), ("a", 2)]),
+            "domain 'd' repeats a dim: ['a', 'a']",
+        ),
+        "unknown dim in a coordinate": (
+            lambda: layout.rank_at({"pp": 0, "tp": 0, "cp": 1}),
+            "a coordinate of domain 'dense' needs exactly the dims ['pp', 'tp']; missing [], "
+            "unknown ['cp']",
+        ),
+        "repeated dim in a query": (
+            lambda: layout.group(0, ["tp", "tp"]),
+            "dims ['tp', 'tp'] repeat a name",
+        ),
+        "no node": (lambda: layout.crosses_nodes("tp", 0), "gpus_per_node must be >= 1, got 0"),
+    }
+    for call, message in messages.values():
+        with pytest.raises(LayoutError) as caught:
+            call()
+        assert str(caught.value) == message
+
+
+def test_group_counts_are_integers() -> None:
+    layout = DomainLayout.row_major("dense", [("pp", 2), ("tp", 4)])
+    counts = [layout.num_groups("tp"), layout.num_groups("pp"), layout.num_groups(["pp", "tp"])]
+    assert counts == [2, 4, 1] and all(type(count) is int for count in counts)
 
 
 @pytest.mark.parametrize("gpus_per_node", [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 64])

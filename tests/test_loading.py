@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from meshconf import ConfigError, SourceError, load_config
+from meshconf.sources.overrides import Override, parse_override
 
 CONFIG = """\
 world_size: 8
@@ -251,6 +252,78 @@ def test_override_grammar_errors(tmp_path: Path) -> None:
         load_config(path, ["~degrees.pp"])
     with pytest.raises(SourceError, match=r"override 'a..b=1': 'a..b' is not a key path"):
         load_config(path, ["a..b=1"])
+
+
+def test_delete_with_a_value_deletes_only_that_value(tmp_path: Path) -> None:
+    path = write(tmp_path, CONFIG)
+    with pytest.raises(SourceError) as caught:
+        load_config(path, ["~degrees.tp=4"])
+    assert str(caught.value) == "override '~degrees.tp=4': degrees.tp is 3, not 4"
+    with pytest.raises(SourceError) as caught:
+        load_config(path, ["~degrees.cp=1", "~degrees.dp_shard=1"])
+    assert str(caught.value) == "override '~degrees.dp_shard=1': degrees.dp_shard is 2, not 1"
+    config = load_config(path, ["~degrees.tp=3", "~degrees.cp=1", "++degrees.pp=2"])
+    assert config.degrees.model_fields_set == {"pp", "dp_replicate", "dp_shard"}
+    assert config.resolved_degrees["tp"] == 1
+
+
+def test_delete_reaches_top_level_keys_and_list_items(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "world_size: 8\ngpus_per_node: 4\ndomains:\n  dense: [pp, tp, fsdp, cp]\n"
+    )
+    config = load_config(path, ["~gpus_per_node=4", "~domains.dense[3]=cp"])
+    assert config.gpus_per_node is None
+    assert config.effective_domains["dense"] == ("pp", "tp", "fsdp")
+    with pytest.raises(SourceError) as caught:
+        load_config(path, ["~domains.dense[1]=fsdp"])
+    assert (
+        str(caught.value)
+        == "override '~domains.dense[1]=fsdp': domains.dense[1] is 'tp', not 'fsdp'"
+    )
+
+
+def test_a_mapping_override_replaces_the_mapping_and_null_keys_exist() -> None:
+    replaced = load_config(
+        {"world_size": 8, "degrees": {"dp_replicate": 2, "tp": 2}}, ["degrees={tp: 8}"]
+    )
+    assert replaced.resolved_degrees["dp_replicate"] == 1 and replaced.resolved_degrees["tp"] == 8
+    with pytest.raises(SourceError) as caught:
+        load_config({"world_size": 8, "gpus_per_node": None}, ["+gpus_per_node=8"])
+    assert str(caught.value) == (
+        "override '+gpus_per_node=8': gpus_per_node already exists; use gpus_per_node=... or "
+        "++gpus_per_node=... to change it"
+    )
+    assert load_config({"world_size": 8, "gpus_per_node": None}, ["~gpus_per_node"]).world_size == 8
+
+
+def test_an_override_value_that_is_not_yaml_is_named() -> None:
+    with pytest.raises(SourceError) as caught:
+        load_config({"world_size": 8}, ["degrees.tp=[1,"])
+    assert str(caught.value) == (
+        "override 'degrees.tp=[1,': YAML syntax: while parsing a flow node, did not find "
+        "expected node content"
+    )
+
+
+def test_parsed_overrides_keep_their_action_path_and_value() -> None:
+    assert parse_override("~domains.dense[2]=fsdp") == Override(
+        "~domains.dense[2]=fsdp", "delete", ("domains", "dense", 2), "fsdp", True
+    )
+    assert parse_override("~degrees.tp") == Override(
+        "~degrees.tp", "delete", ("degrees", "tp"), None, False
+    )
+    assert parse_override("++degrees.cp=2") == Override(
+        "++degrees.cp=2", "force", ("degrees", "cp"), 2, True
+    )
+    assert parse_override("+gpus_per_node=8") == Override(
+        "+gpus_per_node=8", "add", ("gpus_per_node",), 8, True
+    )
+    assert parse_override("~domains.dense.2") == Override(
+        "~domains.dense.2", "delete", ("domains", "dense", 2), None, False
+    )
+    assert parse_override("domains.dense=[pp, tp]") == Override(
+        "domains.dense=[pp, tp]", "set", ("domains", "dense"), ["pp", "tp"], True
+    )
 
 
 def test_interpolation_resolves_through_omegaconf(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.core.layout import DomainLayout
 from meshconf.features.locality import RANKED_DIMS, NodeLocality, blocks, home_domain
 from meshconf.features.plan import (
     PlanError,
@@ -87,10 +88,41 @@ def test_textbook_512_lists_every_split_of_dp_8_and_with_cp_pinned_free_every_sp
     assert plan.total == 4
 
 
+def _documented_ranking(world: int, gpus_per_node: int) -> list[dict[str, int]]:
+    """Every assignment of the world factors, sorted by the rules of docs/plan.md, each rule
+    read off the validated config's own layouts (no plan code)."""
+    rows = []
+    divisors_of_world = [d for d in range(1, world + 1) if world % d == 0]
+    for values in itertools.product(divisors_of_world, repeat=len(WORLD_FACTORS)):
+        if math.prod(values) != world:
+            continue
+        degrees = dict(zip(WORLD_FACTORS, values, strict=True))
+        if degrees["cp"] != 1:  # cp is enumerated only when pinned
+            continue
+        config = MeshConfig(world_size=world, degrees=degrees)
+        dense, dataloading = config.layout("dense"), config.layout("dataloading")
+
+        def crosses(layout: DomainLayout, dim: str) -> bool:
+            return layout.dim(dim).size > 1 and layout.crosses_nodes(dim, gpus_per_node)
+
+        key = (
+            crosses(dense, "tp"),  # 1
+            crosses(dataloading, "cp"),  # 2
+            degrees["pp"],  # 4
+            crosses(dense, "fsdp"),  # 5
+            crosses(dense, "dp_replicate"),  # 6
+            degrees["dp_replicate"],  # 7
+            degrees["cp"],
+            degrees["dp_shard"],
+        )
+        rows.append((key, degrees))
+    return [degrees for _, degrees in sorted(rows, key=lambda row: row[0])]
+
+
 def test_the_ranking_follows_the_documented_rules_in_turn() -> None:
     plan = make_plan(Request(64, 8, {}), 1000)
-    keys = [assignment.key for assignment in plan.best]
-    assert keys == sorted(keys)
+    ranked = [{name: a.degrees[name] for name in WORLD_FACTORS} for a in plan.best]
+    assert ranked == _documented_ranking(64, 8)
     # Best: tp fills the node, no pipeline, one replica per node (DDP across nodes).
     assert dict(plan.best[0].degrees) == {
         "pp": 1,

@@ -1,24 +1,23 @@
-"""``meshconf render`` and ``meshconf.features.render``: the picture of a domain's rank grid."""
+"""``meshconf render`` and ``meshconf.render``: the picture of a domain's rank grid."""
 
 from __future__ import annotations
 
+import io
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
+import matplotlib.image
 import pytest
 from conftest import REPO, TEXTBOOK
 
+from meshconf import load_config
 from meshconf.cli import main
 from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode
-from meshconf.features.render import (
-    FULL_LIMIT,
-    SUMMARY_CELLS,
-    draw_domain,
-    render_svg,
-    to_png,
-    to_svg,
-)
+from meshconf.features.render.grid import FULL_LIMIT, SUMMARY_CELLS
+from meshconf.features.render.shapes import Rect
+from meshconf.render import Drawing, draw_domain, render_svg, to_png, to_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -117,6 +116,31 @@ def test_a_node_inside_one_row_is_one_closed_rectangle() -> None:
     root = parse(render_svg(textbook(), 0, 8))
     for outline in node_outlines(root):
         assert outline.get("d", "").count("M") == 18
+
+
+def outline_segments(outline: ET.Element) -> list[tuple[float, float, float, float]]:
+    """The ``Mx1 y1Lx2 y2`` segments of a node outline's path."""
+    segments = []
+    for part in outline.get("d", "").split("M")[1:]:
+        start, end = part.split("L")
+        x1, y1 = map(float, start.split())
+        x2, y2 = map(float, end.split())
+        segments.append((x1, y1, x2, y2))
+    return segments
+
+
+def test_a_node_split_by_a_block_gap_is_outlined_on_both_sides_of_the_gap() -> None:
+    # 64 GPUs per node: tp=8 along x, pp=4 then dp_replicate along y, so a node is two
+    # dp_replicate blocks of 4 rows, one above the other with a gap between them. Each block
+    # is outlined on its own: 8 + 8 + 4 + 4 segments, and four distinct y for the 8-wide sides.
+    root = parse(render_svg(textbook(), 0, 64))
+    outlines = node_outlines(root)
+    assert len(outlines) == 256 // 64
+    for outline in outlines:
+        segments = outline_segments(outline)
+        assert len(segments) == 2 * (8 + 8 + 4 + 4)
+        horizontal_ys = {y1 for x1, y1, x2, y2 in segments if y1 == y2}
+        assert len(horizontal_ys) == 4
 
 
 def test_the_legend_names_each_dim_with_size_stride_and_node_locality() -> None:
@@ -236,9 +260,32 @@ def test_a_prime_sized_world_is_one_cell() -> None:
     assert (drawing.cells, drawing.ranks_per_cell) == (1, 1_048_573)
 
 
-def test_png_draws_the_same_shapes() -> None:
-    png = to_png(draw_domain(textbook(), 0, 8), scale=1.0)
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+def selected_centre(drawing: Drawing) -> tuple[float, float]:
+    (cell,) = [
+        shape
+        for shape in drawing.shapes
+        if isinstance(shape, Rect) and "selected" in shape.css_class.split()
+    ]
+    return cell.x + cell.width / 2, cell.y + cell.height / 2
+
+
+def decode_png(data: bytes) -> Any:
+    return matplotlib.image.imread(io.BytesIO(data), format="png")
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_png_is_the_drawing_at_its_size_with_the_rank_dark(scale: float) -> None:
+    drawing = draw_domain(textbook(), 37, 8)
+    pixels = decode_png(to_png(drawing, scale=scale))
+    assert pixels.shape == (round(drawing.height * scale), round(drawing.width * scale), 4)
+    x, y = selected_centre(drawing)
+    dark = pixels[round(y * scale), round(x * scale)]
+    assert list(dark[:3]) == pytest.approx([0x22 / 255] * 3, abs=0.02)
+    other = draw_domain(textbook(), 0, 8)
+    assert selected_centre(other) != (x, y)
+    moved = decode_png(to_png(other, scale=scale))[round(y * scale), round(x * scale)]
+    assert min(moved[:3]) > 0.5  # rank 37's cell is a coloured or grey cell now
+    assert pixels[0, 0].tolist() == [1.0, 1.0, 1.0, 1.0]  # the background is white
 
 
 # --- the command line ----------------------------------------------------------------------
@@ -287,7 +334,9 @@ def test_cli_writes_png(run_cli, tmp_path: Path) -> None:  # type: ignore[no-unt
     out = tmp_path / "grid.png"
     result = run_cli("render", "examples/llama3_70b_64gpu_hsdp_tp.yaml", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert out.read_bytes().startswith(b"\x89PNG")
+    layout = load_config(REPO / "examples/llama3_70b_64gpu_hsdp_tp.yaml").layout("dense")
+    drawing = draw_domain(layout, 0, 8)
+    assert decode_png(out.read_bytes()).shape == (drawing.height * 2, drawing.width * 2, 4)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from meshconf import ConfigError, MeshConfig, WorldSizeUnknownError, load_config
 
@@ -279,6 +280,127 @@ def test_fingerprint_is_of_the_resolved_config() -> None:
         {"world_size": 8, "degrees": {"tp": 2, "dp_shard": 4}, "derived": {"fsdp": "dp_shard * cp"}}
     )
     assert auto.fingerprint == spelled_out.fingerprint and auto == spelled_out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"gpus_per_node": 8},
+        {"runtime": {"device": "cpu"}},
+        {"runtime": {"backend": "gloo"}},
+        {"runtime": {"timeout_s": 60}},
+        {"inside_node": {"tp": 2}, "gpus_per_node": 2},
+        {"derived": {"fsdp": "dp_shard"}},
+        {"domains": {"dense": ["pp", "dp_replicate", "tp", "fsdp"]}},
+    ],
+    ids=lambda change: ",".join(change),
+)
+def test_every_part_of_the_resolved_config_changes_the_fingerprint(change: dict[str, Any]) -> None:
+    base = {"world_size": 8, "degrees": {"tp": 2}}
+    plain = load_config(base)
+    changed = load_config({**base, **change})
+    assert changed.fingerprint != plain.fingerprint and changed != plain
+    assert changed.fingerprint == load_config({**base, **change}).fingerprint
+
+
+def test_gpus_per_node_values_have_different_fingerprints() -> None:
+    on_4 = load_config({"world_size": 8, "gpus_per_node": 4, "degrees": {"tp": 2}})
+    on_8 = load_config({"world_size": 8, "gpus_per_node": 8, "degrees": {"tp": 2}})
+    assert on_4.fingerprint != on_8.fingerprint
+
+
+def test_with_world_size_keeps_dp_shard_a_default() -> None:
+    config = load_config({"degrees": {"tp": 3}})
+    with pytest.raises(ValidationError) as caught:
+        config.with_world_size(8)
+    assert [(error["loc"], error["msg"]) for error in caught.value.errors()] == [
+        (
+            ("degrees", "dp_shard"),
+            "-1 cannot fill the remaining ranks (dp_shard defaults to -1): world_size 8 is not "
+            "divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
+        )
+    ]
+    assert caught.value.title == "MeshConfig"
+    assert load_config({}).with_world_size(8).resolved_degrees["dp_shard"] == 8
+    with pytest.raises(ValidationError) as caught:
+        load_config({"world_size": 8}).with_world_size(16)
+    assert [(e["type"], e["loc"], e["msg"]) for e in caught.value.errors()] == [
+        ("world_size_conflict", ("world_size",), "the config says 8, but the world size is 16")
+    ]
+    resized = load_config({"degrees": {"tp": 2}}).with_world_size(8)
+    assert resized.degrees.explicit == {"tp"}
+    assert resized.with_world_size(8).degrees.explicit == {"tp"}
+    # A config that makes another factor -1 keeps dp_shard's default of 1.
+    assert load_config({"degrees": {"tp": -1}}).with_world_size(8).resolved_degrees["tp"] == 8
+
+
+def test_pending_checks_are_the_rules_that_wait_for_the_world_size() -> None:
+    domains = (
+        "domains.dataloading: product of dims == world_size",
+        "domains.dense: product of dims == world_size",
+        "domains.sparse: product of dims == world_size",
+        "domains.loss: product of dims == world_size",
+        "domains: shared dims denote the same rank groups",
+    )
+    fill_tp, fill_dp_shard = (
+        "degrees.tp: fill -1 from world_size",
+        "degrees.dp_shard: fill -1 from world_size",
+    )
+    borrow = "degrees.ep: ep * etp divides dp_shard * cp * tp"
+    assert load_config({"degrees": {"tp": -1}}).pending_checks == (fill_tp, *domains)
+    assert load_config({"degrees": {"tp": -1, "etp": 2}}).pending_checks == (
+        fill_tp,
+        "degrees.etp: etp is 1 or tp",
+        borrow,
+        *domains,
+    )
+    assert load_config({"degrees": {"tp": 8}}).pending_checks == (fill_dp_shard, *domains)
+    assert load_config({"degrees": {"tp": 2, "etp": 2}}).pending_checks == (
+        fill_dp_shard,
+        borrow,
+        *domains,
+    )
+
+
+def test_three_autos_are_all_named() -> None:
+    message = "only one degree may be -1 (fill the remaining ranks), but pp and cp and tp all are"
+    assert errors({"degrees": {"pp": -1, "tp": -1, "cp": -1}}) == [
+        f"degrees.cp: {message}",
+        f"degrees.tp: {message}",
+    ]
+
+
+def test_every_domain_whose_product_is_wrong_is_reported() -> None:
+    assert errors({"world_size": 16, "degrees": {"cp": 2}, "derived": {"fsdp": "dp_shard"}}) == [
+        "domains.dense: pp(1) * dp_replicate(1) * fsdp(8) * tp(1) = 8 != world_size 16 (default domain)"
+    ]
+    domains = {"a": ["pp", "tp"], "b": ["pp", "cp"], "c": ["dp_shard", "cp", "tp"]}
+    assert errors({"world_size": 16, "degrees": {"cp": 2, "tp": 2}, "domains": domains}) == [
+        "domains.a: pp(1) * tp(2) = 2 != world_size 16",
+        "domains.b: pp(1) * cp(2) = 2 != world_size 16",
+    ]
+
+
+def test_world_size_up_to_the_most_torch_can_number() -> None:
+    largest = 2**31 - 1
+    assert load_config({"world_size": largest}).resolved_degrees["dp_shard"] == largest
+    assert errors({"world_size": largest + 1}) == [
+        "world_size: 2147483648 is larger than 2147483647, the most ranks torch can number"
+    ]
+    assert load_config({"degrees": {"dp_shard": largest}}).resolved_world_size == largest
+    assert errors({"degrees": {"dp_shard": 2**16, "tp": 2**15}}) == [
+        "degrees: pp(1) * dp_replicate(1) * dp_shard(65536) * cp(1) * tp(32768) = 2147483648 "
+        "is more ranks than torch can number (2147483647)",
+        "derived.efsdp: dp_shard(65536) * cp(1) * tp(32768) / (ep(1) * etp(1)) = 2147483648; "
+        "a dim size must be <= 2147483647",
+    ]
+    assert load_config({"world_size": 8, "derived": {"x": "2147483647"}}).dim_sizes["x"] == largest
+    assert errors({"world_size": 8, "derived": {"x": "2147483648"}}) == [
+        "derived.x: 2147483648 = 2147483648; a dim size must be <= 2147483647"
+    ]
+    assert errors({"world_size": 8, "derived": {"x": "0"}}) == [
+        "derived.x: 0 = 0; a dim size must be >= 1"
+    ]
 
 
 def test_a_redefined_default_may_use_other_defaults() -> None:

@@ -1,0 +1,241 @@
+"""The cell grid of a domain's picture: which ranks share a cell, and where each cell goes.
+
+The ranks are drawn as the domain's dims unflattened row-major. Each mixed-radix digit of the
+rank (one per mode of size > 1, innermost first) becomes one level of nested blocks along x or
+y; a digit goes to the axis that is shorter so far, so the picture stays roughly square. A
+digit longer than ``WRAP_SIZE`` is folded into two (an inner part along one axis, the rest
+along the other), which keeps a long stride-1 dim from becoming a single row of cells.
+
+Worlds of more than ``FULL_LIMIT`` ranks are summarised: a cell stands for a block of
+consecutive ranks (all of the innermost digits, and part of the next one), so that at most
+``SUMMARY_CELLS`` cells are drawn. Nothing here is proportional to the world size: the work
+is proportional to the number of cells.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from meshconf.core.degrees import divisors
+from meshconf.core.layout import DomainLayout
+
+FULL_LIMIT = 4096
+SUMMARY_CELLS = 512
+WRAP_SIZE = 16
+
+_MAX_GRID_PX = 1100.0
+_MAX_CELL_PX = 40.0
+_GAP_RATIO = 0.5
+
+
+@dataclass(frozen=True)
+class Digit:
+    """One mixed-radix digit of the cell index, drawn as one level of blocks along an axis."""
+
+    dim: str
+    size: int
+    stride: int  # in cells
+    step: int  # how much one unit of this digit adds to the dim's coordinate
+    span: int  # coordinates of the dim one unit covers (> 1 where a summary cell cuts the dim)
+    solo: bool = True  # the dim's only digit, so its value is the dim's coordinate
+
+    def value(self, cell: int) -> int:
+        return cell // self.stride % self.size
+
+    def label(self, value: int) -> tuple[str, str]:
+        """A full label and a short one for the block of ``value``."""
+        start = value * self.step
+        if not self.solo:
+            return f"{self.dim}+{start}", f"+{start}"
+        if self.span > 1:
+            return f"{self.dim}={start}-{start + self.span - 1}", str(start)
+        return f"{self.dim}={start}", str(start)
+
+
+def rank_digits(layout: DomainLayout) -> list[Digit]:
+    """The digits of a rank, innermost (stride 1) first; size-1 modes are left out."""
+    digits: list[Digit] = []
+    for dim in layout.dims:
+        step = 1
+        for mode in reversed(dim.modes):
+            if mode.size > 1:
+                digits.append(Digit(dim.name, mode.size, mode.stride, step, 1))
+            step *= mode.size
+    return sorted(digits, key=lambda digit: digit.stride)
+
+
+def ranks_per_cell(layout: DomainLayout) -> int:
+    """1 up to ``FULL_LIMIT`` ranks; beyond, the smallest block of consecutive ranks (the
+    inner digits and a divisor of the next one) that leaves at most ``SUMMARY_CELLS`` cells."""
+    world_size = layout.world_size
+    if world_size <= FULL_LIMIT:
+        return 1
+    for digit in rank_digits(layout):
+        # The digits form a complete mixed radix, so a digit's stride is the product of the
+        # smaller digits' sizes: every candidate is a block of whole inner digits.
+        for factor in divisors(digit.size):
+            if world_size // (digit.stride * factor) <= SUMMARY_CELLS:
+                return digit.stride * factor
+    return world_size
+
+
+def cell_digits(digits: Sequence[Digit], per_cell: int) -> list[Digit]:
+    """The digits of the cell index, once ``per_cell`` consecutive ranks share a cell."""
+    cells: list[Digit] = []
+    for digit in digits:
+        if digit.stride >= per_cell:
+            cells.append(replace(digit, stride=digit.stride // per_cell))
+        elif digit.stride * digit.size > per_cell:
+            cut = per_cell // digit.stride
+            cells.append(Digit(digit.dim, digit.size // cut, 1, digit.step * cut, cut))
+    return cells
+
+
+def fold(digit: Digit) -> list[Digit]:
+    """A long digit as an inner part (at least its square root) and an outer part."""
+    if digit.size <= WRAP_SIZE:
+        return [digit]
+    inner = next(d for d in divisors(digit.size) if d * d >= digit.size)
+    if inner == digit.size:  # a prime size cannot be folded
+        return [digit]
+    outer = Digit(
+        digit.dim, digit.size // inner, digit.stride * inner, digit.step * inner, digit.span
+    )
+    return [replace(digit, size=inner), outer]
+
+
+def mark_solo(digits: Sequence[Digit]) -> list[Digit]:
+    counts: dict[str, int] = {}
+    for digit in digits:
+        counts[digit.dim] = counts.get(digit.dim, 0) + 1
+    return [replace(digit, solo=counts[digit.dim] == 1) for digit in digits]
+
+
+def split_axes(digits: Sequence[Digit]) -> tuple[list[Digit], list[Digit]]:
+    """Inner digits first; each goes to the axis with fewer cells so far (ties alternate)."""
+    along_x: list[Digit] = []
+    along_y: list[Digit] = []
+    width = height = 1
+    last_was_x = False
+    for digit in digits:
+        to_x = not along_x or width < height or (width == height and not last_was_x)
+        if to_x:
+            along_x.append(digit)
+            width *= digit.size
+        else:
+            along_y.append(digit)
+            height *= digit.size
+        last_was_x = to_x
+    return along_x, along_y
+
+
+@dataclass(frozen=True)
+class Axis:
+    """Positions along one axis: digits inner to outer, each level's blocks a gap apart."""
+
+    digits: tuple[Digit, ...]
+    pitches: tuple[float, ...]  # distance between consecutive values of each digit
+    units: tuple[float, ...]  # length of the block that one value of each digit covers
+    extent: float
+
+    @classmethod
+    def build(cls, digits: Sequence[Digit], cell: float) -> Axis:
+        pitches: list[float] = []
+        units: list[float] = []
+        extent = cell
+        for level, digit in enumerate(digits):
+            pitch = extent + _GAP_RATIO * cell * level
+            pitches.append(pitch)
+            units.append(extent)
+            extent += (digit.size - 1) * pitch
+        return cls(tuple(digits), tuple(pitches), tuple(units), extent)
+
+    @property
+    def count(self) -> int:
+        return math.prod(digit.size for digit in self.digits)
+
+    def position(self, cell: int) -> float:
+        return sum(d.value(cell) * p for d, p in zip(self.digits, self.pitches, strict=True))
+
+    def index(self, cell: int) -> int:
+        index = 0
+        for digit in reversed(self.digits):
+            index = index * digit.size + digit.value(cell)
+        return index
+
+    def blocks(self, level: int) -> Iterator[tuple[int, float, float]]:
+        """(value, start, length) of every block of digit ``level``, all outer values."""
+        outer = self.digits[level:]
+        pitches = self.pitches[level:]
+        for values in itertools.product(*(range(digit.size) for digit in outer)):
+            start = sum(value * pitch for value, pitch in zip(values, pitches, strict=True))
+            yield values[0], start, self.units[level]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Where each cell of a domain's picture goes, and which of ``rank``'s groups it shows."""
+
+    layout: DomainLayout
+    rank: int
+    gpus_per_node: int | None
+    per_cell: int
+    x: Axis
+    y: Axis
+    cell: float
+
+    @property
+    def cells(self) -> int:
+        return self.layout.world_size // self.per_cell
+
+    @property
+    def digits(self) -> tuple[Digit, ...]:
+        return self.x.digits + self.y.digits
+
+    @cached_property
+    def placements(self) -> list[tuple[float, float, int, int]]:
+        """(x, y, column, row) of every cell, the grid's top left corner at (0, 0)."""
+        return [
+            (self.x.position(cell), self.y.position(cell), self.x.index(cell), self.y.index(cell))
+            for cell in range(self.cells)
+        ]
+
+    @property
+    def cells_per_node(self) -> int | None:
+        """Cells in one node, or None when nodes are unknown or do not fall on cell edges."""
+        if self.gpus_per_node is None or self.gpus_per_node % self.per_cell:
+            return None
+        return self.gpus_per_node // self.per_cell
+
+    def groups_of(self, cell: int) -> list[str]:
+        """The dims along which ``cell`` holds a member of the rank's group."""
+        home = self.rank // self.per_cell
+        differing = {d.dim for d in self.digits if d.value(cell) != d.value(home)}
+        if not differing:  # the rank's own cell: every dim's group passes through it
+            return [dim.name for dim in self.layout.dims if dim.size > 1]
+        return list(differing) if len(differing) == 1 else []
+
+
+def make_grid(layout: DomainLayout, rank: int, gpus_per_node: int | None) -> Grid:
+    """The cells of ``layout`` on two axes, sized so the grid fits the picture."""
+    per_cell = ranks_per_cell(layout)
+    digits = cell_digits(rank_digits(layout), per_cell)
+    digits = mark_solo([part for digit in digits for part in fold(digit)])
+    along_x, along_y = split_axes(digits)
+    # Lay both axes out with a 1-pixel cell, then scale the cell so the grid fits.
+    unit_x = Axis.build(along_x, 1.0).extent
+    unit_y = Axis.build(along_y, 1.0).extent
+    cell = min(_MAX_CELL_PX, _MAX_GRID_PX / unit_x, _MAX_GRID_PX / unit_y)
+    return Grid(
+        layout,
+        rank,
+        gpus_per_node,
+        per_cell,
+        Axis.build(along_x, cell),
+        Axis.build(along_y, cell),
+        cell,
+    )

@@ -1,0 +1,131 @@
+"""The words of a domain's picture: its title, notes and legend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshconf.core.layout import DomainLayout
+from meshconf.features.render.grid import FULL_LIMIT, Axis, Grid, rank_digits
+from meshconf.features.render.shapes import (
+    LINE_PX,
+    NODE_STROKE,
+    RANK_FILL,
+    TEXT_PX,
+    Rect,
+    Shape,
+    Text,
+    text_width,
+)
+
+
+def _locality(layout: DomainLayout, name: str, gpus_per_node: int | None) -> str:
+    if gpus_per_node is None:
+        return ""
+    return f", {layout.placement(name, gpus_per_node)}"
+
+
+@dataclass(frozen=True)
+class _LegendLine:
+    text: str
+    fill: str | None = None  # the swatch's colour; None for no swatch
+    outline: bool = False  # a swatch drawn as a node outline
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _legend_lines(grid: Grid, colours: dict[str, str]) -> list[_LegendLine]:
+    layout, rank = grid.layout, grid.rank
+    coordinate = " ".join(f"{k}={v}" for k, v in layout.coordinate(rank).items())
+    where = "" if grid.per_cell == 1 else " (its cell)"
+    lines = [_LegendLine(f"rank {rank}{where}: {coordinate}", RANK_FILL)]
+    drawn = {digit.dim for digit in grid.digits}
+    for dim in layout.dims:
+        strides = " and ".join(str(mode.stride) for mode in dim.modes)
+        facts = (
+            f"{dim.name}: size {dim.size}, stride{'s' if len(dim.modes) > 1 else ''} {strides}, "
+            f"{_plural(layout.num_groups(dim.name), 'group')}"
+            f"{_locality(layout, dim.name, grid.gpus_per_node)}"
+        )
+        if dim.size == 1:
+            lines.append(_LegendLine(f"{facts}; groups of one rank"))
+        elif dim.name not in drawn:
+            text = f"{facts}; rank {rank}'s group lies inside its cell"
+            lines.append(_LegendLine(text, colours[dim.name]))
+        else:
+            text = f"{facts}; coloured: rank {rank}'s group"
+            lines.append(_LegendLine(text, colours[dim.name]))
+    lines.append(_node_line(grid))
+    return lines
+
+
+def _node_line(grid: Grid) -> _LegendLine:
+    per_node = grid.gpus_per_node
+    if per_node is None:
+        return _LegendLine("nodes: unknown (set gpus_per_node or pass --gpus-per-node)")
+    nodes = f"{_plural(-(-grid.layout.world_size // per_node), 'node')} of {per_node} GPUs"
+    if grid.cells_per_node is not None:
+        return _LegendLine(f"outlined: {nodes}", outline=True)
+    if grid.per_cell % per_node == 0:
+        whole = _plural(grid.per_cell // per_node, "whole node")
+        return _LegendLine(f"{nodes}; not outlined: each cell is {whole}")
+    return _LegendLine(f"{nodes}; not outlined: cells of {grid.per_cell} ranks cut across nodes")
+
+
+def summary_note(grid: Grid) -> str | None:
+    """For a summarised world, what one cell holds."""
+    if grid.per_cell == 1:
+        return None
+    inside = []
+    for digit in rank_digits(grid.layout):
+        if digit.stride * digit.size <= grid.per_cell:
+            inside.append(f"{digit.dim}={digit.size}")
+        elif digit.stride < grid.per_cell:
+            inside.append(f"{grid.per_cell // digit.stride} of {digit.dim}={digit.size}")
+    return (
+        f"summary: {grid.layout.world_size} ranks is more than {FULL_LIMIT}; each cell is "
+        f"{grid.per_cell} consecutive ranks ({' x '.join(inside)}), labelled with its first rank"
+    )
+
+
+def arrangement(grid: Grid) -> str:
+    """Which dims run along the columns and which along the rows."""
+
+    def names(axis: Axis) -> str:
+        return ", ".join(dict.fromkeys(digit.dim for digit in axis.digits))
+
+    if not grid.x.digits:
+        return "a single cell"
+    rows = f"; rows: {names(grid.y)}" if grid.y.digits else ""
+    return f"columns: {names(grid.x)}{rows} (inner to outer)"
+
+
+def title_lines(grid: Grid) -> tuple[str, str]:
+    """The picture's title and the line under it."""
+    layout = grid.layout
+    shape = ", ".join(f"{dim.name}={dim.size}" for dim in layout.dims)
+    nodes = "" if grid.gpus_per_node is None else f", {grid.gpus_per_node} GPUs per node"
+    return (
+        f"domain {layout.name} [{shape}]",
+        f"{layout.world_size} ranks{nodes}; coloured: the groups of rank {grid.rank}",
+    )
+
+
+def legend_shapes(
+    grid: Grid, colours: dict[str, str], left: float, top: float
+) -> tuple[list[Shape], float, float]:
+    """The legend's swatches and lines from (``left``, ``top``), its width and its height."""
+    shapes: list[Shape] = []
+    widest = 0.0
+    swatch = TEXT_PX
+    lines = _legend_lines(grid, colours)
+    for number, line in enumerate(lines):
+        y = top + number * LINE_PX
+        if line.outline:
+            shapes.append(Rect(left, y - swatch / 2, swatch, swatch, "none", NODE_STROKE, 2.0))
+        elif line.fill is not None:
+            shapes.append(Rect(left, y - swatch / 2, swatch, swatch, line.fill))
+        shapes.append(Text(left + swatch + 6, y, line.text, TEXT_PX, "start", css_class="legend"))
+        widest = max(widest, swatch + 6 + text_width(line.text, TEXT_PX))
+    return shapes, widest, LINE_PX * len(lines)
