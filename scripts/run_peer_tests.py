@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MESHCONF_ROOT = Path(__file__).resolve().parent.parent
-CUDA_FAILURE = re.compile(r"CUDA|cuda|NCCL|nccl")
+CUDA_FAILURE = re.compile(r"CUDA|cuda|NCCL|nccl|GPU|gpu")
 TORCHRUN_RANKS = 8
 
 
@@ -226,10 +227,9 @@ def _run_pytest(
         f"--nproc-per-node={TORCHRUN_RANKS}",
         str(runner),
     ]
-    try:
+    # A hung rank leaves its report unwritten, and its tests count as failed.
+    with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(torchrun, cwd=root, env=env, capture_output=True, timeout=900, check=False)
-    except subprocess.TimeoutExpired:
-        pass
     per_rank = [_outcomes(root / f"report_rank{rank}.xml") for rank in range(TORCHRUN_RANKS)]
     for key in set().union(*per_rank):
         states = [ranks.get(key, ("failed", "no result from this rank")) for ranks in per_rank]
@@ -265,8 +265,7 @@ def run(peer: Peer, checkout: Path, python: str, swapped: bool) -> dict[str, tup
             env["PYTHONPATH"] = os.pathsep.join(
                 filter(None, [str(MESHCONF_ROOT), env.get("PYTHONPATH")])
             )
-        files = sorted({test_id.split("::")[0] for test_id in ids})
-        outcomes = _run_pytest(python, root, files, env, peer.torchrun_marker)
+        outcomes = _run_pytest(python, root, ids, env, peer.torchrun_marker)
         results = {key: value for key, value in outcomes.items() if key.split("[")[0] in set(ids)}
         for test_id in ids:
             if not any(key.split("[")[0] == test_id for key in results):
@@ -281,8 +280,44 @@ def installed_version(python: str, distribution: str) -> str:
     return done.stdout.strip() or "not installed"
 
 
+Outcomes = dict[str, tuple[str, str]]
+
+
+def _passed(results: Outcomes, ids: list[str]) -> int:
+    return sum(results.get(test_id, ("failed", ""))[0] == "passed" for test_id in ids)
+
+
+def table_row(peer: Peer, on_peer: Outcomes, on_meshconf: Outcomes) -> tuple[str, list[str]]:
+    """The table's row for one peer, and a line for each test that needs CUDA on the peer
+    or ends otherwise on meshconf than on the peer."""
+    cuda = [
+        test_id
+        for test_id, (state, message) in on_peer.items()
+        if state != "passed" and CUDA_FAILURE.search(message)
+    ]
+    cpu = [test_id for test_id in on_peer if test_id not in cuda]
+    files = sorted({test_id.split("::")[0].rsplit("/", 1)[-1] for test_id in on_peer})
+    row = (
+        f"| {peer.distribution} {peer.release}: the {len(on_peer)} tests of "
+        f"{', '.join(files)} that construct `{peer.constructed}` "
+        f"| {_passed(on_peer, cpu)} of {len(cpu)} | {_passed(on_meshconf, cpu)} of {len(cpu)} "
+        f"| {f'{_passed(on_meshconf, cuda)} of {len(cuda)}' if cuda else 'none'} |"
+    )
+    lines = []
+    for test_id, (peer_state, _) in on_peer.items():
+        state, message = on_meshconf.get(test_id, ("failed", "no result"))
+        if test_id in cuda or peer_state != state:
+            first = next((line for line in message.splitlines() if line.strip()), "")
+            lines.append(
+                f"- {peer.distribution} {peer.release} `{test_id}`: "
+                f"{'needs CUDA on the peer; ' if test_id in cuda else ''}peer {peer_state}, "
+                f"meshconf {state}{f': {first[:160]}' if state != 'passed' else ''}"
+            )
+    return row, lines
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--run",
         nargs=3,
@@ -303,33 +338,12 @@ def main() -> int:
             return 2
         on_peer = run(peer, Path(checkout), python, swapped=False)
         on_meshconf = run(peer, Path(checkout), python, swapped=True)
-        cuda = [
-            t
-            for t, (state, message) in on_peer.items()
-            if state != "passed" and CUDA_FAILURE.search(message)
-        ]
-        cpu = [t for t in on_peer if t not in cuda]
-        passed = lambda results, ids: sum(results.get(t, ("failed",))[0] == "passed" for t in ids)  # noqa: E731
-        files = sorted({t.split("::")[0].rsplit("/", 1)[-1] for t in on_peer})
-        cuda_cell = f"{passed(on_meshconf, cuda)} of {len(cuda)}" if cuda else "none"
-        rows.append(
-            f"| {peer.distribution} {peer.release}: {', '.join(files)}, the {len(on_peer)} tests that construct `{peer.constructed}` "
-            f"| {passed(on_peer, cpu)} of {len(cpu)} | {passed(on_meshconf, cpu)} of {len(cpu)} | {cuda_cell} |"
-        )
-        for test_id in on_peer:
-            peer_state, meshconf_state = (
-                on_peer[test_id][0],
-                on_meshconf.get(test_id, ("failed", "missing")),
-            )
-            if test_id in cuda or peer_state != meshconf_state[0]:
-                where = "needs CUDA on the peer; " if test_id in cuda else ""
-                first = next((line for line in meshconf_state[1].splitlines() if line.strip()), "")
-                details.append(
-                    f"- {peer.distribution} {peer.release} `{test_id}`: {where}peer {peer_state}, meshconf {meshconf_state[0]}"
-                    + (f": {first[:160]}" if meshconf_state[0] != "passed" else "")
-                )
+        row, lines = table_row(peer, on_peer, on_meshconf)
+        rows.append(row)
+        details.extend(lines)
     print(
-        "| peer tests, import swapped only | pass on the peer (CPU, gloo) | pass on meshconf | need CUDA on the peer: pass on meshconf (CPU, gloo) |"
+        "| peer tests, import swapped only | pass on the peer (CPU, gloo) | pass on meshconf "
+        "| need CUDA on the peer: pass on meshconf (CPU, gloo) |"
     )
     print("|---|---:|---:|---:|")
     print("\n".join(rows))
