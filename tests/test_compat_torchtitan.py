@@ -109,39 +109,43 @@ def test_unknown_dims_are_refused_before_any_process_group() -> None:
 # One rank ------------------------------------------------------------------------------
 
 
-def _single_rank(rank: int, environ: dict[str, str]) -> None:
-    expected_axes = {
-        "partial_dtensor": ["fsdp"],
-        "full_dtensor": ["dp_shard"],
-        "spmd_types": ["dp", "dp_shard"],
-    }
-    for backend, storage in expected_axes.items():
-        parallel_dims = dims(world_size=1, spmd_backend=backend)
-        try:
-            assert parallel_dims.get_optional_mesh("tp") is None  # builds lazily
-            common = ["pp", "batch", "loss", "dp_replicate", "cp", "tp", "ep", "efsdp"]
-            assert list(parallel_dims._single_axis_meshes) == common + storage
-            assert parallel_dims.world_mesh.size() == 1
-            assert parallel_dims.get_all_one_dimensional_meshes() == {}
-            # The storage dim stays at size 1 for fully_shard's mixed precision; the
-            # spmd_types dense mesh is [dp, cp, tp], none of which exists here.
-            kept = parallel_dims.get_optional_mesh(storage[-1])
-            assert kept is not None and kept.mesh_dim_names == (storage[-1],), backend
-            assert len(parallel_dims.spmd_meshes()) == (0 if backend == "spmd_types" else 1)
-            with_ones = parallel_dims.get_optional_mesh(["pp", "tp"], include_singleton_axes=True)
-            assert with_ones is not None and with_ones.shape == (1, 1)
-            with pytest.raises(MeshNameError) as raised:
-                parallel_dims.get_mesh("tp")
-            assert str(raised.value) == (
-                "mesh ['tp'] is not available: tp=1; use get_optional_mesh to get None instead"
-            )
-        finally:
-            parallel_dims.context.close()
+STORAGE_AXES = {
+    "partial_dtensor": ["fsdp"],
+    "full_dtensor": ["dp_shard"],
+    "spmd_types": ["dp", "dp_shard"],
+}
+
+
+def _single_rank(rank: int, environ: dict[str, str], backend: str) -> None:
+    # No launcher variables: a plain `python train.py` on one GPU or CPU.
+    storage = STORAGE_AXES[backend]
+    parallel_dims = dims(world_size=1, spmd_backend=backend)
+    try:
+        assert parallel_dims.get_optional_mesh("tp") is None  # builds lazily
+        common = ["pp", "batch", "loss", "dp_replicate", "cp", "tp", "ep", "efsdp"]
+        assert list(parallel_dims._single_axis_meshes) == common + storage
+        assert parallel_dims.world_mesh.size() == 1
+        assert parallel_dims.get_all_one_dimensional_meshes() == {}
+        # The storage dim stays at size 1 for fully_shard's mixed precision; the
+        # spmd_types dense mesh is [dp, cp, tp], none of which exists here.
+        kept = parallel_dims.get_optional_mesh(storage[-1])
+        assert kept is not None and kept.mesh_dim_names == (storage[-1],)
+        assert len(parallel_dims.spmd_meshes()) == (0 if backend == "spmd_types" else 1)
+        with_ones = parallel_dims.get_optional_mesh(["pp", "tp"], include_singleton_axes=True)
+        assert with_ones is not None and with_ones.shape == (1, 1)
+        with pytest.raises(MeshNameError) as raised:
+            parallel_dims.get_mesh("tp")
+        assert str(raised.value) == (
+            "mesh ['tp'] is not available: tp=1; use get_optional_mesh to get None instead"
+        )
+    finally:
+        parallel_dims.context.close()
     assert not dist.is_initialized()
 
 
-def test_a_single_rank_keeps_each_backend_s_one_dim_meshes() -> None:
-    run_ranks(_single_rank, 1)
+@pytest.mark.parametrize("backend", list(STORAGE_AXES))
+def test_a_single_rank_keeps_each_backend_s_one_dim_meshes(backend: str) -> None:
+    run_ranks(_single_rank, 1, backend)
 
 
 # Eight ranks ---------------------------------------------------------------------------
