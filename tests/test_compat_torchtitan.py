@@ -201,6 +201,9 @@ def _hsdp_tp(rank: int, environ: dict[str, str], backend: str) -> None:
         if backend == "partial_dtensor":
             assert parallel_dims.resolve_mesh(["dp_replicate", "fsdp"]) is None
             assert parallel_dims.resolve_mesh(["tp", "ep"]) is parallel_dims.get_mesh("tp")
+        # No rank may exit while another still connects a group to it: gloo then reports
+        # "Connection closed by peer" on the slower one.
+        parallel_dims.context.wait_world()
     finally:
         parallel_dims.context.close()
 
@@ -233,6 +236,7 @@ def _experts(rank: int, environ: dict[str, str]) -> None:
         assert sparse is not None and sparse.mesh_dim_names == ("dp_replicate", "efsdp", "ep")
         dense, experts = parallel_dims.spmd_meshes()
         assert (dense.mesh_dim_names, experts.mesh_dim_names) == (("dp", "tp"), ("efsdp", "ep"))
+        parallel_dims.context.wait_world()  # as above: no rank leaves while others connect
     finally:
         parallel_dims.context.close()
 
