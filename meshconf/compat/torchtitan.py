@@ -1,42 +1,98 @@
-"""A drop-in for torchtitan's ``ParallelDims`` (torchtitan 0.2.x), backed by meshconf.
+"""A drop-in for torchtitan 0.3's ``ParallelDims``, backed by meshconf.
 
 Change ``from torchtitan.distributed.parallel_dims import ParallelDims`` to
-``from meshconf.compat.torchtitan import ParallelDims``. The constructor, the mesh getters and
-the ``*_enabled`` properties behave as torchtitan's, with three differences on purpose (see
-``docs/migration.md``): an invalid combination raises meshconf's :class:`ConfigError` with the
-arithmetic written out instead of a bare ``AssertionError``; ``etp`` must be 1 or ``tp`` even
-when ``ep`` is 1; and the meshes share one process group per distinct group of ranks instead of
-one per dim of every mesh.
+``from meshconf.compat.torchtitan import ParallelDims``; torchtitan's other names in that
+module (``MeshAxisName``, ``SpmdLayout``, ...) keep coming from torchtitan. For torchtitan 0.2
+(which has ``etp`` and no ``spmd_backend``) use :mod:`meshconf.compat.torchtitan_v0_2`. The
+differences on purpose are listed in ``docs/migration.md``.
 
 Validation needs no torch; :meth:`ParallelDims.build_mesh` imports the runtime.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
-from meshconf.core.errors import InvalidArgumentError
-from meshconf.model.config import MeshConfig
-from meshconf.sources.loading import load_config
+from meshconf.compat.parallel_dims_common import (
+    MeshNameError,
+    ParallelDimsError,
+    ParallelDimsMeshes,
+    checked_config,
+)
+from meshconf.core.domains import DEFAULT_DOMAINS
+from meshconf.core.errors import Diagnostic
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from meshconf.runtime import DistributedContext
+__all__ = ["SPMD_BACKENDS", "MeshNameError", "ParallelDims", "ParallelDimsError"]
 
-#: The dims torchtitan hands out, in the order of its ``get_all_one_dimensional_meshes``.
-MESH_DIMS = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
+SpmdBackend = Literal["partial_dtensor", "full_dtensor", "spmd_types"]
+SPMD_BACKENDS: tuple[SpmdBackend, ...] = ("partial_dtensor", "full_dtensor", "spmd_types")
+
+#: The one-dim meshes every backend has, in torchtitan 0.3's order; each backend adds its
+#: data-parallel storage dims after them.
+_COMMON_AXES = ("pp", "batch", "loss", "dp_replicate", "cp", "tp", "ep", "efsdp")
+_BACKEND_AXES = {
+    "partial_dtensor": ("fsdp",),
+    "full_dtensor": ("dp_shard",),
+    "spmd_types": ("dp", "dp_shard"),
+}
+#: The dense mesh FSDP shards over: ``fsdp`` folds dp_shard and cp into one dim under
+#: partial_dtensor; the other backends keep them apart.
+_SPLIT_DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+#: The meshes the SPMD helpers assemble, from the dims that exist, per backend.
+_SPMD_DENSE_AXES = {
+    "partial_dtensor": ["dp_replicate", "fsdp", "tp"],
+    "full_dtensor": ["dp_replicate", "dp_shard", "cp", "tp"],
+    "spmd_types": ["dp", "cp", "tp"],
+}
+_SPMD_SPARSE_AXES = ["dp_replicate", "efsdp", "ep"]
+#: Under these backends only these dims carry a DTensor placement; the rest stay outside.
+_IN_BAND = {"partial_dtensor": ("tp", "ep"), "spmd_types": ("dp", "cp", "tp", "ep")}
+
+
+def _global_meshes(backend: str) -> dict[str, tuple[str, ...]]:
+    """torchtitan 0.3's global meshes, as meshconf domains, in the order a multi-dim
+    request searches them. Experts have no ``etp`` in 0.3."""
+    meshes = {
+        "dataloading": DEFAULT_DOMAINS["dataloading"],
+        "loss": DEFAULT_DOMAINS["loss"],
+        "dense": DEFAULT_DOMAINS["dense"] if backend == "partial_dtensor" else _SPLIT_DENSE,
+        "sparse": ("pp", "dp_replicate", "efsdp", "ep"),
+    }
+    if backend == "spmd_types":
+        meshes["spmd_dense"] = ("pp", "dp", "cp", "tp")
+    return meshes
+
+
+def _axis_names(axes: Iterable[Any]) -> list[str]:
+    """Axis names (strings or ``MeshAxisName`` members) as strings."""
+    return [str(getattr(axis, "value", axis)) for axis in axes]
+
+
+def _unfold_dp(names: list[str]) -> list[str]:
+    """The logical ``dp`` written as the two dims that store it."""
+    return [
+        part
+        for name in names
+        for part in (("dp_replicate", "dp_shard") if name == "dp" else (name,))
+    ]
 
 
 @dataclass
-class ParallelDims:
-    """torchtitan's parallel degrees; ``dp_shard=-1`` fills the ranks the others leave.
+class ParallelDims(ParallelDimsMeshes):
+    """torchtitan 0.3's parallel degrees; ``dp_shard=-1`` fills the ranks the others leave.
 
-    >>> dims = ParallelDims(dp_replicate=2, dp_shard=-1, cp=1, tp=2, pp=1, ep=1, etp=1,
-    ...                     world_size=8)
-    >>> dims.dp_shard, dims.fsdp_enabled, dims.non_data_parallel_size
-    (2, True, 2)
+    >>> dims = ParallelDims(dp_replicate=2, dp_shard=-1, cp=1, tp=2, pp=1, ep=1, world_size=8)
+    >>> dims.dp_shard, dims.fsdp_enabled, dims.spmd_backend
+    (2, True, 'spmd_types')
+
+    Raises:
+        ParallelDimsError: (an AssertionError and a ConfigError) the degrees do not make a
+            valid layout, or ``spmd_backend`` is not one of :data:`SPMD_BACKENDS`.
     """
 
     dp_replicate: int
@@ -45,17 +101,44 @@ class ParallelDims:
     tp: int
     pp: int
     ep: int
-    etp: int
     world_size: int
+    spmd_backend: SpmdBackend = "spmd_types"
 
-    _config: MeshConfig = field(init=False, repr=False, compare=False)
-    _context: DistributedContext | None = field(default=None, init=False, repr=False, compare=False)
-    _world_mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
-    _meshes: dict[tuple[str, ...], DeviceMesh] = field(
+    _single_axis_meshes: dict[str, DeviceMesh] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _spmd_meshes: list[DeviceMesh] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def from_config(cls, parallelism_config: Any, world_size: int) -> ParallelDims:
+        """From torchtitan's ``ParallelismConfig`` (the job's ``[parallelism]`` table).
+
+        Raises:
+            ParallelDimsError: as the constructor.
+        """
+        return cls(
+            dp_replicate=parallelism_config.data_parallel_replicate_degree,
+            dp_shard=parallelism_config.data_parallel_shard_degree,
+            cp=parallelism_config.context_parallel_degree,
+            tp=parallelism_config.tensor_parallel_degree,
+            pp=parallelism_config.pipeline_parallel_degree,
+            ep=parallelism_config.expert_parallel_degree,
+            world_size=world_size,
+            spmd_backend=getattr(parallelism_config, "spmd_backend", "spmd_types"),
+        )
 
     def __post_init__(self) -> None:
+        if self.spmd_backend not in SPMD_BACKENDS:
+            raise ParallelDimsError(
+                [
+                    Diagnostic(
+                        ("spmd_backend",),
+                        f"expected one of {', '.join(SPMD_BACKENDS)}, got {self.spmd_backend!r}",
+                    )
+                ]
+            )
         degrees = {
             "pp": self.pp,
             "dp_replicate": self.dp_replicate,
@@ -63,157 +146,157 @@ class ParallelDims:
             "cp": self.cp,
             "tp": self.tp,
             "ep": self.ep,
-            "etp": self.etp,
         }
-        self._config = load_config({"world_size": self.world_size, "degrees": degrees})
-        # As torchtitan does, dp_shard holds the filled-in value from here on.
-        self.dp_shard = self._config.resolved_degrees["dp_shard"]
+        derived = {"dp": "dp_replicate * dp_shard"}
+        meshes = _global_meshes(self.spmd_backend)
+        self._start(checked_config(degrees, self.world_size, derived=derived, domains=meshes))
 
-    @property
-    def config(self) -> MeshConfig:
-        """The validated meshconf config these degrees describe."""
-        return self._config
+    def _domains(self) -> dict[str, tuple[str, ...]]:
+        return _global_meshes(self.spmd_backend)
 
-    # Meshes ----------------------------------------------------------------------------
+    def _axis_names(self) -> tuple[str, ...]:
+        return _COMMON_AXES + _BACKEND_AXES[self.spmd_backend]
+
+    def _axis_meshes(self) -> dict[str, DeviceMesh]:
+        return self._single_axis_meshes
+
+    def _mesh_exist(self, name: str, size: int) -> bool:
+        # fsdp, and dp_shard where it is the storage dim, stay at size 1 so that fully_shard
+        # can apply a mixed-precision policy; efsdp likewise whenever there are experts.
+        if name == "fsdp":
+            return True
+        if name == "dp_shard" and self.spmd_backend != "partial_dtensor":
+            return True
+        if name == "efsdp":
+            return self.ep > 1
+        return size > 1
 
     def build_mesh(self) -> DeviceMesh:
-        """Build every mesh and return the 1-D world mesh.
+        """Build every mesh and return the 1-D world mesh (see the 0.2 class for the rules).
 
-        Like torchtitan, this is collective: every rank calls it, after
-        ``torch.distributed.init_process_group`` (meshconf initializes the default group
-        itself from the launcher's environment if no one has). Unlike torchtitan, it creates
-        one process group per distinct group of ranks, shared by every mesh that has it.
+        Raises:
+            meshconf.runtime.LaunchError: the process group disagrees with ``world_size``.
         """
         if self._world_mesh is not None:
             return self._world_mesh
-        from meshconf.runtime import DistributedContext
+        world = super().build_mesh()
+        dense = self.get_activated_mesh(_SPMD_DENSE_AXES[self.spmd_backend])
+        sparse = self.get_activated_mesh(_SPMD_SPARSE_AXES)
+        self._spmd_meshes = [mesh for mesh in (dense, sparse) if mesh is not None]
+        return world
 
-        context = DistributedContext(self._config)
-        # Every rank builds every domain in the same order, as torchtitan builds every mesh.
-        context.build_all()
-        self._context = context
-        self._world_mesh = context.world_mesh
-        return self._world_mesh
+    def get_optional_mesh(
+        self, dims: str | list[str], *, include_singleton_axes: bool = False
+    ) -> DeviceMesh | None:
+        """The mesh over one dim or several, or None when one of them does not exist
+        (unless ``include_singleton_axes``).
 
-    @property
-    def world_mesh(self) -> DeviceMesh:
-        return self.build_mesh()
-
-    @property
-    def context(self) -> DistributedContext:
-        """The meshconf context behind the meshes (built on first use), for the rest of
-        meshconf's runtime: coordinates, seeds, ``close()``."""
-        self.build_mesh()
-        assert self._context is not None
-        return self._context
-
-    def _exists(self, dim: str) -> bool:
-        # torchtitan keeps efsdp whenever ep > 1, even at size 1: the experts need an FSDP
-        # wrapper for mixed precision. Every other dim exists when it has more than one rank.
-        if dim == "efsdp":
-            return self.ep > 1
-        return self._config.dim_sizes[dim] > 1
-
-    def get_optional_mesh(self, dims: str | list[str]) -> DeviceMesh | None:
-        """The mesh over one dim or several, or None when one of them is not enabled.
-
-        Raises ValueError, naming the valid choices, for an unknown dim or for dims that no
-        global mesh holds together in that order.
+        Raises:
+            MeshNameError: (a ValueError) an unknown dim, or dims that no mesh holds
+                together or in that order.
         """
-        names = [dims] if isinstance(dims, str) else list(dims)
-        unknown = [name for name in names if name not in MESH_DIMS]
-        if unknown:
-            raise InvalidArgumentError(
-                f"Invalid mesh dim: {unknown[0]!r}. Valid dimensions are: {list(MESH_DIMS)}"
-            )
-        self.build_mesh()
-        if not all(self._exists(name) for name in names):
-            return None
-        return self._mesh_over(names)
-
-    def _mesh_over(self, names: list[str]) -> DeviceMesh:
-        # Slicing makes a new DeviceMesh each time; torchtitan hands out the same one.
-        key = tuple(names)
-        if key not in self._meshes:
-            context = self.context
-            self._meshes[key] = context._mesh_over(context._domain_of(names), names)
-        return self._meshes[key]
-
-    def get_mesh(self, dims: str | list[str]) -> DeviceMesh:
-        """Like get_optional_mesh, but a dim that is not enabled is a ValueError."""
-        mesh = self.get_optional_mesh(dims)
-        if mesh is None:
-            names = [dims] if isinstance(dims, str) else list(dims)
-            off = [
-                f"{name}={self._config.dim_sizes[name]}" for name in names if not self._exists(name)
-            ]
-            hint = " (efsdp exists only when ep > 1)" if "efsdp" in names else ""
-            raise InvalidArgumentError(
-                f"mesh {names} is not available: {', '.join(off)}{hint}; use "
-                "get_optional_mesh to get None instead"
-            )
+        mesh: DeviceMesh | None = self._optional_mesh(dims, include_singleton_axes)
         return mesh
 
     def get_all_one_dimensional_meshes(self) -> dict[str, DeviceMesh]:
-        """Every enabled dim of more than one rank, by name."""
+        """Every existing one-dim mesh of more than one rank, by name (not ``efsdp`` when
+        ep is 1: torchtitan 0.3 puts it on the fake backend)."""
         self.build_mesh()
         return {
-            name: self._mesh_over([name]) for name in MESH_DIMS if self._config.dim_sizes[name] > 1
+            name: mesh
+            for name, mesh in self._single_axis_meshes.items()
+            if mesh.size() > 1 and self._mesh_exist(name, mesh.size())
         }
 
-    # Degrees ---------------------------------------------------------------------------
+    # SPMD helpers ------------------------------------------------------------------------
 
-    @property
-    def dp_enabled(self) -> bool:
-        return self.dp_replicate > 1 or self.dp_shard > 1
+    def get_activated_mesh(self, axes: list[str]) -> DeviceMesh | None:
+        """The mesh over those of ``axes`` that exist, or None when none does."""
+        self.build_mesh()
+        names = [name for name in _axis_names(axes) if name in self._axis_names()]
+        present = [name for name in names if self._exists(name)]
+        return self.get_optional_mesh(present) if present else None
 
-    @property
-    def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate > 1
+    def spmd_meshes(self) -> list[DeviceMesh]:
+        """The dense and the sparse mesh over their dims that exist (the sparse one only
+        when an expert dim exists)."""
+        self.build_mesh()
+        return self._spmd_meshes
 
-    @property
-    def dp_shard_enabled(self) -> bool:
-        return self.dp_shard > 1
+    def spmd_dense_mesh(self) -> DeviceMesh:
+        """The dense ``[dp, cp, tp]`` mesh the ``spmd_types`` backend checks types on.
 
-    @property
-    def cp_enabled(self) -> bool:
-        return self.cp > 1
+        Raises:
+            MeshNameError: the backend is not ``spmd_types``.
+        """
+        if self.spmd_backend != "spmd_types":
+            raise MeshNameError(
+                f"spmd_dense_mesh exists only with spmd_backend 'spmd_types', not "
+                f"{self.spmd_backend!r}"
+            )
+        return self._mesh_of(["dp", "cp", "tp"])
 
-    @property
-    def dp_cp_enabled(self) -> bool:
-        return self.dp_enabled or self.cp_enabled
+    def spmd_sparse_mesh(self) -> DeviceMesh | None:
+        """The ``[dp_replicate, efsdp, ep]`` mesh of expert dispatch under ``spmd_types``
+        with experts; None otherwise."""
+        if self.spmd_backend != "spmd_types" or self.ep == 1:
+            return None
+        return self._mesh_of(_SPMD_SPARSE_AXES)
 
-    @property
-    def fsdp_enabled(self) -> bool:
-        return self.dp_shard_enabled or self.cp_enabled
+    def get_dense_tp_mesh(self) -> DeviceMesh:
+        """The ``tp`` mesh the dense layers compute on under this backend.
 
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
+        Raises:
+            MeshNameError: tp does not exist (partial_dtensor) or no dense mesh does.
+        """
+        if self.spmd_backend == "spmd_types":
+            return self.spmd_dense_mesh()["tp"]
+        if self.spmd_backend == "full_dtensor":
+            meshes = self.spmd_meshes()
+            if not meshes:
+                raise MeshNameError("no dense SPMD mesh: every dense dim has size 1")
+            return meshes[0]["tp"]
+        return self.get_mesh("tp")
 
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
+    def resolve_mesh(self, axes: Iterable[Any]) -> DeviceMesh | None:
+        """The SPMD mesh for a layout's axes (names or ``MeshAxisName`` members): only the
+        in-band dims of this backend, those that exist; None when none does.
 
-    @property
-    def ep_enabled(self) -> bool:
-        return self.ep > 1
+        Raises:
+            MeshNameError: under full_dtensor, the axes give a mesh that is not one of
+                :meth:`spmd_meshes`.
+        """
+        names = _axis_names(axes)
+        if self.spmd_backend == "full_dtensor":
+            names = _unfold_dp(names)
+        else:
+            names = [name for name in names if name in _IN_BAND[self.spmd_backend]]
+        mesh = self.get_activated_mesh(names)
+        if mesh is None:
+            return None
+        if self.spmd_backend == "full_dtensor" and all(mesh is not m for m in self.spmd_meshes()):
+            valid = [list(m.mesh_dim_names or ()) for m in self.spmd_meshes()]
+            raise MeshNameError(
+                f"axes {names} give the mesh {list(mesh.mesh_dim_names or ())}, which is not "
+                f"an SPMD mesh; the SPMD meshes are {valid}"
+            )
+        return mesh
 
-    @property
-    def etp_enabled(self) -> bool:
-        return self.etp > 1
+    def resolve_shared_mesh(self, placements: Iterable[Any]) -> DeviceMesh | None:
+        """The mesh of layouts that name the same axes (``None`` entries skipped).
 
-    @property
-    def fsdp_gradient_divide_factor(self) -> int:
-        """The data-parallel ranks, which FSDP-sharded experts divide gradients by too."""
-        return self.dp_replicate * self.dp_shard * self.cp
-
-    @property
-    def non_data_parallel_size(self) -> int:
-        return self.cp * self.tp * self.pp
-
-    @property
-    def seq_len_divisor(self) -> int:
-        """What a sequence length must be a multiple of: tp for sequence parallelism, and
-        2 * cp for context parallelism's load balancing."""
-        return self.tp * (self.cp * 2)
+        Raises:
+            ParallelDimsError: two layouts name different axes.
+        """
+        layouts = [layout for layout in placements if layout is not None]
+        if not layouts:
+            return None
+        axes = tuple(layouts[0].axes())
+        for layout in layouts[1:]:
+            if tuple(layout.axes()) != axes:
+                first = sorted(_axis_names(axes))
+                other = sorted(_axis_names(layout.axes()))
+                raise ParallelDimsError(
+                    [Diagnostic((), f"layouts of one boundary name other axes: {first} vs {other}")]
+                )
+        return self.resolve_mesh(axes)
