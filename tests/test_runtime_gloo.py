@@ -1,5 +1,6 @@
-"""DistributedContext on 8 real processes (gloo, CPU, forked): groups equal the layout math,
-collectives sum what they should, groups are deduplicated and lazy."""
+"""DistributedContext on 8 real processes (gloo, CPU, forked): groups equal hand-written rank
+arithmetic and the layout math, collectives sum what they should, groups are deduplicated,
+created up front by default and on first use with ``runtime.build: lazy``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ CONFIG = {"world_size": 8, "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2
 def _groups_match_layout(rank: int, environ: dict[str, str]) -> None:
     with DistributedContext(load_config(CONFIG), environ=environ) as ctx:
         assert (ctx.rank, ctx.world_size, ctx.backend) == (rank, 8, "gloo")
+        # Eager by default: every group exists once the context does.
+        created = ctx.counters.new_group_calls
         meshes = ctx.build_all()
+        assert ctx.counters.new_group_calls == created
         for domain, mesh in meshes.items():
             layout = ctx.config.layout(domain)
             assert mesh.mesh_dim_names == layout.dim_names
@@ -48,7 +52,9 @@ def test_every_group_equals_the_layout_math_on_8_processes() -> None:
 
 
 def _lazy(rank: int, environ: dict[str, str]) -> None:
-    config = load_config({**CONFIG, "degrees": {**CONFIG["degrees"], "ep": 4}})
+    config = load_config(
+        {**CONFIG, "degrees": {**CONFIG["degrees"], "ep": 4}, "runtime": {"build": "lazy"}}
+    )
     with DistributedContext(config, environ=environ) as ctx:
         assert ctx.counters.new_group_calls == 0
         ctx.mesh_for("dense")

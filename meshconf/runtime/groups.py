@@ -9,10 +9,13 @@ so every rank creates just the handful of groups it belongs to. torch names such
 after their ranks and the number of groups made so far, so all ranks must request groups in
 the same order: meshconf walks domains and dims in config order, and the decision to create
 or reuse a group is the same on every member, because it depends only on the dims' modes.
+When meshes are built on first use, ``before_create`` lets the context compare that order
+across the members before torch would wait on it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -21,6 +24,15 @@ import torch.distributed as dist
 from meshconf.core.layout import Mode, RankGroup, group_identity
 
 GroupKey = tuple[int, tuple[Mode, ...], bool]
+#: Called with the group, a text that is equal on two ranks exactly when they create the same
+#: group, and what the group is for ("dense/tp"), before each new_group call.
+BeforeCreate = Callable[[RankGroup, str, str], None]
+
+
+def key_text(key: GroupKey) -> str:
+    """``3:2x4,4x1:real``: the group's smallest rank, its modes and whether it is real."""
+    base, modes, real = key
+    return f"{base}:{','.join(f'{m.size}x{m.stride}' for m in modes)}:{'real' if real else 'fake'}"
 
 
 @dataclass
@@ -44,6 +56,7 @@ class GroupRegistry:
     backend: str
     timeout: timedelta
     counters: GroupCounters = field(default_factory=GroupCounters)
+    before_create: BeforeCreate | None = None
     _groups: dict[GroupKey, dist.ProcessGroup] = field(default_factory=dict)
     _created: list[dist.ProcessGroup] = field(default_factory=list)
 
@@ -61,13 +74,15 @@ class GroupRegistry:
             assert process_group is not None
             self.counters.default_group_reuses += 1
         else:
+            if self.before_create is not None:
+                self.before_create(group, key_text(key), description)
             self.counters.new_group_calls += 1
             created = dist.new_group(
                 ranks=sorted(group),
                 timeout=self.timeout,
                 backend="fake" if fake else self.backend,
                 use_local_synchronization=True,
-                group_desc=description,
+                group_desc=f"meshconf:{description}",
             )
             assert created is not None, "meshconf only creates groups this rank belongs to"
             process_group = created
