@@ -26,8 +26,9 @@ from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.oracle import expected_groups
-from meshconf.runtime.order import CreationOrder
+from meshconf.runtime.order import CreationOrder, CreationOrderError
 from meshconf.runtime.rendezvous import (
+    RankFailedError,
     Rendezvous,
     RuntimeSetupError,
     SetupTimeoutError,
@@ -42,6 +43,8 @@ from meshconf.runtime.setup import (
 from meshconf.sources.loading import at_world_size, load_config
 
 _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
+# Errors every rank already knows about (published, or each rank's own timeout).
+_ALREADY_KNOWN = (RankFailedError, SetupTimeoutError, CreationOrderError, KeyboardInterrupt)
 
 
 class TopologyWarning(UserWarning):
@@ -125,16 +128,15 @@ class DistributedContext:
         try:
             self._start(config, launch, rendezvous, owns_default_group)
         except BaseException as error:
-            if rendezvous is not None and not rendezvous.failed:
-                if isinstance(error, _RankError):
-                    rendezvous.fail(str(error))
-                elif not isinstance(error, RuntimeSetupError | KeyboardInterrupt):
-                    rendezvous.fail(f"rank {launch.rank} could not set up: {error}")
-            registry: GroupRegistry | None = getattr(self, "_registry", None)
-            if registry is not None:
-                registry.destroy()
-            if owns_default_group and dist.is_initialized():
-                dist.destroy_process_group()
+            try:
+                if rendezvous is not None and not isinstance(error, _ALREADY_KNOWN):
+                    _publish(rendezvous, launch.rank, error)
+            finally:
+                registry: GroupRegistry | None = getattr(self, "_registry", None)
+                if registry is not None:
+                    registry.destroy()
+                if owns_default_group and dist.is_initialized():
+                    dist.destroy_process_group()
             raise
         if self.is_main_process:
             for message in self.topology_warnings:
@@ -165,11 +167,11 @@ class DistributedContext:
         if owns_default_group:
             store = None if rendezvous is None else rendezvous.root_store
             init_default_group(launch, store, backend, setup_timeout)
-        self._registry.timeout = setup_timeout
+        self._registry.creation_timeout = setup_timeout
         if self.config.runtime.build == "eager":
             self.build_all()
         elif rendezvous is not None:
-            self._registry.before_create = CreationOrder(rendezvous)
+            self._registry.check = CreationOrder(rendezvous)
         if rendezvous is not None:
             rendezvous.phase("built")
         self._registry.set_timeout(timedelta(seconds=self.config.runtime.timeout_s))
@@ -520,3 +522,21 @@ def _join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rende
         store = dist.distributed_c10d._get_default_store()
         return Rendezvous(store, launch, timeout_s, hosts_store=False)
     return Rendezvous.connect(launch, environ, timeout_s)
+
+
+def _publish(rendezvous: Rendezvous, rank: int, error: BaseException) -> None:
+    """Tell the other ranks why this one failed; a torch error caused by another rank's
+    failure (its peers gone) becomes that rank's reason instead.
+
+    Raises:
+        RankFailedError: another rank failed first and ``error`` is not meshconf's own.
+    """
+    if not isinstance(error, MeshconfError):
+        try:
+            rendezvous.check_failures()
+        except RankFailedError as first:
+            raise first from None
+    if isinstance(error, _RankError):
+        rendezvous.fail(str(error))
+    else:
+        rendezvous.fail(f"rank {rank} could not set up: {error}")

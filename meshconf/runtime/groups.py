@@ -15,8 +15,8 @@ across the members before torch would wait on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -24,9 +24,17 @@ import torch.distributed as dist
 from meshconf.core.layout import Mode, RankGroup, group_identity
 
 GroupKey = tuple[int, tuple[Mode, ...], bool]
-#: Called with the group, a text that is equal on two ranks exactly when they create the same
-#: group, and what the group is for ("dense/tp"), before each new_group call.
-BeforeCreate = Callable[[RankGroup, str, str], None]
+
+
+class CreationCheck(Protocol):
+    """Hooks around each new_group call of a lazily built context."""
+
+    def before(self, group: RankGroup, identity: str, description: str) -> None:
+        """Called before creating ``group``: ``identity`` is equal on two ranks exactly when
+        they create the same group; ``description`` says what it is for ("dense/tp")."""
+
+    def failed(self, description: str, error: Exception) -> None:
+        """Called when torch could not create the group; raises a meshconf error."""
 
 
 def key_text(key: GroupKey) -> str:
@@ -56,7 +64,10 @@ class GroupRegistry:
     backend: str
     timeout: timedelta
     counters: GroupCounters = field(default_factory=GroupCounters)
-    before_create: BeforeCreate | None = None
+    #: Bound on creating a group (its members meeting in the store); the group then gets
+    #: ``timeout`` for its collectives. None: ``timeout`` for both.
+    creation_timeout: timedelta | None = None
+    check: CreationCheck | None = None
     _groups: dict[GroupKey, dist.ProcessGroup] = field(default_factory=dict)
     _created: list[dist.ProcessGroup] = field(default_factory=list)
 
@@ -74,19 +85,27 @@ class GroupRegistry:
             assert process_group is not None
             self.counters.default_group_reuses += 1
         else:
-            if self.before_create is not None:
-                self.before_create(group, key_text(key), description)
+            if self.check is not None:
+                self.check.before(group, key_text(key), description)
             self.counters.new_group_calls += 1
-            created = dist.new_group(
-                ranks=sorted(group),
-                timeout=self.timeout,
-                backend="fake" if fake else self.backend,
-                use_local_synchronization=True,
-                group_desc=f"meshconf:{description}",
-            )
+            try:
+                created = dist.new_group(
+                    ranks=sorted(group),
+                    timeout=self.creation_timeout or self.timeout,
+                    backend="fake" if fake else self.backend,
+                    use_local_synchronization=True,
+                    group_desc=f"meshconf:{description}",
+                )
+            except (RuntimeError, dist.DistError) as error:
+                if self.check is None:
+                    raise
+                self.check.failed(description, error)
+                raise
             assert created is not None, "meshconf only creates groups this rank belongs to"
             process_group = created
             self._created.append(process_group)
+            if self.creation_timeout not in (None, self.timeout) and not fake:
+                dist.distributed_c10d._set_pg_timeout(self.timeout, process_group)
             if fake:
                 self.counters.fake_groups += 1
             else:

@@ -25,7 +25,7 @@ class CreationOrder:
         self.rendezvous = rendezvous
         self.created = 0
 
-    def __call__(self, group: RankGroup, identity: str, description: str) -> None:
+    def before(self, group: RankGroup, identity: str, description: str) -> None:
         """Publish this rank's k-th group and compare it with the other members' k-th.
 
         Raises:
@@ -42,7 +42,8 @@ class CreationOrder:
             return
         keys = [f"order/{member}/{k}" for member in others]
         try:
-            self.rendezvous.wait_for(keys, "")
+            # Entries once written stay: members that all see them all go on to compare.
+            self.rendezvous.wait_for(keys, "", failures_first=False)
         except SetupTimeoutError:
             late = [m for m, key in zip(others, keys, strict=True) if not store.check([key])]
             raise SetupTimeoutError(
@@ -64,3 +65,19 @@ class CreationOrder:
                 )
                 self.rendezvous.fail(reason)
                 raise CreationOrderError(reason)
+
+    def failed(self, description: str, error: Exception) -> None:
+        """torch could not create the group: another rank's failure, or members that did not
+        come within the bound.
+
+        Raises:
+            RankFailedError: another rank failed first.
+            SetupTimeoutError: otherwise.
+        """
+        self.rendezvous.check_failures()
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SetupTimeoutError(
+            f"rank {self.rendezvous.launch.rank} could not create its process group for "
+            f"{description} within {self.rendezvous.timeout_s:g} s (runtime.setup_timeout_s): "
+            f"{first}"
+        ) from None

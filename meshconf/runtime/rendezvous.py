@@ -129,8 +129,10 @@ class Rendezvous:
         while self.store.add("acknowledged", 0) < readers and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def wait_for(self, keys: list[str], what: str) -> None:
+    def wait_for(self, keys: list[str], what: str, *, failures_first: bool = True) -> None:
         """Wait until every key exists, or another rank fails, within the set-up bound.
+
+        With ``failures_first=False`` keys that all exist win over a failure elsewhere.
 
         Raises:
             RankFailedError: another rank published its reason.
@@ -138,6 +140,8 @@ class Rendezvous:
         """
         deadline = time.monotonic() + self.timeout_s
         while True:
+            if not failures_first and self.store.check(keys):
+                return
             self.check_failures()
             remaining = max(deadline - time.monotonic(), 0.0)
             try:
