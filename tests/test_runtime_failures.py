@@ -34,8 +34,6 @@ CONFIG: dict[str, Any] = {
 }
 
 
-
-
 def _expect(call: Any, error: type[Exception], message: str, bound: float) -> None:
     start = time.monotonic()
     with pytest.raises(error) as caught:

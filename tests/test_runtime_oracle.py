@@ -35,8 +35,10 @@ def _torch_meshes(resolved: dict[str, int]) -> dict[tuple[str, str], DeviceMesh]
     loss = world["dp_replicate", "dp_shard", "cp"]._flatten("loss")
     ep, etp = resolved["ep"], resolved["etp"]
     efsdp = resolved["dp_shard"] * resolved["cp"] * resolved["tp"] // (ep * etp)
-    experts = world["dp_shard", "cp", "tp"]._flatten("experts")._unflatten(
-        0, (efsdp, ep, etp), ("efsdp", "ep", "etp")
+    experts = (
+        world["dp_shard", "cp", "tp"]
+        ._flatten("experts")
+        ._unflatten(0, (efsdp, ep, etp), ("efsdp", "ep", "etp"))
     )
     one = {name: world[name] for name in FACTORS}
     return {
@@ -65,7 +67,9 @@ def _against_torch(degrees: dict[str, int], world_size: int, rank: int) -> None:
     )
     try:
         expected = _torch_meshes(context.config.resolved_degrees)
-        assert len(expected) == sum(len(m.mesh_dim_names or ()) for m in context.build_all().values())
+        assert len(expected) == sum(
+            len(m.mesh_dim_names or ()) for m in context.build_all().values()
+        )
         for (domain, dim), theirs in expected.items():
             mine = context.mesh_for(domain)
             assert mine[dim].mesh.tolist() == theirs.mesh.tolist(), (domain, dim)
@@ -93,7 +97,9 @@ def test_groups_equal_torch_s_own_flatten_and_unflatten(degrees: dict[str, int],
 
 def _hand_written(rank: int, environ: dict[str, str]) -> None:
     degrees = {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2}
-    with DistributedContext(load_config({"world_size": 8, "degrees": degrees}), environ=environ) as ctx:
+    with DistributedContext(
+        load_config({"world_size": 8, "degrees": degrees}), environ=environ
+    ) as ctx:
         # Row-major over (dp_replicate, dp_shard, tp), tp fastest.
         tp = [rank - rank % 2, rank - rank % 2 + 1]
         fsdp = [rank % 2 + 4 * (rank // 4), rank % 2 + 4 * (rank // 4) + 2]

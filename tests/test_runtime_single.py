@@ -180,7 +180,10 @@ def test_simulate_cli(run_cli) -> None:  # type: ignore[no-untyped-def]
         "process groups of rank 77: 7 new_group calls, 6 real groups, 1 fake (size-1) groups, "
         "0 reuses of the default group, 9 dims served by an existing group"
     )
-    assert lines[-1] == "every group and local rank equals the rank arithmetic of the degrees, computed apart from the layouts"
+    assert (
+        lines[-1]
+        == "every group and local rank equals the rank arithmetic of the degrees, computed apart from the layouts"
+    )
     result = run_cli("simulate", "examples/world_size_from_launcher.yaml")
     assert result.returncode == 2 and "the world size is unknown" in result.stderr
 

@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
             f"{counters.cache_hits} dims served by an existing group"
         )
         if not problems:
-            print("every group and local rank equals the rank arithmetic of the degrees, computed apart from the layouts")
+            print(
+                "every group and local rank equals the rank arithmetic of the degrees, "
+                "computed apart from the layouts"
+            )
 
     emit(report)
     return EXIT_INVALID if problems else EXIT_OK
@@ -73,7 +76,8 @@ def add_parser(subparsers: Any) -> None:
         help="build every mesh for one rank of a simulated world and check it",
         description="Build every domain's DeviceMesh for one rank, in this process, against "
         "torch's fake process group (any world size, no GPUs), and check every group against "
-        "the rank arithmetic of the degrees, computed apart from the layouts. Needs torch (pip install 'meshconf[torch]').",
+        "the rank arithmetic of the degrees, computed apart from the layouts. Needs torch "
+        "(pip install 'meshconf[torch]').",
     )
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R")

@@ -135,7 +135,7 @@ class ParallelDims:
         key = tuple(names)
         if key not in self._meshes:
             context = self.context
-            self._meshes[key] = context._mesh_over(context._domain_of(names), names)
+            self._meshes[key] = context._mesh_over(names)
         return self._meshes[key]
 
     def get_mesh(self, dims: str | list[str]) -> DeviceMesh:

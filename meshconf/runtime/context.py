@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 
@@ -22,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from meshconf.core.errors import MeshconfError
 from meshconf.model.config import MeshConfig
+from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.meshes import MeshCache
@@ -29,9 +29,12 @@ from meshconf.runtime.oracle import expected_groups
 from meshconf.runtime.order import CreationOrder, CreationOrderError
 from meshconf.runtime.rendezvous import (
     RankFailedError,
+    RankReasonError,
     Rendezvous,
     RuntimeSetupError,
     SetupTimeoutError,
+    join,
+    publish_failure,
 )
 from meshconf.runtime.setup import (
     check_existing_default_group,
@@ -52,17 +55,13 @@ class TopologyWarning(UserWarning):
     launcher disagree about how many ranks a node runs."""
 
 
-class _RankError(RuntimeSetupError):
-    """A set-up failure whose message already names this rank: published as it is."""
-
-
 def _register_fake_backend() -> None:
     # Importing this module registers torch's "fake" backend (no communication), which
     # meshconf uses for size-1 dims and for simulated worlds.
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
 
-class DistributedContext:
+class DistributedContext(RankFacts):
     """This rank's view of a mesh config: launcher facts, device and meshes.
 
     >>> ctx = DistributedContext.from_yaml("examples/single_gpu.yaml")  # doctest: +SKIP
@@ -90,7 +89,7 @@ class DistributedContext:
         """
         environ = os.environ if environ is None else environ
         launch = read_launch(environ)
-        self._open(config, launch, _join(launch, environ, config.runtime.setup_timeout_s))
+        self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
 
     @classmethod
     def from_yaml(
@@ -115,12 +114,12 @@ class DistributedContext:
         try:
             config = load_config(path, overrides, key)
         except MeshconfError as error:
-            rendezvous = _join(launch, environ, MeshConfig().runtime.setup_timeout_s)
+            rendezvous = join(launch, environ, MeshConfig().runtime.setup_timeout_s)
             if rendezvous is not None:
                 rendezvous.fail(f"rank {launch.rank} could not load the config: {error}")
             raise
         context = cls.__new__(cls)
-        context._open(config, launch, _join(launch, environ, config.runtime.setup_timeout_s))
+        context._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
         return context
 
     def _open(self, config: MeshConfig, launch: Launch, rendezvous: Rendezvous | None) -> None:
@@ -130,7 +129,7 @@ class DistributedContext:
         except BaseException as error:
             try:
                 if rendezvous is not None and not isinstance(error, _ALREADY_KNOWN):
-                    _publish(rendezvous, launch.rank, error)
+                    publish_failure(rendezvous, launch.rank, error)
             finally:
                 registry: GroupRegistry | None = getattr(self, "_registry", None)
                 if registry is not None:
@@ -240,89 +239,12 @@ class DistributedContext:
         rendezvous.phase("joined", mine)
         theirs = rendezvous.value_of("joined/0")
         if theirs != mine:
-            raise _RankError(
+            raise RankReasonError(
                 f"rank {self.rank} loaded another config than rank 0 (fingerprints "
                 f"{mine[:12]} and {theirs[:12]}); every rank must read the same file with the "
                 "same overrides"
             )
         rendezvous.phase("checked")
-
-    # Launcher facts ------------------------------------------------------------------
-
-    @property
-    def rank(self) -> int:
-        return self.launch.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.launch.world_size
-
-    @property
-    def local_rank(self) -> int:
-        return self.launch.local_rank
-
-    @property
-    def local_world_size(self) -> int | None:
-        """Ranks on this node, when the launcher says (torchrun always does)."""
-        return self.launch.local_world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """Local rank 0: the first process on this node."""
-        return self.local_rank == 0
-
-    @property
-    def current_device(self) -> torch.device:
-        """The device this rank computes on (d9d's name for ``device``)."""
-        return self.device
-
-    @property
-    def node_rank(self) -> int | None:
-        """This rank's node, when the launcher says how many ranks a node runs."""
-        local = self.local_world_size
-        return None if local is None else self.rank // local
-
-    @property
-    def num_nodes(self) -> int | None:
-        """How many nodes the world spans, when the launcher says how many ranks a node runs."""
-        local = self.local_world_size
-        return None if local is None else -(-self.world_size // local)
-
-    # Synchronisation -------------------------------------------------------------------
-
-    def wait_world(self) -> None:
-        """Block until every rank of the world gets here (a barrier on the default group)."""
-        if self.device.type == "cuda" and self.backend == "nccl":
-            dist.barrier(device_ids=[self.device.index or 0])
-        else:
-            dist.barrier()
-
-    @contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Run the block on rank 0 first and on the other ranks after it (say, to download
-        or preprocess once and read the result everywhere)."""
-        with self._first(self.is_main_process):
-            yield
-
-    @contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """Run the block on each node's local rank 0 first and on the other ranks after."""
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextmanager
-    def _first(self, goes_first: bool) -> Iterator[None]:
-        if not goes_first:
-            self.wait_world()
-        try:
-            yield
-        finally:
-            if goes_first:
-                self.wait_world()
 
     def set_timeout(self, seconds: float) -> None:
         """Change the timeout of the default group and of every process group this context
@@ -368,30 +290,6 @@ class DistributedContext:
         """Every domain's mesh, in config order (the order an eager build creates them in)."""
         return {domain: self._meshes.domain(domain) for domain in self.config.layouts}
 
-    def _domain_of(self, names: list[str]) -> str:
-        layouts = self.config.layouts
-        known = list(dict.fromkeys(dim for layout in layouts.values() for dim in layout.dim_names))
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise ValueError(f"unknown mesh dim {unknown[0]!r}; valid dims are {', '.join(known)}")
-        if len(set(names)) != len(names):
-            raise ValueError(f"mesh dims {names} repeat a name")
-        unordered = None
-        for domain, layout in layouts.items():
-            if not set(names) <= set(layout.dim_names):
-                continue
-            in_order = [dim for dim in layout.dim_names if dim in names]
-            if in_order == names:
-                return domain
-            unordered = unordered or (domain, in_order)
-        if unordered is not None:
-            raise ValueError(
-                f"mesh dims {names} are all in domain {unordered[0]!r} but in another order; "
-                f"ask for {unordered[1]}"
-            )
-        summary = "; ".join(f"{d} {list(layout.dim_names)}" for d, layout in layouts.items())
-        raise ValueError(f"no domain has all of {names}; the domains are {summary}")
-
     def get_optional_mesh(self, dims: str | Sequence[str]) -> DeviceMesh | None:
         """The mesh over one dim or several dims of one domain, or None if a dim has size 1.
 
@@ -408,12 +306,16 @@ class DistributedContext:
         except KeyError:
             pass
         names = list(request)
-        domain = self._domain_of(names)
+        domain = domain_of(self.config, names)
         mesh = None
         if all(self._enabled(name) for name in names):
             mesh = self._meshes.dims(domain, request)
         self._requests[request] = mesh
         return mesh
+
+    def _mesh_over(self, names: list[str]) -> DeviceMesh:
+        """The mesh over ``names``, whatever their sizes (for compat's ParallelDims)."""
+        return self._meshes.dims(domain_of(self.config, names), tuple(names))
 
     def get_mesh(self, dims: str | Sequence[str]) -> DeviceMesh:
         """Like get_optional_mesh, but a dim of size 1 is an error.
@@ -447,35 +349,6 @@ class DistributedContext:
                 )
         return problems
 
-    # Coordinates, logging, seeds --------------------------------------------------------
-
-    def coordinate(self, domain: str) -> dict[str, int]:
-        """This rank's index along every dim of a domain (from the layout; no torch call)."""
-        return self.config.layout(domain).coordinate(self.rank)
-
-    @property
-    def log_prefix(self) -> str:
-        """``[pp0 dpr1 fsdp0 tp3]``: this rank's coordinate along the dense dims of size > 1."""
-        layouts = self.config.layouts
-        layout = layouts.get("dense") or next(iter(layouts.values()))
-        coordinate = layout.coordinate(self.rank)
-        parts = [
-            f"{_SHORT_NAMES.get(dim.name, dim.name)}{coordinate[dim.name]}"
-            for dim in layout.dims
-            if dim.size > 1
-        ]
-        return "[" + (" ".join(parts) or f"rank{self.rank}") + "]"
-
-    def seed(self, base_seed: int, vary_along: Sequence[str] = ()) -> int:
-        """A seed equal on ranks that share coordinates along ``vary_along`` and different
-        otherwise: ``torch.manual_seed(ctx.seed(42, vary_along=["pp"]))``."""
-        offset, scale = 0, 1
-        for name in vary_along:
-            layout = self.config.layout(self._domain_of([name]))
-            offset += layout.coordinate(self.rank)[name] * scale
-            scale *= layout.dim(name).size
-        return base_seed + offset
-
     # Teardown ---------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -506,37 +379,3 @@ class DistributedContext:
             f"DistributedContext(rank={self.rank}, world_size={self.world_size}, "
             f"device={self.device}, backend={self.backend!r}, domains={list(self.config.layouts)})"
         )
-
-
-
-def _join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendezvous | None:
-    """This rank's handle on the rendezvous store, when it is one of several ranks.
-
-    Raises:
-        LaunchError: MASTER_ADDR or MASTER_PORT is missing.
-        SetupTimeoutError: the store did not answer within ``timeout_s``.
-    """
-    if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
-        return None
-    if dist.is_initialized():
-        store = dist.distributed_c10d._get_default_store()
-        return Rendezvous(store, launch, timeout_s, hosts_store=False)
-    return Rendezvous.connect(launch, environ, timeout_s)
-
-
-def _publish(rendezvous: Rendezvous, rank: int, error: BaseException) -> None:
-    """Tell the other ranks why this one failed; a torch error caused by another rank's
-    failure (its peers gone) becomes that rank's reason instead.
-
-    Raises:
-        RankFailedError: another rank failed first and ``error`` is not meshconf's own.
-    """
-    if not isinstance(error, MeshconfError):
-        try:
-            rendezvous.check_failures()
-        except RankFailedError as first:
-            raise first from None
-    if isinstance(error, _RankError):
-        rendezvous.fail(str(error))
-    else:
-        rendezvous.fail(f"rank {rank} could not set up: {error}")

@@ -16,8 +16,8 @@ across the members before torch would wait on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 from datetime import timedelta
+from typing import Protocol
 
 import torch.distributed as dist
 

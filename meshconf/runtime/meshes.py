@@ -53,7 +53,9 @@ def layout_mesh(
     that ``DeviceMesh.from_group`` uses (torch_support checks it exists).
     """
     axes = [
-        _FlatLayout(tuple(mode.size for mode in dim.modes), tuple(mode.stride for mode in dim.modes))
+        _FlatLayout(
+            tuple(mode.size for mode in dim.modes), tuple(mode.stride for mode in dim.modes)
+        )
         for dim in dims
     ]
     mesh = DeviceMesh(

@@ -41,7 +41,7 @@ def _numbering(config: MeshConfig) -> tuple[Callable[[int], int], Callable[[int]
     if config.inside_node is None:
         return (lambda index: index), (lambda rank: rank)
     degrees = [config.resolved_degrees[name] for name in WORLD_FACTORS]
-    inside = [getattr(config.inside_node, name) for name in WORLD_FACTORS]
+    inside: list[int] = [getattr(config.inside_node, name) for name in WORLD_FACTORS]
     across = [degree // part for degree, part in zip(degrees, inside, strict=True)]
     per_node = math.prod(inside)
 

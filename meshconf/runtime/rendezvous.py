@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from meshconf.core.errors import MeshconfError
 from meshconf.runtime.launch import Launch, LaunchError
@@ -38,6 +39,10 @@ class RankFailedError(RuntimeSetupError):
     """Another rank failed during set-up; the message is its reason."""
 
 
+class RankReasonError(RuntimeSetupError):
+    """A set-up failure whose message already names this rank: published as it is."""
+
+
 class SetupTimeoutError(RuntimeSetupError):
     """Ranks did not reach a step of set-up within ``runtime.setup_timeout_s``."""
 
@@ -52,7 +57,7 @@ class Rendezvous:
     """This rank's handle on meshconf's keys in the rendezvous store."""
 
     def __init__(
-        self, store: dist.Store, launch: Launch, timeout_s: float, *, hosts_store: bool
+        self, store: Store, launch: Launch, timeout_s: float, *, hosts_store: bool
     ) -> None:
         self.root_store = store
         self.launch = launch
@@ -61,7 +66,7 @@ class Rendezvous:
         rank = launch.rank
         # The n-th context of every rank shares one key space, even in a job that makes several.
         generation = store.add(f"meshconf/contexts/{rank}", 1)
-        self.store: dist.Store = dist.PrefixStore(f"meshconf/{generation}", store)  # type: ignore[attr-defined]
+        self.store: Store = PrefixStore(f"meshconf/{generation}", store)
         self.failed = False
 
     @classmethod
@@ -82,7 +87,7 @@ class Rendezvous:
             )
         hosts = launch.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
         try:
-            store = dist.TCPStore(
+            store = dist.TCPStore(  # type: ignore[attr-defined]
                 address,
                 int(port),
                 launch.world_size,
@@ -183,7 +188,7 @@ class Rendezvous:
         return f"{ranks} did not finish creating their process groups {rule}"
 
     def value_of(self, key: str) -> str:
-        return self.store.get(key).decode()
+        return str(self.store.get(key).decode())
 
     # Failing ---------------------------------------------------------------------------
 
@@ -200,3 +205,36 @@ class Rendezvous:
             self._keep_store_until_read()
         except (RuntimeError, dist.DistError):
             pass  # the store is gone; this rank's own error still says what went wrong
+
+
+def join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendezvous | None:
+    """This rank's handle on the rendezvous store, when it is one of several ranks.
+
+    Raises:
+        LaunchError: MASTER_ADDR or MASTER_PORT is missing.
+        SetupTimeoutError: the store did not answer within ``timeout_s``.
+    """
+    if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
+        return None
+    if dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+        return Rendezvous(store, launch, timeout_s, hosts_store=False)
+    return Rendezvous.connect(launch, environ, timeout_s)
+
+
+def publish_failure(rendezvous: Rendezvous, rank: int, error: BaseException) -> None:
+    """Tell the other ranks why this one failed; a torch error caused by another rank's
+    failure (its peers gone) becomes that rank's reason instead.
+
+    Raises:
+        RankFailedError: another rank failed first and ``error`` is not meshconf's own.
+    """
+    if not isinstance(error, MeshconfError):
+        try:
+            rendezvous.check_failures()
+        except RankFailedError as first:
+            raise first from None
+    if isinstance(error, RankReasonError):
+        rendezvous.fail(str(error))
+    else:
+        rendezvous.fail(f"rank {rank} could not set up: {error}")

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import format_key
 from meshconf.features.topology import topology_warnings
@@ -44,7 +45,7 @@ def pick_backend(requested: str, device: torch.device) -> str:
 
 
 def init_default_group(
-    launch: Launch, store: dist.Store | None, backend: str, timeout: timedelta
+    launch: Launch, store: Store | None, backend: str, timeout: timedelta
 ) -> None:
     """The default group over ``store`` (a world of one gets a private in-memory store).
 
