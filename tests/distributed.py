@@ -3,10 +3,12 @@
 The test process itself never creates a process group or runs a collective: every test that
 does runs in forked children, so the next fork starts from a clean process.
 
-Ports: the parent hosts the rendezvous store on a port the kernel picks (port 0) and keeps
-it for the whole run, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE=True``), so no
-port is probed and then bound by someone else. ``store="absent"`` instead holds a port that
-is bound but not listening: nothing answers there, as when rank 0 never started.
+Ports: a forked helper process hosts the rendezvous store on a port the kernel picks (port 0)
+and keeps it for the whole run, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE=True``),
+so no port is probed and then bound by someone else. The store runs in its own process because
+its server threads must not exist in the process that forks the ranks (a child forked while
+another thread holds a lock inherits the lock held). ``store="absent"`` instead holds a port
+that is bound but not listening: nothing answers there, as when rank 0 never started.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch.distributed as dist
@@ -35,14 +38,26 @@ def environ(
     }
 
 
+def _host_store(connection: Connection) -> None:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    connection.send(server.port)
+    connection.recv()  # serve until the ranks are done
+
+
 @contextmanager
 def _port(store: str) -> Iterator[int]:
     if store == "agent":
-        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        context = mp.get_context("fork")
+        ours, theirs = context.Pipe()
+        host = context.Process(target=_host_store, args=(theirs,), daemon=True)
+        host.start()
         try:
-            yield server.port
+            yield int(ours.recv())
         finally:
-            del server
+            ours.send(None)
+            host.join(10)
+            if host.is_alive():
+                host.kill()
     else:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused

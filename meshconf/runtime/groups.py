@@ -22,6 +22,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from meshconf.core.layout import Mode, RankGroup, group_identity
+from meshconf.runtime.torch_support import set_group_timeout
 
 GroupKey = tuple[int, tuple[Mode, ...], bool]
 
@@ -105,7 +106,7 @@ class GroupRegistry:
             process_group = created
             self._created.append(process_group)
             if self.creation_timeout not in (None, self.timeout) and not fake:
-                dist.distributed_c10d._set_pg_timeout(self.timeout, process_group)
+                set_group_timeout(self.timeout, process_group)
             if fake:
                 self.counters.fake_groups += 1
             else:
@@ -121,7 +122,7 @@ class GroupRegistry:
         if self.backend in ("nccl", "gloo"):
             for group in (dist.group.WORLD, *self._created):
                 if dist.get_backend(group) == self.backend:
-                    dist.distributed_c10d._set_pg_timeout(timeout, group)
+                    set_group_timeout(timeout, group)
 
     def destroy(self) -> None:
         """Destroy every group this registry created, once."""

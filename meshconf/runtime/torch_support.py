@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from meshconf.core.errors import MeshconfError
 
@@ -73,7 +75,10 @@ PROBES: dict[str, Callable[[], bool]] = {
     ),
     "DeviceMesh._dim_group_names": _mesh_get_group_reads("_dim_group_names"),
     "DeviceMesh._pg_registry": _mesh_declares("_pg_registry"),
-    f"{_C10D}._set_pg_timeout": _module_attribute(_C10D, "_set_pg_timeout"),
+    f"torch.distributed.set_timeout or {_C10D}._set_pg_timeout": lambda: (
+        _module_attribute("torch.distributed", "set_timeout")()
+        or _module_attribute(_C10D, "_set_pg_timeout")()
+    ),
     f"{_C10D}._get_default_group": _module_attribute(_C10D, "_get_default_group"),
     f"{_C10D}._get_default_store": _module_attribute(_C10D, "_get_default_store"),
     "torch.testing._internal.distributed.fake_pg.FakeStore": _module_attribute(
@@ -94,3 +99,12 @@ def check_torch() -> None:
                 f"meshconf's runtime needs {name}, which torch {torch.__version__} does not "
                 f"have; meshconf is tested with torch {TESTED_TORCH}"
             )
+
+
+def set_group_timeout(timeout: timedelta, group: dist.ProcessGroup) -> None:
+    """Change a group's timeout: public in torch 2.14 (``set_timeout``), private before."""
+    public = getattr(dist, "set_timeout", None)
+    if public is not None:
+        public(timeout, group)
+    else:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
