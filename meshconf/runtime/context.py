@@ -168,7 +168,7 @@ class DistributedContext(RankFacts):
             init_default_group(launch, store, backend, setup_timeout)
         self._registry.creation_timeout = setup_timeout
         if self.config.runtime.build == "eager":
-            self.build_all()
+            self._create_every_group()
         elif rendezvous is not None:
             self._registry.check = CreationOrder(rendezvous)
         if rendezvous is not None:
@@ -202,8 +202,14 @@ class DistributedContext(RankFacts):
         context = cls.__new__(cls)
         launch = Launch(rank, world_size, 0, config.gpus_per_node or world_size, "simulated")
         context._prepare(config, launch, torch.device(device_type), "fake", True)
-        context.build_all()
+        context._create_every_group()
         return context
+
+    def _create_every_group(self) -> None:
+        # Domains in config order, dims outer to inner: one order on every rank. The meshes
+        # themselves create no group, so they are built when asked for.
+        for domain in self.config.layouts:
+            self._meshes.groups(domain)
 
     def _prepare(
         self,
@@ -266,7 +272,7 @@ class DistributedContext(RankFacts):
 
     @property
     def build_seconds(self) -> float:
-        """Seconds spent building domain meshes (their groups included) on this rank."""
+        """Seconds this rank spent creating process groups and building domain meshes."""
         return self._meshes.build_seconds
 
     def mesh_for(self, domain: str) -> DeviceMesh:

@@ -3,7 +3,8 @@ rank asks for, built once and kept.
 
 torch's DeviceMesh holds the rank of every process in the world, so building one costs
 O(world) time and memory; slicing one builds another. Each (domain, dims) request is
-therefore answered from a cache after its first time.
+therefore built once, straight from the layout, and answered from a cache after that; all
+meshes share one rank map (the ranks in order).
 """
 
 from __future__ import annotations
@@ -16,24 +17,9 @@ import torch.distributed as dist
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.layout import DimLayout, DomainLayout
+from meshconf.core.layout import DimLayout
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.groups import GroupRegistry
-
-
-def _rank_grid(layout: DomainLayout) -> torch.Tensor:
-    """The domain's ranks as an N-D tensor: entry ``[c0, c1, ...]`` is ``rank_at(c)``."""
-    grid = torch.zeros((), dtype=torch.int64)
-    for axis, dim in enumerate(layout.dims):
-        remaining = torch.arange(dim.size, dtype=torch.int64)
-        offsets = torch.zeros(dim.size, dtype=torch.int64)
-        for mode in reversed(dim.modes):
-            offsets += remaining % mode.size * mode.stride
-            remaining = remaining // mode.size
-        shape = [1] * len(layout.dims)
-        shape[axis] = dim.size
-        grid = grid + offsets.reshape(shape)
-    return grid.to(torch.int)
 
 
 def layout_mesh(
@@ -84,6 +70,7 @@ class MeshCache:
         self.build_seconds = 0.0
         self.domains: dict[str, DeviceMesh] = {}
         self.slices: dict[tuple[str, ...], DeviceMesh] = {}
+        self._groups: dict[str, list[dist.ProcessGroup]] = {}
         self._world: DeviceMesh | None = None
         self._rank_map: torch.Tensor | None = None
 
@@ -91,29 +78,35 @@ class MeshCache:
         # FSDP's mixed precision needs a real group even over one rank.
         return dim == "fsdp" or (dim == "efsdp" and self.config.resolved_degrees["ep"] > 1)
 
+    def groups(self, domain: str) -> list[dist.ProcessGroup]:
+        """The process groups of ``domain``'s dims around this rank, created on first use
+        (an eager build asks for every domain's at construction)."""
+        groups = self._groups.get(domain)
+        if groups is None:
+            start = time.perf_counter()
+            layout = self.config.layouts[domain]
+            groups = [
+                self.registry.get(
+                    layout.group(self.rank, dim.name),
+                    real=self.must_stay_real(dim.name),
+                    description=f"{domain}/{dim.name}",
+                )
+                for dim in layout.dims
+            ]
+            self.build_seconds += time.perf_counter() - start
+            self._groups[domain] = groups
+        return groups
+
     def domain(self, domain: str) -> DeviceMesh:
         """The mesh of ``domain`` (a name the config has), built on first use."""
         mesh = self.domains.get(domain)
-        if mesh is not None:
-            return mesh
-        start = time.perf_counter()
-        layout = self.config.layouts[domain]
-        groups = [
-            self.registry.get(
-                layout.group(self.rank, dim.name),
-                real=self.must_stay_real(dim.name),
-                description=f"{domain}/{dim.name}",
-            )
-            for dim in layout.dims
-        ]
-        if layout.is_row_major:
-            mesh = DeviceMesh.from_group(
-                groups, self.device_type, mesh=_rank_grid(layout), mesh_dim_names=layout.dim_names
-            )
-        else:
-            mesh = layout_mesh(layout.dims, self.rank_map(), groups, self.device_type)
-        self.build_seconds += time.perf_counter() - start
-        self.domains[domain] = mesh
+        if mesh is None:
+            groups = self.groups(domain)
+            start = time.perf_counter()
+            dims = self.config.layouts[domain].dims
+            mesh = layout_mesh(dims, self.rank_map(), groups, self.device_type)
+            self.build_seconds += time.perf_counter() - start
+            self.domains[domain] = mesh
         return mesh
 
     def rank_map(self) -> torch.Tensor:
@@ -139,26 +132,22 @@ class MeshCache:
         return mesh
 
     def _slice(self, domain: str, names: list[str]) -> DeviceMesh:
-        mesh = self.domain(domain)
-        if len(names) == 1:
-            return mesh[names[0]]
-        layout = self.config.layout(domain)
-        strides = [
-            mode.stride for name in names for mode in layout.dim(name).modes if mode.size > 1
-        ]
-        if strides == sorted(strides, reverse=True):
-            return mesh[tuple(names)]
-        # torch slices only dims whose ranks step down in stride from dim to dim (replicas
-        # inside a node and shards across nodes do not); such a mesh is built on its own,
-        # over the same groups and rank map.
+        layout = self.config.layouts[domain]
+        if tuple(names) == layout.dim_names:
+            return self.domain(domain)
+        # Built from the layout rather than sliced from the domain's mesh: torch would build
+        # the domain's mesh first, and every DeviceMesh costs O(world). Both share the rank
+        # map, so the meshes compose (FSDP with TP) as slices of one mesh would.
+        groups = dict(zip(layout.dim_names, self.groups(domain), strict=True))
         return layout_mesh(
             [layout.dim(name) for name in names],
             self.rank_map(),
-            [mesh.get_group(name) for name in names],
+            [groups[name] for name in names],
             self.device_type,
         )
 
     def clear(self) -> None:
+        self._groups.clear()
         self.domains.clear()
         self.slices.clear()
         self._world = None

@@ -101,7 +101,7 @@ def check_torch() -> None:
             )
 
 
-def set_group_timeout(timeout: timedelta, group: dist.ProcessGroup) -> None:
+def set_group_timeout(timeout: timedelta, group: dist.ProcessGroup | None) -> None:
     """Change a group's timeout: public in torch 2.14 (``set_timeout``), private before."""
     public = getattr(dist, "set_timeout", None)
     if public is not None:
