@@ -86,15 +86,19 @@ class Rendezvous:
                 "SLURM, export them)"
             )
         hosts = launch.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        # torch's client tries once more after its timeout, after a back-off of up to the
+        # timeout again: half the bound each keeps the whole within it.
+        connect_s = timeout_s if hosts else timeout_s / 2
         try:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 address,
                 int(port),
                 launch.world_size,
                 is_master=hosts,
-                timeout=timedelta(seconds=timeout_s),
+                timeout=timedelta(seconds=connect_s),
                 wait_for_workers=False,
             )
+            store.set_timeout(timedelta(seconds=timeout_s))
         except (RuntimeError, dist.DistError) as error:
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             if hosts:
