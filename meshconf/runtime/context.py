@@ -173,7 +173,9 @@ class DistributedContext(RankFacts):
             self._registry.check = CreationOrder(rendezvous)
         if rendezvous is not None:
             rendezvous.phase("built")
-        self._registry.set_timeout(timedelta(seconds=self.config.runtime.timeout_s))
+        # A default group the script initialized keeps its own timeout.
+        timeout = timedelta(seconds=self.config.runtime.timeout_s)
+        self._registry.set_timeout(timeout, default_group=owns_default_group)
 
     @classmethod
     def simulate(

@@ -114,13 +114,14 @@ class GroupRegistry:
         self._groups[key] = process_group
         return process_group
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        """Apply ``timeout`` to the default group and the real groups made so far, and to
-        those made from now on."""
+    def set_timeout(self, timeout: timedelta, *, default_group: bool = True) -> None:
+        """Apply ``timeout`` to the real groups made so far (and to the default group unless
+        ``default_group`` is False), and to those made from now on."""
         self.timeout = timeout
+        groups = [*([dist.group.WORLD] if default_group else []), *self._created]
         # torch changes the timeout of nccl and gloo groups only; fake ones have none.
         if self.backend in ("nccl", "gloo"):
-            for group in (dist.group.WORLD, *self._created):
+            for group in groups:
                 if dist.get_backend(group) == self.backend:
                     set_group_timeout(timeout, group)
 
