@@ -218,11 +218,17 @@ def join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendez
         LaunchError: MASTER_ADDR or MASTER_PORT is missing.
         SetupTimeoutError: the store did not answer within ``timeout_s``.
     """
-    if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
-        return None
     if dist.is_initialized():
+        # The script's own default group: its store serves, and it says who this rank is.
+        if dist.get_world_size() == 1:
+            return None
+        if launch.source == "none":
+            rank, size = dist.get_rank(), dist.get_world_size()
+            launch = Launch(rank, size, rank, size, "none")
         store = dist.distributed_c10d._get_default_store()
         return Rendezvous(store, launch, timeout_s, hosts_store=False)
+    if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
+        return None
     return Rendezvous.connect(launch, environ, timeout_s)
 
 
