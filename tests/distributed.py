@@ -1,18 +1,26 @@
-"""Run a function on N real processes (gloo on CPU), forked, with torchrun-style variables."""
+"""Run a function on N real processes (gloo on CPU), forked, with torchrun-style variables.
+
+The test process itself never creates a process group or runs a collective: every test that
+does runs in forked children, so the next fork starts from a clean process.
+
+Ports: a forked helper process hosts the rendezvous store on a port the kernel picks (port 0)
+and keeps it for the whole run, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE=True``),
+so no port is probed and then bound by someone else. The store runs in its own process because
+its server threads must not exist in the process that forks the ranks (a child forked while
+another thread holds a lock inherits the lock held). ``store="absent"`` instead holds a port
+that is bound but not listening: nothing answers there, as when rank 0 never started.
+"""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def environ(
@@ -26,7 +34,34 @@ def environ(
         "LOCAL_WORLD_SIZE": str(local),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
+
+
+def _host_store(connection: Connection) -> None:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    connection.send(server.port)
+    connection.recv()  # serve until the ranks are done
+
+
+@contextmanager
+def _port(store: str) -> Iterator[int]:
+    if store == "agent":
+        context = mp.get_context("fork")
+        ours, theirs = context.Pipe()
+        host = context.Process(target=_host_store, args=(theirs,), daemon=True)
+        host.start()
+        try:
+            yield int(ours.recv())
+        finally:
+            ours.send(None)
+            host.join(10)
+            if host.is_alive():
+                host.kill()
+    else:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+            yield int(sock.getsockname()[1])
 
 
 def _entry(
@@ -35,12 +70,16 @@ def _entry(
     world_size: int,
     local_world_size: int | None,
     port: int,
+    store: str,
     args: tuple[Any, ...],
 ) -> None:
     import torch
 
     torch.set_num_threads(1)
-    function(rank, environ(rank, world_size, port, local_world_size), *args)
+    env = environ(rank, world_size, port, local_world_size)
+    if store == "absent":
+        del env["TORCHELASTIC_USE_AGENT_STORE"]
+    function(rank, env, *args)
 
 
 def run_ranks(
@@ -48,15 +87,31 @@ def run_ranks(
     world_size: int,
     *args: Any,
     local_world_size: int | None = None,
+    store: str = "agent",
 ) -> None:
     """Call ``function(rank, environ, *args)`` on ``world_size`` forked processes, which
     the environment says run ``local_world_size`` to a node (default: all on one).
 
+    ``store="agent"``: the rendezvous store runs in this process; ``"absent"``: no store
+    answers at MASTER_PORT (rank 0 is expected to host it and is made to stay away).
     Any assertion that fails on any rank fails the caller with that rank's traceback.
     """
-    mp.start_processes(
-        _entry,
-        args=(function, world_size, local_world_size, free_port(), args),
-        nprocs=world_size,
-        start_method="fork",
-    )
+    with _port(store) as port:
+        mp.start_processes(
+            _entry,
+            args=(function, world_size, local_world_size, port, store, args),
+            nprocs=world_size,
+            start_method="fork",
+        )
+
+
+def _alone(_: int, function: Callable[..., None], args: tuple[Any, ...]) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    function(*args)
+
+
+def in_child(function: Callable[..., None], *args: Any) -> None:
+    """Call ``function(*args)`` in one forked process with no launcher variables."""
+    mp.start_processes(_alone, args=(function, args), nprocs=1, start_method="fork")

@@ -1,5 +1,6 @@
-"""DistributedContext on 8 real processes (gloo, CPU, forked): groups equal the layout math,
-collectives sum what they should, groups are deduplicated and lazy."""
+"""DistributedContext on 8 real processes (gloo, CPU, forked): groups equal hand-written rank
+arithmetic and the layout math, collectives sum what they should, groups are deduplicated,
+created up front by default and on first use with ``runtime.build: lazy``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
 from meshconf.core.layout import process_group_count
-from meshconf.runtime import TopologyWarning, all_reduce
+from meshconf.runtime import RuntimeSetupError, TopologyWarning, all_reduce
 
 CONFIG = {"world_size": 8, "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "ep": 2}}
 
@@ -17,7 +18,10 @@ CONFIG = {"world_size": 8, "degrees": {"dp_replicate": 2, "dp_shard": 2, "tp": 2
 def _groups_match_layout(rank: int, environ: dict[str, str]) -> None:
     with DistributedContext(load_config(CONFIG), environ=environ) as ctx:
         assert (ctx.rank, ctx.world_size, ctx.backend) == (rank, 8, "gloo")
+        # Eager by default: every group exists once the context does.
+        created = ctx.counters.new_group_calls
         meshes = ctx.build_all()
+        assert ctx.counters.new_group_calls == created
         for domain, mesh in meshes.items():
             layout = ctx.config.layout(domain)
             assert mesh.mesh_dim_names == layout.dim_names
@@ -48,7 +52,9 @@ def test_every_group_equals_the_layout_math_on_8_processes() -> None:
 
 
 def _lazy(rank: int, environ: dict[str, str]) -> None:
-    config = load_config({**CONFIG, "degrees": {**CONFIG["degrees"], "ep": 4}})
+    config = load_config(
+        {**CONFIG, "degrees": {**CONFIG["degrees"], "ep": 4}, "runtime": {"build": "lazy"}}
+    )
     with DistributedContext(config, environ=environ) as ctx:
         assert ctx.counters.new_group_calls == 0
         ctx.mesh_for("dense")
@@ -161,3 +167,30 @@ def _node_size_from_the_launcher(rank: int, environ: dict[str, str]) -> None:
 
 def test_the_launcher_s_node_size_drives_the_warnings_on_rank_0() -> None:
     run_ranks(_node_size_from_the_launcher, 8, local_world_size=4)
+
+
+def _own_default_group(rank: int, environ: dict[str, str]) -> None:
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", int(environ["MASTER_PORT"]), 8, is_master=False
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=8)
+    try:
+        # No launcher variables: the script's default group says who this rank is, and its
+        # store carries the config check.
+        degrees = {"tp": 4 if rank == 2 else 2}
+        config = load_config(
+            {"world_size": 8, "degrees": degrees, "runtime": {"setup_timeout_s": 20}}
+        )
+        try:
+            DistributedContext(config, environ={})
+        except RuntimeSetupError as error:
+            assert str(error).startswith("rank 2 loaded another config than rank 0"), error
+        else:
+            raise AssertionError("the ranks loaded different configs")
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_default_group_of_the_script_s_own_checks_the_configs_through_its_store() -> None:
+    run_ranks(_own_default_group, 8)

@@ -126,7 +126,7 @@ def _fields(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str,
 
 def test_every_field_has_a_description_and_an_example() -> None:
     fields = _fields(build_schema())
-    assert len(fields) == 23
+    assert len(fields) == 25
     for name, value in fields:
         assert value.get("description"), name
         assert value.get("examples"), name

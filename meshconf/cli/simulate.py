@@ -1,6 +1,6 @@
 """``meshconf simulate PATH``: build every domain's meshes for some ranks of a world of any
-size, in this process, against torch's fake process group, and check them against the layout
-math."""
+size, in this process, against torch's fake process group, and check them against the rank
+arithmetic of the degrees (meshconf.runtime.oracle), which is written apart from the layouts."""
 
 from __future__ import annotations
 
@@ -122,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         for result in results:
             print(f"process groups of rank {result.rank}: {result.counters}")
         if not mismatched:
-            print("every group equals the layout math")
+            print(
+                "every group and local rank equals the rank arithmetic of the degrees, "
+                "computed apart from the layouts"
+            )
 
     emit(report)
     return EXIT_INVALID if mismatched else EXIT_OK
@@ -134,7 +137,8 @@ def add_parser(subparsers: Any) -> None:
         help="build every mesh for some ranks of a simulated world and check them",
         description="Build every domain's DeviceMesh for each given rank, one after the "
         "other in this process, against torch's fake process group (any world size, no "
-        "GPUs), and check every group against the layout math. Needs torch "
+        "GPUs), and check every group against the rank arithmetic of the degrees, computed "
+        "apart from the layouts. Needs torch "
         "(pip install 'meshconf[torch]').",
     )
     parser.add_argument("path", metavar="PATH", help="the config file")

@@ -59,6 +59,8 @@ class RuntimeNode:
     device: Optional[str] = None  # noqa: UP045
     backend: Optional[str] = None  # noqa: UP045
     timeout_s: Optional[int] = None  # noqa: UP045
+    setup_timeout_s: Optional[int] = None  # noqa: UP045
+    build: Optional[str] = None  # noqa: UP045
 
 
 @dataclass

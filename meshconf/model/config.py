@@ -144,6 +144,19 @@ class RuntimeOptions(_Strict):
     timeout_s: TimeoutSeconds = Field(
         1800, description="Timeout of every process group, in seconds.", examples=[600]
     )
+    setup_timeout_s: TimeoutSeconds = Field(
+        180,
+        description="Bound on set-up, in seconds: joining the world, the config check across "
+        "ranks and group creation. A rank that fails or never arrives is named within it.",
+        examples=[60],
+    )
+    build: Literal["eager", "lazy"] = Field(
+        "eager",
+        description="eager: every domain's groups are created when the context is, in one "
+        "order on every rank. lazy: on first use; every rank must then ask for meshes in the "
+        "same order (a different order fails within setup_timeout_s, naming the meshes).",
+        examples=["lazy"],
+    )
 
     @model_validator(mode="after")
     def _backend_fits_device(self) -> RuntimeOptions:

@@ -16,18 +16,32 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess tes
         "meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'"
     ) from error
 
-from meshconf.runtime.context import DistributedContext, RuntimeSetupError, TopologyWarning
-from meshconf.runtime.groups import GroupCounters
-from meshconf.runtime.launch import Launch, LaunchError, read_launch
-from meshconf.runtime.reductions import all_reduce
+from meshconf.runtime.torch_support import UnsupportedTorchError, check_torch
+
+check_torch()
+
+from meshconf.runtime.context import DistributedContext, TopologyWarning  # noqa: E402
+from meshconf.runtime.groups import GroupCounters  # noqa: E402
+from meshconf.runtime.launch import Launch, LaunchError, read_launch  # noqa: E402
+from meshconf.runtime.order import CreationOrderError  # noqa: E402
+from meshconf.runtime.reductions import all_reduce  # noqa: E402
+from meshconf.runtime.rendezvous import (  # noqa: E402
+    RankFailedError,
+    RuntimeSetupError,
+    SetupTimeoutError,
+)
 
 __all__ = [
+    "CreationOrderError",
     "DistributedContext",
     "GroupCounters",
     "Launch",
     "LaunchError",
+    "RankFailedError",
     "RuntimeSetupError",
+    "SetupTimeoutError",
     "TopologyWarning",
+    "UnsupportedTorchError",
     "all_reduce",
     "read_launch",
 ]

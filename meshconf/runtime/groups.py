@@ -9,18 +9,39 @@ so every rank creates just the handful of groups it belongs to. torch names such
 after their ranks and the number of groups made so far, so all ranks must request groups in
 the same order: meshconf walks domains and dims in config order, and the decision to create
 or reuse a group is the same on every member, because it depends only on the dims' modes.
+When meshes are built on first use, ``before_create`` lets the context compare that order
+across the members before torch would wait on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Protocol
 
 import torch.distributed as dist
 
 from meshconf.core.layout import Mode, RankGroup, group_identity
+from meshconf.runtime.torch_support import set_group_timeout
 
 GroupKey = tuple[int, tuple[Mode, ...], bool]
+
+
+class CreationCheck(Protocol):
+    """Hooks around each new_group call of a lazily built context."""
+
+    def before(self, group: RankGroup, identity: str, description: str) -> None:
+        """Called before creating ``group``: ``identity`` is equal on two ranks exactly when
+        they create the same group; ``description`` says what it is for ("dense/tp")."""
+
+    def failed(self, description: str, error: Exception) -> None:
+        """Called when torch could not create the group; raises a meshconf error."""
+
+
+def key_text(key: GroupKey) -> str:
+    """``3:2x4,4x1:real``: the group's smallest rank, its modes and whether it is real."""
+    base, modes, real = key
+    return f"{base}:{','.join(f'{m.size}x{m.stride}' for m in modes)}:{'real' if real else 'fake'}"
 
 
 @dataclass
@@ -44,6 +65,10 @@ class GroupRegistry:
     backend: str
     timeout: timedelta
     counters: GroupCounters = field(default_factory=GroupCounters)
+    #: Bound on creating a group (its members meeting in the store); the group then gets
+    #: ``timeout`` for its collectives. None: ``timeout`` for both.
+    creation_timeout: timedelta | None = None
+    check: CreationCheck | None = None
     _groups: dict[GroupKey, dist.ProcessGroup] = field(default_factory=dict)
     _created: list[dist.ProcessGroup] = field(default_factory=list)
 
@@ -61,17 +86,27 @@ class GroupRegistry:
             assert process_group is not None
             self.counters.default_group_reuses += 1
         else:
+            if self.check is not None:
+                self.check.before(group, key_text(key), description)
             self.counters.new_group_calls += 1
-            created = dist.new_group(
-                ranks=sorted(group),
-                timeout=self.timeout,
-                backend="fake" if fake else self.backend,
-                use_local_synchronization=True,
-                group_desc=description,
-            )
+            try:
+                created = dist.new_group(
+                    ranks=sorted(group),
+                    timeout=self.creation_timeout or self.timeout,
+                    backend="fake" if fake else self.backend,
+                    use_local_synchronization=True,
+                    group_desc=f"meshconf:{description}",
+                )
+            except (RuntimeError, dist.DistError) as error:
+                if self.check is None:
+                    raise
+                self.check.failed(description, error)
+                raise
             assert created is not None, "meshconf only creates groups this rank belongs to"
             process_group = created
             self._created.append(process_group)
+            if self.creation_timeout not in (None, self.timeout) and not fake:
+                set_group_timeout(self.timeout, process_group)
             if fake:
                 self.counters.fake_groups += 1
             else:
@@ -79,15 +114,16 @@ class GroupRegistry:
         self._groups[key] = process_group
         return process_group
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        """Apply ``timeout`` to the default group and the real groups made so far, and to
-        those made from now on."""
+    def set_timeout(self, timeout: timedelta, *, default_group: bool = True) -> None:
+        """Apply ``timeout`` to the real groups made so far (and to the default group unless
+        ``default_group`` is False), and to those made from now on."""
         self.timeout = timeout
+        groups = [*([dist.group.WORLD] if default_group else []), *self._created]
         # torch changes the timeout of nccl and gloo groups only; fake ones have none.
         if self.backend in ("nccl", "gloo"):
-            for group in (dist.group.WORLD, *self._created):
+            for group in groups:
                 if dist.get_backend(group) == self.backend:
-                    dist.distributed_c10d._set_pg_timeout(timeout, group)
+                    set_group_timeout(timeout, group)
 
     def destroy(self) -> None:
         """Destroy every group this registry created, once."""

@@ -1,0 +1,110 @@
+"""The private torch names the runtime relies on, each probed once when the runtime is imported.
+
+torch does not promise these across releases. Probing them up front turns a rename into one
+clear line that names the torch version and the missing piece, instead of an AttributeError
+in the middle of building a mesh. pyproject.toml's ``torch`` extra states the tested range.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshconf.core.errors import MeshconfError
+
+TESTED_TORCH = "2.13.0 and 2.14.1"
+
+
+class UnsupportedTorchError(MeshconfError):
+    """The installed torch lacks a private name the runtime needs."""
+
+
+def _module_attribute(module: str, name: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            return hasattr(importlib.import_module(module), name)
+        except ImportError:
+            return False
+
+    return probe
+
+
+def _mesh_init_takes(*names: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return set(names) <= set(inspect.signature(DeviceMesh.__init__).parameters)
+
+    return probe
+
+
+def _mesh_get_group_reads(name: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return name in DeviceMesh.get_group.__code__.co_names
+
+    return probe
+
+
+def _mesh_declares(name: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return name in getattr(DeviceMesh, "__annotations__", {})
+
+    return probe
+
+
+_C10D = "torch.distributed.distributed_c10d"
+#: What the runtime uses, and the probe that says whether this torch has it.
+PROBES: dict[str, Callable[[], bool]] = {
+    "torch.distributed._mesh_layout._MeshLayout": _module_attribute(
+        "torch.distributed._mesh_layout", "_MeshLayout"
+    ),
+    "torch.distributed._mesh_layout._FlatLayout": _module_attribute(
+        "torch.distributed._mesh_layout", "_FlatLayout"
+    ),
+    "DeviceMesh(_layout=..., _rank_map=..., _init_backend=...)": _mesh_init_takes(
+        "_layout", "_rank_map", "_init_backend"
+    ),
+    "DeviceMesh._dim_group_names": _mesh_get_group_reads("_dim_group_names"),
+    "DeviceMesh._pg_registry": _mesh_declares("_pg_registry"),
+    f"torch.distributed.set_timeout or {_C10D}._set_pg_timeout": lambda: (
+        _module_attribute("torch.distributed", "set_timeout")()
+        or _module_attribute(_C10D, "_set_pg_timeout")()
+    ),
+    f"{_C10D}._get_default_group": _module_attribute(_C10D, "_get_default_group"),
+    f"{_C10D}._get_default_store": _module_attribute(_C10D, "_get_default_store"),
+    "torch.testing._internal.distributed.fake_pg.FakeStore": _module_attribute(
+        "torch.testing._internal.distributed.fake_pg", "FakeStore"
+    ),
+}
+
+
+def check_torch() -> None:
+    """Probe every private name in :data:`PROBES`.
+
+    Raises:
+        UnsupportedTorchError: one line naming the torch version and the first missing name.
+    """
+    for name, probe in PROBES.items():
+        if not probe():
+            raise UnsupportedTorchError(
+                f"meshconf's runtime needs {name}, which torch {torch.__version__} does not "
+                f"have; meshconf is tested with torch {TESTED_TORCH}"
+            )
+
+
+def set_group_timeout(timeout: timedelta, group: dist.ProcessGroup | None) -> None:
+    """Change a group's timeout: public in torch 2.14 (``set_timeout``), private before."""
+    public = getattr(dist, "set_timeout", None)
+    if public is not None:
+        public(timeout, group)
+    else:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)

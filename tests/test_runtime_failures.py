@@ -1,0 +1,187 @@
+"""Set-up failures on 8 real processes (gloo, forked): every rank ends within
+``runtime.setup_timeout_s`` (a short one here) with a meshconf error that says what went wrong
+and on which rank; ranks asking for meshes in different orders get correct meshes (eager
+build) or an error naming what each rank was creating (lazy build)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from distributed import run_ranks
+
+from meshconf import ConfigError, DistributedContext, load_config
+from meshconf.runtime import (
+    CreationOrderError,
+    LaunchError,
+    RankFailedError,
+    RuntimeSetupError,
+    SetupTimeoutError,
+    all_reduce,
+)
+
+# Long enough for 8 forked ranks to start on two busy cores; short enough for a test.
+BOUND_S = 10
+# Forked ranks on two shared cores start and import within a few seconds of each other.
+SLACK_S = 8
+CONFIG: dict[str, Any] = {
+    "world_size": 8,
+    "degrees": {"dp_shard": 2, "tp": 2, "cp": 2},
+    "runtime": {"setup_timeout_s": BOUND_S},
+}
+
+
+def _expect(call: Any, error: type[Exception], message: str, bound: float) -> None:
+    start = time.monotonic()
+    with pytest.raises(error) as caught:
+        call()
+    assert str(caught.value) == message
+    assert time.monotonic() - start < bound + SLACK_S
+    assert not dist.is_initialized()
+
+
+def _ask_in_rank_order(rank: int, environ: dict[str, str], build: str) -> None:
+    # Rank 0 logs the loss first; the others set up the model first.
+    order = ["loss", "dense", "dataloading"] if rank == 0 else ["dense", "dataloading", "loss"]
+    # The loss group {0, 2, 4, 6} is none of dense's groups, so the order matters to torch.
+    degrees = {"dp_replicate": 2, "dp_shard": 2, "tp": 2}
+    config = load_config(
+        {**CONFIG, "degrees": degrees, "runtime": {**CONFIG["runtime"], "build": build}}
+    )
+    start = time.monotonic()
+    if build == "eager":
+        with DistributedContext(config, environ=environ) as ctx:
+            meshes = {domain: ctx.mesh_for(domain) for domain in order}
+            # The collectives themselves must run in one order on every rank.
+            for domain in sorted(meshes):
+                mesh = meshes[domain]
+                for dim in ctx.config.layout(domain).dim_names:
+                    group = mesh.get_group(dim)
+                    members = dist.get_process_group_ranks(group)
+                    total = all_reduce(torch.tensor([float(rank)]), "sum", mesh[dim])
+                    assert total.item() == sum(members), (domain, dim)
+        assert time.monotonic() - start < 60
+        return
+    ctx = DistributedContext(config, environ=environ)
+    try:
+        with pytest.raises((CreationOrderError, RankFailedError)) as caught:
+            for domain in order:
+                ctx.mesh_for(domain)
+    finally:
+        ctx.close()
+    message = str(caught.value)
+    assert message.startswith("ranks asked for meshes in different orders: rank "), message
+    assert " was creating loss/" in message and " was creating dense/" in message, message
+    assert "/default_pg" not in message
+    assert time.monotonic() - start < 60
+
+
+def test_ranks_asking_in_different_orders_get_correct_meshes_with_the_eager_build() -> None:
+    run_ranks(_ask_in_rank_order, 8, "eager")
+
+
+def test_ranks_asking_in_different_orders_fail_fast_with_the_lazy_build() -> None:
+    run_ranks(_ask_in_rank_order, 8, "lazy")
+
+
+def _one_rank_has_another_world_size(rank: int, environ: dict[str, str]) -> None:
+    degrees = {"dp_shard": 4, "tp": 2, "cp": 2}
+    config = load_config({**CONFIG, "world_size": 16, "degrees": degrees} if rank == 3 else CONFIG)
+    message = "world_size: the config says 16, but torchrun started 8 ranks"
+    if rank == 3:
+        _expect(lambda: DistributedContext(config, environ=environ), LaunchError, message, 1)
+    else:
+        _expect(
+            lambda: DistributedContext(config, environ=environ),
+            RankFailedError,
+            f"rank 3 could not set up: {message}",
+            BOUND_S,
+        )
+
+
+def test_a_rank_with_another_world_size_is_quoted_on_every_rank() -> None:
+    run_ranks(_one_rank_has_another_world_size, 8)
+
+
+def _one_rank_cannot_load(rank: int, environ: dict[str, str], directory: str) -> None:
+    good, bad = Path(directory, "good.yaml"), Path(directory, "bad.yaml")
+    problem = (
+        f"{bad}:3:1: degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults "
+        "to -1): world_size 8 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+    )
+    if rank == 3:
+        _expect(lambda: DistributedContext.from_yaml(bad, environ=environ), ConfigError, problem, 1)
+    else:
+        _expect(
+            lambda: DistributedContext.from_yaml(good, environ=environ),
+            RankFailedError,
+            f"rank 3 could not load the config: {problem}",
+            BOUND_S,
+        )
+
+
+def test_a_rank_with_an_invalid_config_is_quoted_on_every_rank(tmp_path: Path) -> None:
+    text = f"world_size: 8\nruntime: {{setup_timeout_s: {BOUND_S}}}\ndegrees:\n  tp: "
+    (tmp_path / "good.yaml").write_text(text + "2\n")
+    (tmp_path / "bad.yaml").write_text(text + "3\n")
+    run_ranks(_one_rank_cannot_load, 8, str(tmp_path))
+
+
+def _different_configs(rank: int, environ: dict[str, str]) -> None:
+    config = load_config({**CONFIG, "degrees": {"tp": 4 if rank == 6 else 2}})
+    # The context takes the node size from LOCAL_WORLD_SIZE (8) before comparing.
+    fingerprints = {
+        r: load_config(
+            {**CONFIG, "gpus_per_node": 8, "degrees": {"tp": 4 if r == 6 else 2}}
+        ).fingerprint[:12]
+        for r in (0, 6)
+    }
+    message = (
+        f"rank 6 loaded another config than rank 0 (fingerprints {fingerprints[6]} and "
+        f"{fingerprints[0]}); every rank must read the same file with the same overrides"
+    )
+    error = RuntimeSetupError if rank == 6 else RankFailedError
+    _expect(lambda: DistributedContext(config, environ=environ), error, message, BOUND_S)
+
+
+def test_a_rank_with_another_config_is_quoted_on_every_rank() -> None:
+    run_ranks(_different_configs, 8)
+
+
+def _rank_never_starts(rank: int, environ: dict[str, str], absent: int) -> None:
+    if rank == absent:
+        return
+    config = load_config(CONFIG)
+    _expect(
+        lambda: DistributedContext(config, environ=environ),
+        SetupTimeoutError,
+        f"rank {absent} did not join within {BOUND_S} s (runtime.setup_timeout_s): did every "
+        "rank start?",
+        BOUND_S,
+    )
+
+
+@pytest.mark.parametrize("absent", [5, 0])
+def test_a_rank_that_never_starts_is_named(absent: int) -> None:
+    run_ranks(_rank_never_starts, 8, absent)
+
+
+def _rank_0_hosting_the_store_never_starts(rank: int, environ: dict[str, str]) -> None:
+    if rank == 0:
+        return
+    _expect(
+        lambda: DistributedContext(load_config(CONFIG), environ=environ),
+        SetupTimeoutError,
+        f"rank 0 did not start within {BOUND_S} s: no rendezvous store answered at "
+        f"127.0.0.1:{environ['MASTER_PORT']} (runtime.setup_timeout_s; are MASTER_ADDR and "
+        "MASTER_PORT those of rank 0?)",
+        BOUND_S,
+    )
+
+
+def test_rank_0_that_should_host_the_store_and_never_starts_is_named() -> None:
+    run_ranks(_rank_0_hosting_the_store_never_starts, 8, store="absent")
