@@ -295,7 +295,7 @@ def test_simulate_several_ranks_in_one_process(run_cli) -> None:  # type: ignore
         "  sparse [pp=4, dp_replicate=2, efsdp=64, ep=1, etp=1]: groups ok",
         "  loss [pp=4, loss=16, tp=8]: groups ok",
         *(f"process groups of rank {rank}: {counters}" for rank in (0, 77, 511, 5)),
-        "every group equals the layout math",
+        "every group and local rank equals the rank arithmetic of the degrees, computed apart from the layouts",
     ]
     result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "0,512")
     assert (result.returncode, result.stderr) == (

@@ -153,3 +153,43 @@ def test_the_rank_arithmetic_equals_hand_written_groups() -> None:
     assert expected_groups(plain, 13)["dense", "fsdp"] == [9, 13]
     assert expected_groups(plain, 13)["dense", "pp"] == [5, 13]
     assert expected_groups(plain, 13)["loss", "tp"] == [12, 13, 14, 15]
+
+
+@pytest.mark.parametrize(
+    "placement",
+    [{}, {"gpus_per_node": 4, "inside_node": {"dp_shard": 2, "tp": 2}}],
+    ids=["plain", "inside_node"],
+)
+def test_the_rank_arithmetic_follows_every_order(placement: dict[str, object]) -> None:
+    """All 120 orders of a 16-rank world: the arithmetic's groups are the brute-force groups
+    of ranks numbered in that order (factor indices as mixed-radix digits, outer to inner)."""
+    import itertools
+    import math
+
+    from meshconf.core.degrees import WORLD_FACTORS
+
+    degrees = {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 4}
+    inside = dict.fromkeys(WORLD_FACTORS, 1) | dict(placement.get("inside_node", {}))  # type: ignore[call-overload]
+    across = {name: degrees[name] // inside[name] for name in WORLD_FACTORS}
+    every_index = [
+        dict(zip(WORLD_FACTORS, values, strict=True))
+        for values in itertools.product(*(range(degrees[name]) for name in WORLD_FACTORS))
+    ]
+
+    def rank_of(index: dict[str, int], order: tuple[str, ...]) -> int:
+        node = local = 0
+        for name in order:
+            node = node * across[name] + index[name] // inside[name]
+            local = local * inside[name] + index[name] % inside[name]
+        return node * math.prod(inside.values()) + local
+
+    for order in itertools.permutations(WORLD_FACTORS):
+        config = load_config(
+            {"world_size": 16, "order": list(order), "degrees": degrees, **placement}
+        )
+        for index in every_index:
+            rank = rank_of(index, order)
+            groups = expected_groups(config, rank)
+            for factor, dim in (("pp", "pp"), ("dp_shard", "fsdp"), ("tp", "tp")):
+                along = sorted(rank_of(index | {factor: i}, order) for i in range(degrees[factor]))
+                assert groups["dense", dim] == along, (order, rank, factor)

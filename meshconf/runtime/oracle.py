@@ -3,10 +3,11 @@
 meshconf's layouts describe each dim as modes (sizes and strides) and are what the runtime
 builds from; this module never uses them. It numbers ranks as the documentation says they
 are numbered: the logical world is the row-major number of the world factors' indices (pp
-outermost, tp innermost); a domain's coordinates are the digits of that number in the radix
-of the domain's dim sizes; with ``inside_node``, each factor's index is ``across * inside +
-inside_index``, the node is the row-major number of the across parts and the local rank the
-row-major number of the inside parts. Along one dim, a mesh lists a group's ranks in
+outermost, tp innermost), and ranks number those indices in ``order`` (outer to inner; by
+default the same). A domain's coordinates are the digits of the logical index in the radix of
+the domain's dim sizes. With ``inside_node``, each factor's index is ``across * inside +
+inside_index``; the node is the number of the across parts and the local rank the number of
+the inside parts, both in ``order``. Along one dim, a mesh lists a group's ranks in
 increasing order (the order of a torch process group), so this rank's coordinate along a dim
 is its place in the sorted group. ``meshconf simulate`` and the tests check the built process
 groups against this.
@@ -38,22 +39,35 @@ def _number(digits: Sequence[int], radix: Sequence[int]) -> int:
 
 def _numbering(config: MeshConfig) -> tuple[Callable[[int], int], Callable[[int], int]]:
     """(logical index -> rank, rank -> logical index)."""
-    if config.inside_node is None:
-        return (lambda index: index), (lambda rank: rank)
     degrees = [config.resolved_degrees[name] for name in WORLD_FACTORS]
-    inside: list[int] = [getattr(config.inside_node, name) for name in WORLD_FACTORS]
+    # ``order`` lists the world factors outer to inner as ranks number them.
+    ranked = [WORLD_FACTORS.index(name) for name in (config.order or WORLD_FACTORS)]
+    inside = [1] * len(WORLD_FACTORS)
+    if config.inside_node is not None:
+        inside = [getattr(config.inside_node, name) for name in WORLD_FACTORS]
     across = [degree // part for degree, part in zip(degrees, inside, strict=True)]
     per_node = math.prod(inside)
 
+    def in_order(values: Sequence[int]) -> list[int]:
+        return [values[factor] for factor in ranked]
+
+    def from_order(values: Sequence[int]) -> list[int]:
+        factors = [0] * len(WORLD_FACTORS)
+        for value, factor in zip(values, ranked, strict=True):
+            factors[factor] = value
+        return factors
+
     def to_rank(index: int) -> int:
         factors = _digits(index, degrees)
-        node = _number([f // part for f, part in zip(factors, inside, strict=True)], across)
-        local = _number([f % part for f, part in zip(factors, inside, strict=True)], inside)
-        return node * per_node + local
+        outer = [f // part for f, part in zip(factors, inside, strict=True)]
+        inner = [f % part for f, part in zip(factors, inside, strict=True)]
+        node = _number(in_order(outer), in_order(across))
+        return node * per_node + _number(in_order(inner), in_order(inside))
 
     def to_index(rank: int) -> int:
         node, local = divmod(rank, per_node)
-        outer, inner = _digits(node, across), _digits(local, inside)
+        outer = from_order(_digits(node, in_order(across)))
+        inner = from_order(_digits(local, in_order(inside)))
         factors = [o * part + i for o, i, part in zip(outer, inner, inside, strict=True)]
         return _number(factors, degrees)
 
