@@ -33,10 +33,18 @@ SLOW_MODULES = frozenset(
     {
         "test_benchmarks_smoke",
         "test_code_quality",
+        "test_compat_d9d",
+        "test_compat_torchtitan",
+        "test_compat_torchtitan_v0_2",
         "test_docs",
         "test_layers",
+        "test_order_runtime",
+        "test_plan_memory_gloo",
         "test_precommit",
+        "test_runtime_failures",
         "test_runtime_gloo",
+        "test_runtime_oracle",
+        "test_runtime_single",
         "test_runtime_training",
         "test_wheel",
     }
