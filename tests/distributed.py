@@ -115,3 +115,30 @@ def _alone(_: int, function: Callable[..., None], args: tuple[Any, ...]) -> None
 def in_child(function: Callable[..., None], *args: Any) -> None:
     """Call ``function(*args)`` in one forked process with no launcher variables."""
     mp.start_processes(_alone, args=(function, args), nprocs=1, start_method="fork")
+
+
+def assert_domains_hold_their_groups(ctx: Any, rank: int, expected: dict[str, list[int]]) -> None:
+    """On one rank of a running world: every domain's mesh covers the world, each dim's process
+    group holds the layout's group with this rank at its place, an all-reduce over it sums its
+    members, the dims named in ``expected`` have those groups, and the rank arithmetic agrees."""
+    import torch
+
+    from meshconf.runtime import all_reduce
+
+    seen = set()
+    for domain, mesh in ctx.build_all().items():
+        layout = ctx.config.layout(domain)
+        assert mesh.mesh_dim_names == layout.dim_names
+        assert mesh.mesh.flatten().sort().values.tolist() == list(range(ctx.world_size))
+        for dim in layout.dims:
+            group = layout.group(rank, dim.name).ranks()
+            if dim.name in expected:
+                assert group == expected[dim.name], (domain, dim.name, group)
+                seen.add(dim.name)
+            assert dist.get_process_group_ranks(mesh.get_group(dim.name)) == group
+            assert mesh.get_local_rank(dim.name) == group.index(rank)
+            if dim.size > 1:
+                total = all_reduce(torch.tensor([float(rank)]), "sum", ctx.get_mesh(dim.name))
+                assert total.item() == sum(group), (domain, dim.name)
+    assert seen == set(expected)
+    assert ctx.mismatched_groups() == []

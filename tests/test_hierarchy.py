@@ -5,36 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
-import pytest
+from brute_force import errors, ravel, unravel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshconf import ConfigError, load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors
 from meshconf.features.topology import topology_warnings
-
-
-def errors(data: dict[str, Any]) -> list[str]:
-    with pytest.raises(ConfigError) as raised:
-        load_config(data)
-    return [diagnostic.render() for diagnostic in raised.value.diagnostics]
-
-
-def _unravel(index: int, sizes: list[int]) -> list[int]:
-    digits = []
-    for size in reversed(sizes):
-        index, digit = divmod(index, size)
-        digits.append(digit)
-    return digits[::-1]
-
-
-def _ravel(digits: list[int], sizes: list[int]) -> int:
-    index = 0
-    for digit, size in zip(digits, sizes, strict=True):
-        index = index * size + digit
-    return index
 
 
 def logical_index(rank: int, degrees: dict[str, int], inside: dict[str, int], gpus: int) -> int:
@@ -44,9 +22,9 @@ def logical_index(rank: int, degrees: dict[str, int], inside: dict[str, int], gp
     inner = [inside.get(name, 1) for name in WORLD_FACTORS]
     outer = [degrees[name] // part for name, part in zip(WORLD_FACTORS, inner, strict=True)]
     node, local = divmod(rank, gpus)
-    across, within = _unravel(node, outer), _unravel(local, inner)
+    across, within = unravel(node, outer), unravel(local, inner)
     indices = [a * size + i for a, size, i in zip(across, inner, within, strict=True)]
-    return _ravel(indices, [degrees[name] for name in WORLD_FACTORS])
+    return ravel(indices, [degrees[name] for name in WORLD_FACTORS])
 
 
 def brute_force_groups(
@@ -56,7 +34,7 @@ def brute_force_groups(
     world = math.prod(degrees[name] for name in WORLD_FACTORS)
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(world):
-        coordinate = _unravel(logical_index(rank, degrees, inside, gpus), sizes)
+        coordinate = unravel(logical_index(rank, degrees, inside, gpus), sizes)
         del coordinate[axis]
         groups.setdefault(tuple(coordinate), []).append(rank)
     return {tuple(group) for group in groups.values()}

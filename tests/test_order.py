@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pytest
+from brute_force import errors, ravel, unravel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,27 +22,6 @@ ORDERS = list(itertools.permutations(WORLD_FACTORS))
 META = ["dp_replicate", "dp_shard", "pp", "cp", "tp"]
 
 
-def errors(data: dict[str, Any]) -> list[str]:
-    with pytest.raises(ConfigError) as raised:
-        load_config(data)
-    return [diagnostic.render() for diagnostic in raised.value.diagnostics]
-
-
-def _unravel(index: int, sizes: list[int]) -> list[int]:
-    digits = []
-    for size in reversed(sizes):
-        index, digit = divmod(index, size)
-        digits.append(digit)
-    return digits[::-1]
-
-
-def _ravel(digits: list[int], sizes: list[int]) -> int:
-    index = 0
-    for digit, size in zip(digits, sizes, strict=True):
-        index = index * size + digit
-    return index
-
-
 def factor_indices(
     rank: int, degrees: dict[str, int], order: list[str], inside: dict[str, int], gpus: int
 ) -> dict[str, int]:
@@ -52,8 +31,8 @@ def factor_indices(
     inner = {name: inside.get(name, 1) for name in WORLD_FACTORS}
     outer = {name: degrees[name] // inner[name] for name in WORLD_FACTORS}
     node, local = divmod(rank, gpus)
-    across = dict(zip(order, _unravel(node, [outer[name] for name in order]), strict=True))
-    within = dict(zip(order, _unravel(local, [inner[name] for name in order]), strict=True))
+    across = dict(zip(order, unravel(node, [outer[name] for name in order]), strict=True))
+    within = dict(zip(order, unravel(local, [inner[name] for name in order]), strict=True))
     return {name: across[name] * inner[name] + within[name] for name in WORLD_FACTORS}
 
 
@@ -71,10 +50,10 @@ def brute_force_groups(
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank in range(world):
         indices = factor_indices(rank, degrees, order, inside, gpus)
-        logical = _ravel(
+        logical = ravel(
             [indices[name] for name in WORLD_FACTORS], [degrees[n] for n in WORLD_FACTORS]
         )
-        coordinate = _unravel(logical, sizes)
+        coordinate = unravel(logical, sizes)
         del coordinate[axis]
         groups.setdefault(tuple(coordinate), []).append(rank)
     return {rank: sorted(group) for group in groups.values() for rank in group}

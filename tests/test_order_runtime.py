@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from distributed import run_ranks
+from distributed import assert_domains_hold_their_groups, run_ranks
 from test_runtime_training import _train_one_step
 
 from meshconf import DistributedContext, load_config
-from meshconf.runtime.reductions import all_reduce
 
 #: tp outermost, data parallelism inside it: the reverse of the default order.
 REVERSED = {
@@ -31,23 +28,7 @@ def _every_domain(rank: int, environ: dict[str, str], layout: dict[str, Any]) ->
             "fsdp": [tp * 4 + dp_replicate, tp * 4 + dp_replicate + 2],
             "batch": [tp * 4, tp * 4 + 1, tp * 4 + 2, tp * 4 + 3],
         }
-        seen = set()
-        for domain, mesh in ctx.build_all().items():
-            layout_ = ctx.config.layout(domain)
-            assert mesh.mesh_dim_names == layout_.dim_names
-            assert mesh.mesh.flatten().sort().values.tolist() == list(range(8))
-            for dim in layout_.dims:
-                group = layout_.group(rank, dim.name).ranks()
-                if dim.name in expected:
-                    assert group == expected[dim.name], (domain, dim.name, group)
-                    seen.add(dim.name)
-                assert dist.get_process_group_ranks(mesh.get_group(dim.name)) == group
-                assert mesh.get_local_rank(dim.name) == group.index(rank)
-                if dim.size > 1:
-                    total = all_reduce(torch.tensor([float(rank)]), "sum", ctx.get_mesh(dim.name))
-                    assert total.item() == sum(group), (domain, dim.name)
-        assert seen == set(expected)
-        assert ctx.mismatched_groups() == []
+        assert_domains_hold_their_groups(ctx, rank, expected)
 
 
 def test_every_domain_of_a_reversed_order_holds_its_groups() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
+from distributed import assert_domains_hold_their_groups, run_ranks
 
 from meshconf import DistributedContext, load_config
 from meshconf.core.layout import process_group_count
@@ -112,23 +112,7 @@ def _hierarchical_groups(rank: int, environ: dict[str, str]) -> None:
             "batch": [node * 4 + local % 2, node * 4 + local % 2 + 2],
             "ep": [rank - rank % 2, rank - rank % 2 + 1],
         }
-        meshes = ctx.build_all()
-        seen = set()
-        for domain, mesh in meshes.items():
-            layout = ctx.config.layout(domain)
-            assert mesh.mesh.flatten().sort().values.tolist() == list(range(8))
-            for dim in layout.dims:
-                group = layout.group(rank, dim.name).ranks()
-                if dim.name in expected:
-                    assert group == expected[dim.name], (domain, dim.name, group)
-                    seen.add(dim.name)
-                assert dist.get_process_group_ranks(mesh.get_group(dim.name)) == group
-                assert mesh.get_local_rank(dim.name) == group.index(rank)
-                if dim.size > 1:
-                    total = all_reduce(torch.tensor([float(rank)]), "sum", ctx.get_mesh(dim.name))
-                    assert total.item() == sum(group), (domain, dim.name)
-        assert seen == set(expected)
-        assert ctx.mismatched_groups() == []
+        assert_domains_hold_their_groups(ctx, rank, expected)
         # Every domain's mesh numbers the ranks the same way, so meshes of one dim taken from
         # two domains are equal, and DTensors built on either can meet.
         assert not ctx.config.layout("dataloading").is_row_major
