@@ -373,11 +373,20 @@ class DistributedContext(RankFacts):
     # Teardown ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Destroy the groups this context created, each once, and the default group if
-        this context initialized it. Safe to call twice."""
+        """Wait for every rank, then destroy the groups this context created, each once, and
+        the default group if this context initialized it. Safe to call twice.
+
+        The wait keeps a rank from closing connections that another rank's last collectives
+        still use (gloo aborts that rank's process). Leaving a ``with`` block by an exception
+        skips it, since the other ranks may never arrive."""
+        self._close(wait=True)
+
+    def _close(self, *, wait: bool) -> None:
         if self._closed:
             return
         self._closed = True
+        if wait and self.world_size > 1 and dist.is_initialized():
+            self.wait_world()
         self._requests.clear()
         self._meshes.clear()
         self._registry.destroy()
@@ -393,7 +402,7 @@ class DistributedContext(RankFacts):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self.close()
+        self._close(wait=exc is None)
 
     def __repr__(self) -> str:
         return (
