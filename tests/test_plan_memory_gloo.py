@@ -31,6 +31,19 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
+def _state_bytes(
+    params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer
+) -> dict[str, int]:
+    """The bytes of this rank's shards of parameters, gradients and optimizer state."""
+    return {
+        "params": sum(_local_bytes(p) for p in params),
+        "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(
+            _local_bytes(value) for state in optimizer.state.values() for value in state.values()
+        ),
+    }
+
+
 def _measure(rank: int, environ: dict[str, str], degrees: dict[str, int]) -> None:
     config = load_config({"world_size": 8, "degrees": degrees})
     with DistributedContext(config, environ=environ) as ctx:
@@ -55,15 +68,7 @@ def _measure(rank: int, environ: dict[str, str], degrees: dict[str, int]) -> Non
         optimizer.step()
 
         params = list(model.parameters())
-        measured = {
-            "params": sum(_local_bytes(p) for p in params),
-            "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": sum(
-                _local_bytes(value)
-                for state in optimizer.state.values()
-                for value in state.values()
-            ),
-        }
+        measured = _state_bytes(params, optimizer)
         expected = estimate_memory(TINY, Parallelism.of(config.resolved_degrees), FP32)
         assert len(params) == 2 * 9 + 3
         assert measured == {
@@ -117,15 +122,7 @@ def _measure_moe(rank: int, environ: dict[str, str], degrees: dict[str, int]) ->
         optimizer.step()
 
         params = list(model.parameters())
-        measured = {
-            "params": sum(_local_bytes(p) for p in params),
-            "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": sum(
-                _local_bytes(value)
-                for state in optimizer.state.values()
-                for value in state.values()
-            ),
-        }
+        measured = _state_bytes(params, optimizer)
         expected = estimate_memory(TINY_MOE, Parallelism.of(config.resolved_degrees), FP32)
         assert measured == {
             "params": expected.params,
