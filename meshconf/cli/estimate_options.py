@@ -112,9 +112,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | str | int:
-    """The model and settings the options ask for; a message for a usage error, or
-    ``EXIT_INVALID`` after printing the problems of an invalid model file."""
+def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | int:
+    """The model and settings the options ask for, or the exit code after printing a usage
+    error or the problems of an invalid model file."""
+    found = _model_request(args)
+    return usage_error(found) if isinstance(found, str) else found
+
+
+def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | str | int:
     names = [*_INTEGERS, *_NUMBERS, *_CHOICES]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.model is not None and args.model_file is not None:
@@ -256,8 +261,6 @@ def show_estimate(
     ``estimate`` and returned as text lines (none without a model); an exit code after a
     usage error or an invalid model file."""
     modelled = model_request(args)
-    if isinstance(modelled, str):
-        return usage_error(modelled)
     if isinstance(modelled, int):
         return modelled
     model, training = modelled

@@ -242,8 +242,6 @@ def run(args: argparse.Namespace) -> int:
     if "emit" in numbers and args.format == "json":
         return usage_error("--emit prints a YAML config; leave out --format json")
     modelled = model_request(args)
-    if isinstance(modelled, str):
-        return usage_error(modelled)
     if isinstance(modelled, int):
         return modelled
     model, training = modelled

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
+from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_DERIVED
 from meshconf.core.formulas import evaluate, parse
 
@@ -70,8 +71,7 @@ class Parallelism:
     @classmethod
     def of(cls, degrees: Mapping[str, int]) -> Parallelism:
         """From a mapping with (at least) the seven degree names."""
-        names = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
-        return cls(**{name: degrees.get(name, 1) for name in names})
+        return cls(**{name: degrees.get(name, 1) for name in DEGREE_NAMES})
 
     @cached_property
     def fsdp(self) -> int:
@@ -91,7 +91,7 @@ class Parallelism:
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+        return world_product(self.__dict__)
 
 
 def microbatches(parallelism: Parallelism, training: Training) -> int:
