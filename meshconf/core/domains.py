@@ -6,6 +6,8 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from meshconf.core.formulas import Expr, parse
+
 DATALOADING = "dataloading"
 DENSE = "dense"
 SPARSE = "sparse"
@@ -19,6 +21,10 @@ DEFAULT_DERIVED: Mapping[str, str] = MappingProxyType(
         "loss": "dp_replicate * dp_shard * cp",
         "efsdp": "dp_shard * cp * tp / (ep * etp)",
     }
+)
+#: The default formulas, parsed once for the features that evaluate them per layout.
+DEFAULT_FORMULAS: Mapping[str, Expr] = MappingProxyType(
+    {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 )
 
 #: Dims of each default domain, outer to inner.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
-from meshconf.core.formulas import evaluate, names, parse
+from meshconf.core.domains import DEFAULT_DOMAINS, DEFAULT_FORMULAS
+from meshconf.core.formulas import evaluate, names
 from meshconf.core.layout import DomainLayout
 
 #: The dims a plan shows and ranks, outer to inner; the expert dims only with experts.
@@ -26,8 +26,9 @@ HEAVY_DIMS = ("tp", "cp", "etp", "ep")
 #: Dims with less traffic, most first: their locality is ranked after the pipeline stages.
 LIGHT_DIMS = ("fsdp", "efsdp", "dp_replicate")
 
-_FORMULAS = {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
-_FORMULA_NAMES = {name: tuple(sorted(set(names(formula)))) for name, formula in _FORMULAS.items()}
+_FORMULA_NAMES = {
+    name: tuple(sorted(set(names(formula)))) for name, formula in DEFAULT_FORMULAS.items()
+}
 
 
 def home_domain(name: str) -> str:
@@ -38,7 +39,7 @@ def home_domain(name: str) -> str:
 def dim_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
     """Every degree and every default derived dim."""
     sizes = dict(degrees)
-    for name, formula in _FORMULAS.items():
+    for name, formula in DEFAULT_FORMULAS.items():
         sizes[name] = evaluate(formula, degrees)
     return sizes
 
@@ -81,7 +82,7 @@ class NodeLocality:
             key = (name, tuple(degrees[degree] for degree in inputs))
             size = self._derived.get(key)
             if size is None:
-                size = self._derived[key] = evaluate(_FORMULAS[name], degrees)
+                size = self._derived[key] = evaluate(DEFAULT_FORMULAS[name], degrees)
             sizes[name] = size
         return {
             name: self._crosses(sizes[name], math.prod(sizes[dim] for dim in self._inner[name]))

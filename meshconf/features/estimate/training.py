@@ -9,8 +9,8 @@ from functools import cached_property
 from typing import Literal
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
-from meshconf.core.domains import DEFAULT_DERIVED
-from meshconf.core.formulas import evaluate, parse
+from meshconf.core.domains import DEFAULT_FORMULAS
+from meshconf.core.formulas import evaluate
 
 Checkpointing = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved"]
@@ -19,7 +19,6 @@ SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 GIB = 2**30
-_FORMULAS = {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class Parallelism:
 
     def _derived(self, name: str) -> int:
         """A derived dim of the default domains, by its default formula."""
-        return evaluate(_FORMULAS[name], self.__dict__)
+        return evaluate(DEFAULT_FORMULAS[name], self.__dict__)
 
     @property
     def world(self) -> int:
