@@ -296,6 +296,37 @@ def writes() -> Iterator[Case]:
     yield Case("render", ["render", "c.svg", "--out", "c.svg"], {"c.svg": config})
 
 
+# --- 9. plan orders ---------------------------------------------------------------------------
+
+FACTORS = ["pp", "dp_replicate", "dp_shard", "cp", "tp"]
+
+
+def plan_orders(rng: random.Random) -> Iterator[Case]:
+    """Every permutation is a valid order: on large composite worlds, with and without
+    experts, each plans within the limits (or refuses the pins in one line)."""
+    for _ in range(10 * SCALE):
+        order = rng.sample(FACTORS, len(FACTORS))
+        world = rng.choice([2**20, 65536, 3 * 2**18, 2_147_483_647, 720720])
+        argv = ["plan", "--world-size", str(world), "--order", ",".join(order)]
+        argv += ["--gpus-per-node", str(rng.choice([1, 3, 8, 4096]))]
+        if rng.random() < 0.5:
+            argv += ["--ep", str(rng.choice([2, 3, 8, 64]))]
+        if rng.random() < 0.3:
+            argv += ["--cp", str(rng.choice([2, 4]))]
+        if rng.random() < 0.3:
+            argv += ["--emit", "1"]
+        yield Case("plan-order", argv, may_pass=True)
+    hostile = [
+        "," * 100_000,
+        "tp," * 30_000,
+        "x" * 100_000,
+        ",".join(FACTORS * 5000),
+        ",".join(rng.choice(["pp", "dp", "ep", "é", "\u2028", "tp ", ""]) for _ in range(20_000)),
+    ]
+    for text in hostile:
+        yield Case("plan-order", ["plan", "--world-size", "64", "--order", text])
+
+
 def all_cases() -> list[Case]:
     rng = random.Random(13)
     return [
@@ -306,6 +337,7 @@ def all_cases() -> list[Case]:
         *many_problems(rng),
         *characters(rng),
         *writes(),
+        *plan_orders(rng),
     ]
 
 

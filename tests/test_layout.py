@@ -6,6 +6,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode, process_group_count
 
@@ -143,6 +145,36 @@ def test_crosses_nodes_matches_brute_force(sizes: list[int], gpus_per_node: int)
             for group in reference_groups(sizes, axis)
         )
         assert layout.crosses_nodes(name, gpus_per_node) == expected, (name, sizes, gpus_per_node)
+
+
+@st.composite
+def mixed_radix_layouts(draw: st.DrawFn) -> DomainLayout:
+    """Any layout: digits of sizes 1-6 numbering the world in mixed radix, dealt out to up to
+    three dims in any order, so a dim may own digits that are far apart."""
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+    strides = [math.prod(sizes[:index]) for index in range(len(sizes))]
+    owners = draw(st.lists(st.integers(0, 2), min_size=len(sizes), max_size=len(sizes)))
+    dims = []
+    for owner in sorted(set(owners)):
+        modes = [
+            (size, stride)
+            for size, stride, held_by in zip(sizes, strides, owners, strict=True)
+            if held_by == owner
+        ]
+        dims.append(dim(f"d{owner}", sorted(modes, key=lambda mode: -mode[1])))
+    return DomainLayout("mesh", math.prod(sizes), tuple(dims))
+
+
+@settings(max_examples=400, deadline=None)
+@given(mixed_radix_layouts(), st.integers(1, 40), st.data())
+def test_crosses_nodes_of_any_dims_of_any_layout_matches_brute_force(
+    layout: DomainLayout, gpus_per_node: int, data: st.DataObject
+) -> None:
+    """Nodes of any size, dividing the world or not (the last node then holds fewer)."""
+    names = data.draw(st.lists(st.sampled_from(layout.dim_names), min_size=1, unique=True))
+    groups = {tuple(layout.group(rank, names)) for rank in range(layout.world_size)}
+    expected = any(len({rank // gpus_per_node for rank in group}) > 1 for group in groups)
+    assert layout.crosses_nodes(names, gpus_per_node) == expected
 
 
 def _brute_force_placement(groups: list[list[int]], gpus_per_node: int) -> str:

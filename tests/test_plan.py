@@ -12,15 +12,10 @@ from pydantic import ValidationError
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.layout import DomainLayout
-from meshconf.features.locality import RANKED_DIMS, NodeLocality, blocks, home_domain
-from meshconf.features.plan import (
-    PlanError,
-    Request,
-    _valid,
-    build_config,
-    make_plan,
-    rationale,
-)
+from meshconf.features.assignments import ValidAssignments
+from meshconf.features.locality import RANKED_DIMS, NodeLocality, home_domain
+from meshconf.features.plan import build_config, make_plan, rationale
+from meshconf.features.plan_request import PlanError, Request
 from meshconf.model.config import MeshConfig
 
 # --- known answers ------------------------------------------------------------------------
@@ -88,9 +83,12 @@ def test_textbook_512_lists_every_split_of_dp_8_and_with_cp_pinned_free_every_sp
     assert plan.total == 4
 
 
-def _documented_ranking(world: int, gpus_per_node: int) -> list[dict[str, int]]:
+def _documented_ranking(
+    world: int, gpus_per_node: int, order: tuple[str, ...] | None = None
+) -> list[dict[str, int]]:
     """Every assignment of the world factors, sorted by the rules of docs/plan.md, each rule
-    read off the validated config's own layouts (no plan code)."""
+    read off the validated config's own layouts (no plan code), in ``order`` if given."""
+    ordered = {} if order is None else {"order": list(order)}
     rows = []
     divisors_of_world = [d for d in range(1, world + 1) if world % d == 0]
     for values in itertools.product(divisors_of_world, repeat=len(WORLD_FACTORS)):
@@ -99,7 +97,7 @@ def _documented_ranking(world: int, gpus_per_node: int) -> list[dict[str, int]]:
         degrees = dict(zip(WORLD_FACTORS, values, strict=True))
         if degrees["cp"] != 1:  # cp is enumerated only when pinned
             continue
-        config = MeshConfig(world_size=world, degrees=degrees)
+        config = MeshConfig(world_size=world, degrees=degrees, **ordered)
         dense, dataloading = config.layout("dense"), config.layout("dataloading")
 
         def crosses(layout: DomainLayout, dim: str) -> bool:
@@ -135,6 +133,21 @@ def test_the_ranking_follows_the_documented_rules_in_turn() -> None:
     }
     # The last ones put tp across nodes (key[0] is 0 here: tp is not pinned).
     assert plan.best[-1].key[:2] == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("dp_replicate", "dp_shard", "pp", "cp", "tp"),  # Llama 3's: data parallelism outermost
+        tuple(reversed(WORLD_FACTORS)),
+        ("dp_shard", "tp", "pp", "dp_replicate", "cp"),
+    ],
+    ids="-".join,
+)
+def test_under_any_order_the_ranking_follows_the_documented_rules(order: tuple[str, ...]) -> None:
+    plan = make_plan(Request(96, 8, {}, order=order), 1000)
+    ranked = [{name: a.degrees[name] for name in WORLD_FACTORS} for a in plan.best]
+    assert ranked == _documented_ranking(96, 8, order)
 
 
 def test_without_gpus_per_node_fewer_stages_replicas_cp_and_shards_win() -> None:
@@ -174,11 +187,12 @@ def test_every_assignment_validates_and_its_flags_are_the_layouts(request_: Requ
         if request_.gpus_per_node is None:
             continue
         flags = locality.crosses(assignment.degrees)
-        for name, (size, stride) in blocks(assignment.degrees).items():
-            layout = config.layout(home_domain(name))
-            assert layout.dim(name).size == size
-            assert layout.dim(name).stride == stride or size == 1
-            expected = layout.crosses_nodes(name, request_.gpus_per_node)
+        for name, block in locality.blocks(assignment.degrees).items():
+            modes = config.layout(home_domain(name)).dim(name).modes
+            assert block == max(
+                (mode.size * mode.stride for mode in modes if mode.size > 1), default=1
+            )
+            expected = config.layout(home_domain(name)).crosses_nodes(name, request_.gpus_per_node)
             assert flags[name] == expected, (assignment, name)
 
 
@@ -197,9 +211,11 @@ def test_rationale_reads_the_config_layouts() -> None:
 # --- the count equals a brute force over every tuple -------------------------------------
 
 
-def _brute_force_count(world: int, pins: dict[str, int]) -> int:
+def _brute_force_count(world: int, pins: dict[str, int], order: list[str] | None) -> int:
     """Every 5-tuple in [1, world]^5, kept when its product is the world, it keeps the pins
-    (cp is 1 unless pinned), and MeshConfig accepts it with the pinned ep and etp."""
+    (cp is 1 unless pinned), and MeshConfig accepts it with the pinned ep and etp, in
+    ``order`` when one is given."""
+    ordered = {} if order is None else {"order": order}
     experts = {name: pins[name] for name in ("ep", "etp") if name in pins}
     count = 0
     for values in itertools.product(range(1, world + 1), repeat=len(WORLD_FACTORS)):
@@ -211,29 +227,39 @@ def _brute_force_count(world: int, pins: dict[str, int]) -> int:
         if degrees["cp"] != pins.get("cp", 1):
             continue
         try:
-            MeshConfig(world_size=world, degrees={**degrees, **experts})
+            MeshConfig(world_size=world, degrees={**degrees, **experts}, **ordered)
         except ValidationError:
             continue
         count += 1
     return count
 
 
+REVERSED = list(reversed(WORLD_FACTORS))
+
+
 @pytest.mark.parametrize(
-    ("world", "pins"),
+    ("world", "pins", "order"),
     [
-        (12, {}),
-        (16, {}),
-        (16, {"tp": 2}),
-        (18, {"cp": 3, "pp": 2}),
-        (16, {"ep": 4}),
-        (12, {"ep": 2, "etp": 2}),
-        (24, {"ep": 3, "etp": 4}),
+        (12, {}, None),
+        (16, {}, None),
+        (16, {"tp": 2}, None),
+        (18, {"cp": 3, "pp": 2}, None),
+        (16, {"ep": 4}, None),
+        (12, {"ep": 2, "etp": 2}, None),
+        (24, {"ep": 3, "etp": 4}, None),
+        # Orders that keep apart world factors an expert dim must share: fewer are valid.
+        (12, {"ep": 2}, REVERSED),
+        (24, {"ep": 4}, ["tp", "pp", "dp_shard", "dp_replicate", "cp"]),
+        (36, {"cp": 3, "ep": 2}, ["cp", "pp", "dp_replicate", "tp", "dp_shard"]),
     ],
 )
-def test_the_count_equals_a_brute_force(world: int, pins: dict[str, int]) -> None:
-    plan = make_plan(Request(world, 4, pins), 1)
-    assert plan.total == _brute_force_count(world, pins)
-    assert plan.total == sum(1 for _ in _valid(Request(world, 4, pins)))
+def test_the_count_equals_a_brute_force(
+    world: int, pins: dict[str, int], order: list[str] | None
+) -> None:
+    request = Request(world, 4, pins, order=None if order is None else tuple(order))
+    plan = make_plan(request, 1)
+    assert plan.total == _brute_force_count(world, pins, order)
+    assert plan.total == sum(1 for _ in ValidAssignments(request))
 
 
 # --- --emit -----------------------------------------------------------------------------
@@ -306,7 +332,9 @@ def test_json_lists_the_rows_with_their_dims(run_cli) -> None:
         "world_size": 4,
         "gpus_per_node": 2,
         "pins": {"tp": 2},
+        "order": ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
         "total": 3,
+        "left_out_by_order": 0,
         "assignments": [
             {
                 "index": 1,

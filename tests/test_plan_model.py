@@ -19,7 +19,8 @@ from meshconf.features.estimate.memory import (
 from meshconf.features.estimate.model_file import model_schema_text
 from meshconf.features.estimate.presets import PRESETS
 from meshconf.features.estimate.training import GIB, Parallelism, Training
-from meshconf.features.plan import Request, make_plan
+from meshconf.features.plan import make_plan
+from meshconf.features.plan_request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,15 +25,12 @@ from meshconf.features.plan import (
     Assignment,
     DimLocality,
     Plan,
-    PlanError,
-    Request,
     build_config,
     config_data,
     make_plan,
-    node_warning,
-    option_flag,
     rationale,
 )
+from meshconf.features.plan_request import PlanError, Request, node_warning, option_flag
 
 DEFAULT_LIMIT = 10
 #: The model and training options (flag, attribute), in the order an emitted command
@@ -80,6 +77,8 @@ def _command_line(request: Request, index: int, model_words: list[str]) -> str:
     words = ["meshconf plan", f"--world-size {request.world_size}"]
     if request.gpus_per_node is not None:
         words.append(f"--gpus-per-node {request.gpus_per_node}")
+    if request.order is not None:
+        words.append(f"--order {','.join(request.order)}")
     words += [
         f"{option_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
     ]
@@ -109,6 +108,17 @@ def _split(dims: list[DimLocality]) -> tuple[str, str]:
     return _dims_text(crossing), _dims_text(staying)
 
 
+class _ConfigDumper(yaml.SafeDumper):
+    """Lists on one line, as the examples write ``order``."""
+
+
+def _flow_list(dumper: yaml.SafeDumper, items: list[str]) -> yaml.Node:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True)
+
+
+_ConfigDumper.add_representer(list, _flow_list)
+
+
 def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
     request = plan.request
     assignment = plan.best[index - 1]
@@ -119,7 +129,9 @@ def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
         if request.gpus_per_node is not None
         else ""
     )
-    body = yaml.safe_dump(config_data(request, assignment.degrees), sort_keys=False)
+    body = yaml.dump(
+        config_data(request, assignment.degrees), Dumper=_ConfigDumper, sort_keys=False
+    )
     return (
         f"# {_command_line(request, index, model_words)} (assignment {index} of {plan.total})"
         f"\n{locality}{_estimate_comment(assignment)}{body}"
@@ -149,18 +161,24 @@ def _header(plan: Plan) -> list[str]:
     else:
         world = f"world_size {request.world_size}, {gpus} GPUs per node"
     pins = " ".join(f"{name}={value}" for name, value in request.pins.items()) or "none"
+    order = "" if request.order is None else f"; order: {', '.join(request.order)}"
     shown = len(plan.best)
     if plan.total == 1:
         count = "1 valid assignment"
     else:
         which = f"the best {shown}" if shown < plan.total else "all"
         count = f"{plan.total} valid assignments; {which}, best first (ranking: docs/plan.md)"
-    lines = [f"{world}; pinned: {pins}"]
+    lines = [f"{world}; pinned: {pins}{order}"]
     if request.model is not None:
         lines.append(settings_line(request.model, request.training))
         fit = f"{plan.fitting} fit in {request.training.gpu_memory_gib:g} GiB"
         count = count.replace(";", f"; {fit};", 1) if ";" in count else f"{count}; {fit}"
     lines.append(count)
+    if plan.left_out_by_order:
+        lines.append(
+            f"{plan.left_out_by_order} more left out: under this order their expert dims would "
+            "split world factors unevenly"
+        )
     if gpus is None:
         lines.append(
             "no --gpus-per-node: node locality unknown; ranked by smaller pp, dp_replicate, cp, "
@@ -222,7 +240,9 @@ def _json_report(plan: Plan) -> dict[str, Any]:
         "world_size": request.world_size,
         "gpus_per_node": request.gpus_per_node,
         "pins": dict(request.pins),
+        "order": list(request.rank_order),
         "total": plan.total,
+        "left_out_by_order": plan.left_out_by_order,
         "assignments": [
             _json_entry(plan, index, assignment)
             for index, assignment in enumerate(plan.best, start=1)
@@ -251,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
         model=model,
         training=training,
+        order=None if args.order is None else tuple(args.order.split(",")),
     )
     wanted = numbers.get("emit", numbers.get("limit", DEFAULT_LIMIT))
     try:
@@ -288,6 +309,12 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--gpus-per-node", metavar="G", help="ranks per node, for locality")
     for name in DEGREE_NAMES:
         parser.add_argument(option_flag(name), dest=name, metavar="D", help=f"pin {name} to D")
+    parser.add_argument(
+        "--order",
+        metavar="F1,F2,...",
+        help="the rank order of the world factors, outer to inner, as a config's order: "
+        "every one of pp, dp_replicate, dp_shard, cp, tp once (default: that order)",
+    )
     parser.add_argument(
         "--limit", metavar="K", help=f"show the best K assignments (default {DEFAULT_LIMIT})"
     )

@@ -7,10 +7,8 @@ across nodes has several. The modes of all dims together must form a complete mi
 numbering of the world (sorted by stride, each stride is the product of the smaller sizes),
 which makes the map from coordinates to ranks a bijection.
 
-Every query below costs O(number of modes), independent of the world size. Two exceptions,
-both bounded by something other than the world: listing the members of a group costs
-O(group size), the size of the answer; ``crosses_nodes`` does at most ``gpus_per_node`` bit-set
-shifts per mode (``gpus_per_node`` is at most 4096).
+Every query below costs O(number of modes), independent of the world size, except listing
+the members of a group: O(group size), the size of the answer.
 """
 
 from __future__ import annotations
@@ -313,22 +311,15 @@ class DomainLayout:
     def crosses_nodes(self, dims: str | Sequence[str], gpus_per_node: int) -> bool:
         """Whether some group along ``dims`` holds ranks of more than one node.
 
-        Nodes hold consecutive ranks, ``gpus_per_node`` each. A group is ``b + offsets``
-        with ``b`` a rank whose coordinate along ``dims`` is zero; it stays in one node exactly
-        when ``b % gpus_per_node + max_offset < gpus_per_node``. The residues ``b % G`` that
-        occur are found digit by digit as a bit set of G bits, so no rank is enumerated.
+        Nodes hold consecutive ranks, ``gpus_per_node`` each: :func:`groups_cross_nodes`
+        of the block of the outermost mode along ``dims``.
         """
         if gpus_per_node < 1:
             raise LayoutError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
-        inside = self._modes_of(dims)
-        max_offset = sum((mode.size - 1) * mode.stride for mode in inside)
-        if max_offset >= gpus_per_node:
-            return True
-        residues = _residues(
-            [mode for dim in self.dims for mode in dim.modes if mode not in inside],
-            gpus_per_node,
+        block = max(
+            (mode.size * mode.stride for mode in self._modes_of(dims) if mode.size > 1), default=1
         )
-        return residues.bit_length() - 1 + max_offset >= gpus_per_node
+        return groups_cross_nodes(block, self.world_size, gpus_per_node)
 
     def placement(self, dims: str | Sequence[str], gpus_per_node: int) -> Placement:
         """``intra-node`` when every group along ``dims`` stays inside one node,
@@ -345,24 +336,18 @@ class DomainLayout:
         return "inter-node" if smallest >= gpus_per_node else "mixed"
 
 
-def _residues(modes: Sequence[Mode], modulus: int) -> int:
-    """Bit set of ``sum(c_i * stride_i) % modulus`` over all coordinates ``c`` of ``modes``."""
-    full = (1 << modulus) - 1
-    reachable = 1
-    for mode in modes:
-        step = mode.stride % modulus
-        # c * step % modulus repeats with period modulus / gcd(step, modulus).
-        period = modulus // math.gcd(step, modulus) if step else 1
-        widened = 0
-        for index in range(min(mode.size, period)):
-            shift = index * step % modulus
-            widened |= ((reachable << shift) | (reachable >> (modulus - shift))) & full
-            if widened == full:
-                break
-        reachable = widened
-        if reachable == full:
-            break
-    return reachable
+def groups_cross_nodes(block: int, world_size: int, gpus_per_node: int) -> bool:
+    """Whether the groups of a dim hold ranks of more than one node, in a world numbered in
+    mixed radix (as every layout is), nodes holding ``gpus_per_node`` consecutive ranks.
+
+    ``block`` is the size times the stride of the dim's outermost mode (1 for a dim of one
+    rank). A group's ranks differ only in the digits up to that mode, so each group lies in
+    one aligned run of ``block`` ranks. When ``block`` divides ``gpus_per_node``, every run is
+    inside one node. Otherwise, in a world larger than a node, some node boundary falls inside
+    a run; of that run's two groups whose other inner digits are all zero or all at their
+    largest, one straddles it, because those digits span less than half the run.
+    """
+    return world_size > gpus_per_node and gpus_per_node % block != 0
 
 
 def process_group_count(layouts: Sequence[DomainLayout], rank: int) -> int:

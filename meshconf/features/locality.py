@@ -1,21 +1,26 @@
 """Whether each dim's groups cross nodes, for many assignments at once, without building a
 config per assignment.
 
-In the default domains (``meshconf.core.domains``) every dim is a single row-major block,
-whose groups depend only on its size and on the product of the dims inside it in its domain
-(its stride). :class:`NodeLocality` asks :meth:`DomainLayout.crosses_nodes` once per
-distinct ``(size, stride)`` and remembers the answer. tests/test_plan.py checks every flag
-against the layouts of the validated config.
+The default domains (``meshconf.core.domains``) unflatten the *logical* index of the world
+factors, row-major in their default order, so each ranked dim is a run of that index: the
+digits from the product of the dims inside it in its home domain (``low``) up to ``low``
+times its size. ``order`` moves each world factor's digits to its own stride among the
+ranks. Whether a dim's groups cross nodes needs only its outermost digit among the ranks
+(:func:`meshconf.core.layout.groups_cross_nodes`), which the run gives in a few
+multiplications: :class:`NodeLocality` builds no layout. tests/test_plan.py checks every flag
+against the layouts of the validated config, over every order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, DEFAULT_FORMULAS
 from meshconf.core.formulas import evaluate, names
-from meshconf.core.layout import DomainLayout
+from meshconf.core.hierarchy import order_strides
+from meshconf.core.layout import groups_cross_nodes
 
 #: The dims a plan shows and ranks, outer to inner; the expert dims only with experts.
 RANKED_DIMS = ("pp", "dp_replicate", "fsdp", "cp", "tp", "efsdp", "ep", "etp")
@@ -26,6 +31,7 @@ HEAVY_DIMS = ("tp", "cp", "etp", "ep")
 #: Dims with less traffic, most first: their locality is ranked after the pipeline stages.
 LIGHT_DIMS = ("fsdp", "efsdp", "dp_replicate")
 
+_INNER_FIRST = tuple(reversed(WORLD_FACTORS))
 _FORMULA_NAMES = {
     name: tuple(sorted(set(names(formula)))) for name, formula in DEFAULT_FORMULAS.items()
 }
@@ -36,47 +42,31 @@ def home_domain(name: str) -> str:
     return next(domain for domain, dims in DEFAULT_DOMAINS.items() if name in dims)
 
 
-def dim_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
-    """Every degree and every default derived dim."""
-    sizes = dict(degrees)
-    for name, formula in DEFAULT_FORMULAS.items():
-        sizes[name] = evaluate(formula, degrees)
-    return sizes
-
-
-def blocks(degrees: Mapping[str, int]) -> dict[str, tuple[int, int]]:
-    """``(size, stride)`` of each ranked dim in its home domain, which lays its dims out
-    row-major: the stride is the product of the dims inside it."""
-    sizes = dim_sizes(degrees)
-    return {name: _block(name, sizes) for name in RANKED_DIMS}
-
-
-def _block(name: str, sizes: Mapping[str, int]) -> tuple[int, int]:
-    dims = DEFAULT_DOMAINS[home_domain(name)]
-    inner = dims[dims.index(name) + 1 :]
-    return sizes[name], math.prod(sizes[dim] for dim in inner)
-
-
 def _inner_dims(name: str) -> tuple[str, ...]:
     dims = DEFAULT_DOMAINS[home_domain(name)]
     return dims[dims.index(name) + 1 :]
 
 
 class NodeLocality:
-    """The node locality of assignments of one world; answers remembered across them."""
+    """The node locality of assignments of one world and one rank order; derived sizes are
+    remembered across assignments."""
 
-    def __init__(self, world_size: int, gpus_per_node: int | None, experts: bool) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        gpus_per_node: int | None,
+        experts: bool,
+        order: Sequence[str] = WORLD_FACTORS,
+    ) -> None:
         self._world = world_size
         self._gpus = gpus_per_node
+        self._order = tuple(order)
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
         self._inner = {name: _inner_dims(name) for name in self.dims}
-        self._crossings: dict[tuple[int, int], bool] = {}
         self._derived: dict[tuple[str, tuple[int, ...]], int] = {}
 
-    def crosses(self, degrees: Mapping[str, int]) -> dict[str, bool]:
-        """Per ranked dim, whether its groups cross nodes (never, without nodes)."""
-        if self._gpus is None:
-            return dict.fromkeys(self.dims, False)
+    def sizes(self, degrees: Mapping[str, int]) -> dict[str, int]:
+        """Every degree and every default derived dim."""
         sizes = dict(degrees)
         for name, inputs in _FORMULA_NAMES.items():
             key = (name, tuple(degrees[degree] for degree in inputs))
@@ -84,9 +74,40 @@ class NodeLocality:
             if size is None:
                 size = self._derived[key] = evaluate(DEFAULT_FORMULAS[name], degrees)
             sizes[name] = size
+        return sizes
+
+    def blocks(self, degrees: Mapping[str, int]) -> dict[str, int]:
+        """Per ranked dim, the size times the stride of its outermost mode among the ranks:
+        each of its groups lies in one aligned run of that many ranks."""
+        sizes = self.sizes(degrees)
+        rank_strides = order_strides(degrees, self._order)
+        logical_strides = order_strides(degrees, WORLD_FACTORS)
+        found: dict[str, int] = {}
+        for name in self.dims:
+            low = math.prod([sizes[dim] for dim in self._inner[name]])
+            high = low * sizes[name]
+            block = 1
+            # Inner factors first: past the run's top, no factor has digits in it.
+            for factor in _INNER_FIRST:
+                start = logical_strides[factor]
+                if start >= high:
+                    break
+                end = start * degrees[factor]
+                if end > low and end > start:
+                    # the factor's digits in the run, as ranks: the order may put any outermost
+                    top = high if high < end else end
+                    block = max(block, rank_strides[factor] * top // start)
+            found[name] = block
+        return found
+
+    def crosses(self, degrees: Mapping[str, int]) -> dict[str, bool]:
+        """Per ranked dim, whether its groups cross nodes (never, without nodes)."""
+        gpus = self._gpus
+        if gpus is None:
+            return dict.fromkeys(self.dims, False)
         return {
-            name: self._crosses(sizes[name], math.prod(sizes[dim] for dim in self._inner[name]))
-            for name in self.dims
+            name: groups_cross_nodes(block, self._world, gpus)
+            for name, block in self.blocks(degrees).items()
         }
 
     def key(
@@ -111,17 +132,3 @@ class NodeLocality:
             degrees["dp_shard"],
             degrees["tp"],
         )
-
-    def _crosses(self, size: int, stride: int) -> bool:
-        gpus = self._gpus
-        if gpus is None or size == 1:
-            return False
-        answer = self._crossings.get((size, stride))
-        if answer is None:
-            outer = self._world // (size * stride)
-            block = DomainLayout.row_major(
-                "block", [("outer", outer), ("dim", size), ("inner", stride)], self._world
-            )
-            answer = block.crosses_nodes("dim", gpus)
-            self._crossings[size, stride] = answer
-        return answer

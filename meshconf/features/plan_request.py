@@ -1,0 +1,191 @@
+"""What a plan is asked for, and the checks a request passes before any assignment is
+listed: ranges, the order, pins that fit the world, and a bounded number of assignments."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.core.errors import MeshconfError
+from meshconf.features.estimate.architecture import Architecture
+from meshconf.features.estimate.training import Training
+from meshconf.model.fields import MAX_GPUS_PER_NODE
+from meshconf.model.numbering import check_order
+from meshconf.model.rules import Analysis, MeshSpec
+
+#: A plan ranks at most this many assignments; past it, a degree must be pinned.
+MAX_ASSIGNMENTS = 1_000_000
+
+
+class PlanError(MeshconfError, ValueError):
+    """Pins that no assignment satisfies, or values out of range; the message says which."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for: a world, optionally nodes, the pinned degrees, and the rank
+    order of the world factors (outer to inner; ``None`` for the default)."""
+
+    world_size: int
+    gpus_per_node: int | None = None
+    pins: Mapping[str, int] = field(default_factory=dict)
+    model: Architecture | None = None
+    training: Training = field(default_factory=Training)
+    order: tuple[str, ...] | None = None
+
+    @property
+    def rank_order(self) -> tuple[str, ...]:
+        """The order ranks number the world factors in."""
+        return WORLD_FACTORS if self.order is None else self.order
+
+    @property
+    def experts(self) -> bool:
+        """Whether the model has experts: only then are ep, etp and efsdp ranked."""
+        if self.model is not None and self.model.experts is not None:
+            return True
+        return any(name in self.pins for name in EXPERT_DEGREES)
+
+    @property
+    def ep(self) -> int:
+        return self.pins.get("ep", 1)
+
+    @property
+    def etp(self) -> int:
+        return self.pins.get("etp", 1)
+
+
+def node_warning(request: Request) -> str | None:
+    """A note when the nodes do not tile the world; the plan is still made."""
+    gpus = request.gpus_per_node
+    if gpus is None or request.world_size % gpus == 0:
+        return None
+    if gpus > request.world_size:
+        return (
+            f"--gpus-per-node {gpus} is more than --world-size {request.world_size}: all ranks "
+            "are in one node, so no group crosses nodes"
+        )
+    return (
+        f"--world-size {request.world_size} is not a multiple of --gpus-per-node {gpus}: "
+        f"the last node holds {request.world_size % gpus} ranks"
+    )
+
+
+def check_request(request: Request) -> None:
+    """Raises :class:`PlanError` when a value is out of range, the order is not a
+    permutation of the world factors, the pins do not fit the world, or there are more
+    assignments than a plan ranks."""
+    _check_ranges(request)
+    _check_order(request)
+    _check_pins_fit(request)
+    _check_count(request)
+
+
+def rule_inputs(degrees: dict[str, int], order: tuple[str, ...] | None = None) -> MeshSpec:
+    """The inputs of the degree and order rules, with none of a config's other keys."""
+    return MeshSpec(
+        world_size=None,
+        gpus_per_node=None,
+        inside_node=None,
+        degrees=degrees,
+        explicit_degrees=frozenset(degrees),
+        derived={},
+        user_derived=frozenset(),
+        domains={},
+        user_domains=False,
+        order=order,
+    )
+
+
+def _check_order(request: Request) -> None:
+    """The order names every world factor once: the rule a config's ``order`` follows."""
+    if request.order is None:
+        return
+    spec = rule_inputs({}, request.order)
+    result = Analysis()
+    check_order(spec, result)
+    if result.problems:
+        raise PlanError(f"--order: {result.problems[0].message}")
+
+
+def _check_ranges(request: Request) -> None:
+    if request.world_size > MAX_WORLD_SIZE:
+        raise PlanError(
+            f"--world-size {request.world_size} is more ranks than torch can number "
+            f"({MAX_WORLD_SIZE})"
+        )
+    gpus = request.gpus_per_node
+    if gpus is not None and gpus > MAX_GPUS_PER_NODE:
+        raise PlanError(
+            f"--gpus-per-node {gpus} is more than any node holds (at most {MAX_GPUS_PER_NODE})"
+        )
+
+
+def option_flag(name: str) -> str:
+    """The command-line option of a request field: ``dp_replicate`` -> ``--dp-replicate``."""
+    return "--" + name.replace("_", "-")
+
+
+def pins_text(request: Request, names: tuple[str, ...]) -> str:
+    pinned = (name for name in names if name in request.pins)
+    return " ".join(f"{option_flag(name)} {request.pins[name]}" for name in pinned)
+
+
+def _check_pins_fit(request: Request) -> None:
+    """Pinned world factors must divide the world, together; etp must be 1 or a pinned tp."""
+    world = request.world_size
+    pinned = tuple(name for name in WORLD_FACTORS if name in request.pins)
+    for name in pinned:
+        if world % request.pins[name]:
+            raise PlanError(
+                f"{option_flag(name)} {request.pins[name]} does not divide --world-size {world}"
+            )
+    product = math.prod(request.pins[name] for name in pinned)
+    written = " * ".join(f"{name}({request.pins[name]})" for name in pinned)
+    if world % product:
+        raise PlanError(
+            f"{pins_text(request, pinned)} do not fit --world-size {world}: "
+            f"{written} = {product} does not divide {world}"
+        )
+    if len(pinned) == len(WORLD_FACTORS) and product != world:
+        raise PlanError(
+            f"{pins_text(request, pinned)} do not fit --world-size {world}: {written} = "
+            f"{product} != {world}, and no degree is left free to take the rest"
+        )
+    if "tp" in request.pins and request.etp not in (1, request.pins["tp"]):
+        raise PlanError(
+            f"{pins_text(request, ('tp', 'etp'))} conflict: etp({request.etp}) must be 1 or "
+            f"equal to tp({request.pins['tp']})"
+        )
+
+
+def assignment_count(request: Request) -> int:
+    """How many tuples of world factors multiply to the world and keep the world-factor pins
+    (before the expert rules), from the prime factorization: each prime's exponent is shared
+    among the free factors in C(e + k - 1, k - 1) ways."""
+    rest = request.world_size // math.prod(
+        request.pins[name] for name in WORLD_FACTORS if name in request.pins
+    )
+    free = sum(1 for name in WORLD_FACTORS if name not in request.pins)
+    if free == 0:
+        return 1 if rest == 1 else 0
+    count, prime = 1, 2
+    while prime * prime <= rest:
+        exponent = 0
+        while rest % prime == 0:
+            rest //= prime
+            exponent += 1
+        count *= math.comb(exponent + free - 1, free - 1)
+        prime += 1
+    return count * (free if rest > 1 else 1)
+
+
+def _check_count(request: Request) -> None:
+    count = assignment_count(request)
+    if count > MAX_ASSIGNMENTS:
+        raise PlanError(
+            f"--world-size {request.world_size} splits into {count} assignments of pp, "
+            f"dp_replicate, dp_shard, cp and tp, more than the {MAX_ASSIGNMENTS} a plan ranks; "
+            "pin a degree (such as --tp 8) to narrow them"
+        )
