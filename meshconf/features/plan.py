@@ -78,9 +78,10 @@ def make_plan(request: Request, count: int) -> Plan:
         best = [_Ranked(key, degrees) for key, degrees in heapq.nsmallest(count, ranked)]
         fitting = None
     else:
-        estimated = [_estimated(request, locality, degrees) for degrees in valid]
+        fits = _FitCounter()
+        estimated = (fits.count(_estimated(request, locality, degrees)) for degrees in valid)
         best = heapq.nsmallest(count, estimated)
-        fitting = sum(1 for row in estimated if row.estimate is not None and row.estimate.fits)
+        fitting = fits.fitting
     if valid.seen == 0:
         raise PlanError(valid.no_assignment_message())
     assignments = tuple(Assignment(row.degrees, row.key, row.estimate) for row in best)
@@ -92,6 +93,18 @@ class _Ranked:
     key: tuple[float, ...]
     degrees: dict[str, int] = field(compare=False)
     estimate: Estimate | None = field(default=None, compare=False)
+
+
+class _FitCounter:
+    """Counts the estimated rows that fit as they pass, so that no list of them is kept."""
+
+    def __init__(self) -> None:
+        self.fitting = 0
+
+    def count(self, row: _Ranked) -> _Ranked:
+        if row.estimate is not None and row.estimate.fits:
+            self.fitting += 1
+        return row
 
 
 def _locality_key(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS
 from meshconf.core.errors import MeshconfError
@@ -17,6 +17,8 @@ from meshconf.model.rules import Analysis, MeshSpec
 
 #: A plan ranks at most this many assignments; past it, a degree must be pinned.
 MAX_ASSIGNMENTS = 1_000_000
+#: With a model, each assignment is estimated (about 0.1 ms each): at most this many.
+MAX_ESTIMATED_ASSIGNMENTS = 20_000
 
 
 class PlanError(MeshconfError, ValueError):
@@ -188,4 +190,14 @@ def _check_count(request: Request) -> None:
             f"--world-size {request.world_size} splits into {count} assignments of pp, "
             f"dp_replicate, dp_shard, cp and tp, more than the {MAX_ASSIGNMENTS} a plan ranks; "
             "pin a degree (such as --tp 8) to narrow them"
+        )
+    if request.model is None:
+        return
+    # cp stays 1 unless pinned, so only those assignments are estimated
+    estimated = assignment_count(replace(request, pins={"cp": 1, **request.pins}))
+    if estimated > MAX_ESTIMATED_ASSIGNMENTS:
+        raise PlanError(
+            f"--world-size {request.world_size} with a model has {estimated} assignments to "
+            f"estimate, more than the {MAX_ESTIMATED_ASSIGNMENTS} a plan estimates; pin a degree "
+            "(such as --tp 8) to narrow them"
         )
