@@ -169,6 +169,22 @@ def test_simulate_rejects_a_bad_world_size_with_config_errors() -> None:
     assert not dist.is_initialized()
 
 
+def test_simulate_refuses_a_world_larger_than_it_can_hold() -> None:
+    in_child(_simulate_too_large)
+
+
+def _simulate_too_large() -> None:
+    config = load_config({"degrees": {"tp": 8}})
+    with pytest.raises(RuntimeSetupError) as caught:
+        DistributedContext.simulate(config, rank=0, world_size=2**31 - 1)
+    assert str(caught.value) == (
+        "simulate builds worlds of up to 4194304 ranks, and this one has 2147483647: torch's "
+        "DeviceMesh holds every rank, about 300 bytes each; the config's layouts "
+        "(MeshConfig.layout) answer for any world size"
+    )
+    assert not dist.is_initialized()
+
+
 def test_simulate_cli(run_cli) -> None:  # type: ignore[no-untyped-def]
     result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "77")
     assert result.returncode == 0, result.stderr

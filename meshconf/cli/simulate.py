@@ -78,7 +78,9 @@ def _verdict(mismatched_ranks: list[int], *, several: bool) -> str:
     return f"mismatch on rank{plural} {', '.join(map(str, mismatched_ranks))}"
 
 
-#: torch's DeviceMesh holds every rank of the world, so simulated worlds stop here.
+#: torch's DeviceMesh holds every rank of the world: the command line, which may build
+#: several ranks in one process, stays within a few seconds and a few hundred MB (the Python
+#: API allows up to ``meshconf.runtime.context.MAX_SIMULATED_WORLD``).
 MAX_SIMULATED_WORLD = 1 << 18
 
 

@@ -46,6 +46,8 @@ from meshconf.runtime.setup import (
 )
 from meshconf.sources.loading import at_world_size, load_config
 
+#: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
+MAX_SIMULATED_WORLD = 1 << 22
 _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 # Errors every rank already knows about (published, or each rank's own timeout).
 _ALREADY_KNOWN = (RankFailedError, SetupTimeoutError, CreationOrderError, KeyboardInterrupt)
@@ -202,11 +204,18 @@ class DistributedContext(RankFacts):
         default process group; call ``close()`` afterwards.
 
         Raises:
-            RuntimeSetupError: a default group exists, or ``rank`` is outside the world.
+            RuntimeSetupError: a default group exists, ``rank`` is outside the world, or the
+                world is larger than :data:`MAX_SIMULATED_WORLD`.
             ConfigError: the config does not fit ``world_size``.
         """
         if dist.is_initialized():
             raise RuntimeSetupError("simulate needs a process without a default process group")
+        if world_size > MAX_SIMULATED_WORLD:
+            raise RuntimeSetupError(
+                f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
+                f"{world_size}: torch's DeviceMesh holds every rank, about 300 bytes each; "
+                "the config's layouts (MeshConfig.layout) answer for any world size"
+            )
         if not 0 <= rank < world_size:
             raise RuntimeSetupError(f"rank {rank} is outside the world [0, {world_size})")
         _register_fake_backend()
