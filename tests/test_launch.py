@@ -40,8 +40,20 @@ def test_torchrun_wins_over_slurm_and_nothing_is_a_world_of_one() -> None:
     assert read_launch({}) == Launch(0, 1, 0, 1, "none")
 
 
-def test_a_node_size_of_zero_falls_back_to_the_rank_instead_of_dividing_by_it() -> None:
-    assert read_launch({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "0"}).local_rank == 3
+def test_a_node_size_of_zero_or_a_local_rank_outside_the_node_is_an_error() -> None:
+    with pytest.raises(LaunchError) as caught:
+        read_launch({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "0"})
+    assert str(caught.value) == "torchrun says LOCAL_WORLD_SIZE=0: a node runs at least one process"
+    with pytest.raises(LaunchError) as caught:
+        read_launch({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "0"})
+    assert str(caught.value) == (
+        "slurm says SLURM_NTASKS_PER_NODE=0: a node runs at least one process"
+    )
+    with pytest.raises(LaunchError) as caught:
+        read_launch({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "8", "LOCAL_WORLD_SIZE": "8"})
+    assert str(caught.value) == (
+        "torchrun says local rank 8 of 8 processes per node (LOCAL_RANK, LOCAL_WORLD_SIZE)"
+    )
 
 
 def test_inconsistent_environments_are_errors() -> None:

@@ -52,11 +52,18 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
                 f"{source} environment incomplete: {present[0]} is set but {missing[0]} is not"
             )
         rank, world_size = (_integer(environ, name) for name in names[:2])
-        local_world_size = _integer(environ, names[3]) if names[3] in environ else None
-        local_rank = _integer(environ, names[2]) if names[2] in environ else None
-        if local_rank is None:
-            local_rank = rank % local_world_size if local_world_size else rank
         if world_size < 1 or not 0 <= rank < world_size:
             raise LaunchError(f"{source} says rank {rank} of world size {world_size}")
+        local_world_size = _integer(environ, names[3]) if names[3] in environ else None
+        if local_world_size == 0:
+            raise LaunchError(f"{source} says {names[3]}=0: a node runs at least one process")
+        local_rank = _integer(environ, names[2]) if names[2] in environ else None
+        if local_rank is None:
+            local_rank = rank if local_world_size is None else rank % local_world_size
+        elif local_world_size is not None and local_rank >= local_world_size:
+            raise LaunchError(
+                f"{source} says local rank {local_rank} of {local_world_size} processes per "
+                f"node ({names[2]}, {names[3]})"
+            )
         return Launch(rank, world_size, local_rank, local_world_size, source)
     return Launch(0, 1, 0, 1, "none")
