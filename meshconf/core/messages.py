@@ -8,6 +8,9 @@ from collections.abc import Sequence
 #: A hint compares the name with at most this many candidates of a similar length, so that
 #: thousands of unknown names against thousands of known ones stay fast.
 MAX_HINT_CANDIDATES = 200
+#: How alike a name and a hint must be (difflib's ratio). Typos of a letter or two score
+#: 0.8 or more; 0.6 would offer 'order' for 'model', three letters in common by chance.
+HINT_CUTOFF = 0.65
 #: A list of names in a message shows at most this many.
 MAX_LISTED = 20
 
@@ -16,11 +19,11 @@ def did_you_mean(name: str, candidates: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
     if len(name) > 100:
         return ""
-    # difflib's ratio is 2 * matches / (len(a) + len(b)) and needs 0.6, which a candidate less
-    # than 3/7 or more than 7/3 times as long as the name can never reach.
+    # difflib's ratio is 2 * matches / (len(a) + len(b)); a candidate less than 3/7 or more
+    # than 7/3 times as long as the name can never reach 0.6, let alone the cutoff.
     low, high = len(name) * 3 // 7, len(name) * 7 // 3 + 1
     near = [c for c in candidates if low <= len(c) <= high][:MAX_HINT_CANDIDATES]
-    close = difflib.get_close_matches(name, near, n=1)
+    close = difflib.get_close_matches(name, near, n=1, cutoff=HINT_CUTOFF)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

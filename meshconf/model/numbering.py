@@ -3,22 +3,17 @@ world factor once; the domains unflatten the logical world through :func:`number
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import TYPE_CHECKING
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.hierarchy import describe_parts, rank_numbering
 from meshconf.core.layout import Mode
+from meshconf.core.messages import did_you_mean
 
 if TYPE_CHECKING:
     from meshconf.core.errors import KeyPath
     from meshconf.model.rules import Analysis, MeshSpec
-
-
-def _close_match(name: str) -> str:
-    close = difflib.get_close_matches(name, WORLD_FACTORS, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_order(spec: MeshSpec, result: Analysis) -> None:
@@ -45,7 +40,8 @@ def check_order(spec: MeshSpec, result: Analysis) -> None:
         elif name not in WORLD_FACTORS:
             result.fail(
                 path,
-                f"unknown world factor {name!r}{_close_match(name)}; order lists {factors}",
+                f"unknown world factor {name!r}{did_you_mean(name, WORLD_FACTORS)}; order "
+                f"lists {factors}",
             )
         elif name in seen:
             result.fail(path, f"{name!r} appears twice in order")
