@@ -219,6 +219,20 @@ def test_an_order_that_splits_a_factor_unevenly_is_refused_on_order() -> None:
     ]
 
 
+def test_an_uneven_share_of_factors_that_run_on_names_them_all() -> None:
+    """cp 2 and tp 3 are next to each other in the order, one run of 6 ranks, of which ep 4
+    cannot take an even share."""
+    data = {
+        "order": ["pp", "dp_replicate", "cp", "tp", "dp_shard"],
+        "degrees": {"dp_shard": 2, "cp": 2, "tp": 3, "ep": 4},
+    }
+    assert errors(data) == [
+        "order: ep(4) in domain 'sparse' would split the 6 ranks of cp and tp unevenly: it "
+        "needs 4 ranks where 6 remain; a dim must take whole parts or an even share of one, so "
+        "change order or the size of ep"
+    ]
+
+
 def test_show_prints_the_order_and_the_strides_it_gives(run_cli) -> None:  # type: ignore[no-untyped-def]
     path = "examples/llama3_405b_16384gpu_meta_order.yaml"
     result = run_cli("show", path, "--rank", "9", "--domain", "dense", "--all")

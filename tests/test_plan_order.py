@@ -84,6 +84,29 @@ def test_under_any_order_the_rows_are_the_valid_configs_and_their_flags_the_layo
             )
 
 
+@pytest.mark.parametrize("gpus_per_node", [2, 4, 8])
+def test_every_order_of_a_mixture_of_experts_reads_each_expert_dim_from_its_layout(
+    gpus_per_node: int,
+) -> None:
+    """ep 2 with tp 4 and cp 1: efsdp's run holds cp's place, a factor of one rank, which any
+    order may put outermost."""
+    for order in ORDERS:
+        request = Request(16, gpus_per_node, {"ep": 2}, order=order)
+        locality = NodeLocality(16, gpus_per_node, True, order)
+        for assignment in make_plan(request, 10**6).best:
+            config = build_config(request, assignment.degrees)
+            for name, block in locality.blocks(assignment.degrees).items():
+                modes = config.layout(home_domain(name)).dim(name).modes
+                expected = max((m.size * m.stride for m in modes if m.size > 1), default=1)
+                assert (type(block), block) == (int, expected), (order, assignment.degrees, name)
+
+
+def test_without_nodes_no_group_crosses_one() -> None:
+    locality = NodeLocality(64, None, True, tuple(reversed(WORLD_FACTORS)))
+    degrees = {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 4, "ep": 2, "etp": 1}
+    assert locality.crosses(degrees) == dict.fromkeys(locality.dims, False)
+
+
 def test_an_order_changes_which_groups_stay_in_a_node(run_cli) -> None:
     """Data parallelism outermost: two pipeline stages of tp 2 fit in a node of 8, where the
     default order puts the stages 16 ranks apart."""

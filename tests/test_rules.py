@@ -213,8 +213,7 @@ def test_unknown_keys_with_hints() -> None:
 def test_a_hint_needs_more_than_letters_in_common_by_chance() -> None:
     """A NeMo file's ``model:`` shares three letters with 'order'; a typo shares most."""
     allowed = (
-        "allowed: world_size, gpus_per_node, degrees, order, inside_node, derived, domains, "
-        "runtime"
+        "allowed: world_size, gpus_per_node, degrees, order, inside_node, derived, domains, runtime"
     )
     assert errors({"model": {}, "odrer": ["pp"], "world": 8}) == [
         f"model: unknown key 'model'; {allowed}",

@@ -94,7 +94,8 @@ class NodeLocality:
                     break
                 end = start * degrees[factor]
                 if end > low and end > start:
-                    # the factor's digits in the run, as ranks: the order may put any outermost
+                    # This factor's digits in the run span rank_stride * top / start ranks;
+                    # under an order any factor's may be the outermost among the ranks.
                     top = high if high < end else end
                     block = max(block, rank_strides[factor] * top // start)
             found[name] = block

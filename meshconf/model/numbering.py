@@ -1,13 +1,14 @@
 """The rules on how ranks are numbered, and the numbering they give: ``order`` lists every
-world factor once; the domains unflatten the logical world through :func:`numbering`."""
+world factor once, ``inside_node`` splits the world factors into parts that fill a node; the
+domains unflatten the logical world through :func:`numbering`."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
 
-from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
-from meshconf.core.hierarchy import describe_parts, rank_numbering
+from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS
+from meshconf.core.hierarchy import describe_parts, node_numbering, rank_numbering
 from meshconf.core.layout import Mode
 from meshconf.core.messages import did_you_mean
 
@@ -55,6 +56,41 @@ def check_order(spec: MeshSpec, result: Analysis) -> None:
             f"inner ({factors}); one of size 1 may go anywhere",
         )
     result.order = tuple(spec.order) if len(result.problems) == before else None
+
+
+def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
+    """The inside-node parts divide their degrees and multiply to gpus_per_node."""
+    if spec.inside_node is None:
+        return
+    inside = spec.inside_node
+    placed = [name for name in WORLD_FACTORS if inside[name] > 1]
+    product = math.prod(inside[name] for name in placed)
+    written = " * ".join(f"{name}({inside[name]})" for name in placed) or "no part above 1"
+    if spec.gpus_per_node is None:
+        result.fail(
+            ("inside_node",),
+            f"needs gpus_per_node: it places ranks inside nodes of that many GPUs "
+            f"({written}: {product} per node)",
+        )
+        return
+    if product != spec.gpus_per_node:
+        result.fail(
+            ("inside_node",),
+            f"{written}: {product} ranks per node != gpus_per_node {spec.gpus_per_node}; the "
+            "parts inside a node must fill it exactly (a world factor left out has 1 inside)",
+        )
+    degrees = result.degrees or spec.degrees
+    for name in placed:
+        if degrees[name] == AUTO:
+            result.wait(f"inside_node.{name}: divides the -1 degree {name}")
+        elif degrees[name] % inside[name]:
+            result.fail(
+                ("inside_node", name),
+                f"{inside[name]} ranks of {name} inside a node must divide {name}"
+                f"({degrees[name]}), so that the rest go across nodes in whole groups",
+            )
+    if not result.problems and result.degrees is not None and result.order is not None:
+        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node, result.order)
 
 
 def numbering(spec: MeshSpec, result: Analysis) -> tuple[Mode, ...] | None:

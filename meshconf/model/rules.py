@@ -23,10 +23,16 @@ from meshconf.core.degrees import (
     world_product,
 )
 from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
-from meshconf.core.hierarchy import NodePart, node_numbering
+from meshconf.core.hierarchy import NodePart
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 from meshconf.core.messages import did_you_mean, name_list
-from meshconf.model.numbering import check_order, describe_split, numbering, placement_keys
+from meshconf.model.numbering import (
+    check_inside_node,
+    check_order,
+    describe_split,
+    numbering,
+    placement_keys,
+)
 
 
 @dataclass(frozen=True)
@@ -163,41 +169,6 @@ def check_expert_borrow(spec: MeshSpec, result: Analysis) -> None:
             f"dp_shard({degrees['dp_shard']}) * cp({degrees['cp']}) * tp({degrees['tp']}) "
             f"= {lender}: experts borrow their ranks from those dims",
         )
-
-
-def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
-    """The inside-node parts divide their degrees and multiply to gpus_per_node."""
-    if spec.inside_node is None:
-        return
-    inside = spec.inside_node
-    placed = [name for name in WORLD_FACTORS if inside[name] > 1]
-    product = math.prod(inside[name] for name in placed)
-    written = " * ".join(f"{name}({inside[name]})" for name in placed) or "no part above 1"
-    if spec.gpus_per_node is None:
-        result.fail(
-            ("inside_node",),
-            f"needs gpus_per_node: it places ranks inside nodes of that many GPUs "
-            f"({written}: {product} per node)",
-        )
-        return
-    if product != spec.gpus_per_node:
-        result.fail(
-            ("inside_node",),
-            f"{written}: {product} ranks per node != gpus_per_node {spec.gpus_per_node}; the "
-            "parts inside a node must fill it exactly (a world factor left out has 1 inside)",
-        )
-    degrees = result.degrees or spec.degrees
-    for name in placed:
-        if degrees[name] == AUTO:
-            result.wait(f"inside_node.{name}: divides the -1 degree {name}")
-        elif degrees[name] % inside[name]:
-            result.fail(
-                ("inside_node", name),
-                f"{inside[name]} ranks of {name} inside a node must divide {name}"
-                f"({degrees[name]}), so that the rest go across nodes in whole groups",
-            )
-    if not result.problems and result.degrees is not None and result.order is not None:
-        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node, result.order)
 
 
 def check_derived(spec: MeshSpec, result: Analysis) -> None:
