@@ -49,6 +49,12 @@ from meshconf.sources.loading import at_world_size, load_config
 #: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
 MAX_SIMULATED_WORLD = 1 << 22
 _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
+#: The closing barrier of every closed context, kept until the interpreter exits. gloo's worker
+#: thread lets go of a finished collective a moment after the caller sees it finish; if its
+#: reference is the last one and the interpreter is already shutting down, freeing the work's
+#: tensors needs the GIL and the process aborts ("terminate called without an active
+#: exception"). A reference held here frees the work on the main thread, at exit.
+_LAST_BARRIERS: list[dist.Work] = []
 # Errors every rank already knows about (published, or each rank's own timeout).
 _ALREADY_KNOWN = (RankFailedError, SetupTimeoutError, CreationOrderError, KeyboardInterrupt)
 
@@ -395,7 +401,9 @@ class DistributedContext(RankFacts):
             return
         self._closed = True
         if wait and self.world_size > 1 and dist.is_initialized():
-            self.wait_world()
+            last = self._barrier()
+            last.wait()
+            _LAST_BARRIERS.append(last)
         self._requests.clear()
         self._meshes.clear()
         self._registry.destroy()

@@ -106,10 +106,16 @@ class RankFacts:
 
     def wait_world(self) -> None:
         """Block until every rank of the world gets here (a barrier on the default group)."""
+        self._barrier().wait()
+
+    def _barrier(self) -> dist.Work:
+        work: dist.Work | None
         if self.device.type == "cuda" and self.backend == "nccl":
-            dist.barrier(device_ids=[self.device.index or 0])
+            work = dist.barrier(device_ids=[self.device.index or 0], async_op=True)
         else:
-            dist.barrier()
+            work = dist.barrier(async_op=True)
+        assert work is not None  # async_op=True always returns the work
+        return work
 
     @contextmanager
     def main_process_first(self) -> Iterator[None]:
