@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from brute_force import errors, ravel, unravel
+from brute_force import assert_refused_only_for_uneven_groups, brute_force_groups, errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,30 +14,7 @@ from meshconf import ConfigError, load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors
 from meshconf.features.topology import topology_warnings
 
-
-def logical_index(rank: int, degrees: dict[str, int], inside: dict[str, int], gpus: int) -> int:
-    """What inside_node means, stated directly: the node and the local rank number the
-    across and inside parts row-major; a degree's index is across * inside_size + inside;
-    the logical index numbers the degrees row-major."""
-    inner = [inside.get(name, 1) for name in WORLD_FACTORS]
-    outer = [degrees[name] // part for name, part in zip(WORLD_FACTORS, inner, strict=True)]
-    node, local = divmod(rank, gpus)
-    across, within = unravel(node, outer), unravel(local, inner)
-    indices = [a * size + i for a, size, i in zip(across, inner, within, strict=True)]
-    return ravel(indices, [degrees[name] for name in WORLD_FACTORS])
-
-
-def brute_force_groups(
-    degrees: dict[str, int], inside: dict[str, int], gpus: int, sizes: list[int], axis: int
-) -> set[tuple[int, ...]]:
-    """The groups along dim ``axis`` of a domain that unflattens the logical index."""
-    world = math.prod(degrees[name] for name in WORLD_FACTORS)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for rank in range(world):
-        coordinate = unravel(logical_index(rank, degrees, inside, gpus), sizes)
-        del coordinate[axis]
-        groups.setdefault(tuple(coordinate), []).append(rank)
-    return {tuple(group) for group in groups.values()}
+DEFAULT_ORDER = list(WORLD_FACTORS)
 
 
 @st.composite
@@ -61,25 +38,13 @@ def test_every_group_is_the_brute_force_group_in_rank_order(
     try:
         config = load_config(data)
     except ConfigError as error:
-        # Only splitting a part unevenly may fail, and then a dim's groups are not the same
-        # shape everywhere, which no layout can describe.
-        (diagnostic,) = error.diagnostics
-        assert "unevenly" in diagnostic.message, diagnostic.render()
-        domain = diagnostic.message.split("domain '")[1].split("'")[0]
-        dim = diagnostic.message.split("(")[0]
-        dims = config_domains(degrees)[domain]
-        sizes = [size for _, size in dims]
-        axis = [name for name, _ in dims].index(dim)
-        shapes = {
-            tuple(rank - group[0] for rank in group)
-            for group in brute_force_groups(degrees, inside, gpus, sizes, axis)
-        }
-        assert len(shapes) > 1
+        assert_refused_only_for_uneven_groups(error, degrees, DEFAULT_ORDER, inside, gpus)
         return
     for domain, layout in config.layouts.items():
         sizes = list(layout.shape)
         for axis, dim in enumerate(layout.dims):
-            expected = brute_force_groups(degrees, inside, gpus, sizes, axis)
+            groups = brute_force_groups(degrees, DEFAULT_ORDER, inside, gpus, sizes, axis)
+            expected = {tuple(group) for group in groups.values()}
             actual = set()
             for rank in range(world):
                 group = layout.group(rank, dim.name).ranks()
@@ -89,15 +54,6 @@ def test_every_group_is_the_brute_force_group_in_rank_order(
             assert actual == expected, (domain, dim.name)
         for rank in range(world):
             assert layout.rank_at(layout.coordinate(rank)) == rank
-
-
-def config_domains(degrees: dict[str, int]) -> dict[str, list[tuple[str, int]]]:
-    sizes = dict(degrees)
-    sizes["efsdp"] = (
-        degrees["dp_shard"] * degrees["cp"] * degrees["tp"] // (degrees["ep"] * degrees["etp"])
-    )
-    sparse = ["pp", "dp_replicate", "efsdp", "ep", "etp"]
-    return {"sparse": [(name, sizes[name]) for name in sparse]}
 
 
 ISSUE_EXAMPLE = {

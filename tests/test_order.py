@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from brute_force import errors, ravel, unravel
+from brute_force import assert_refused_only_for_uneven_groups, brute_force_groups, errors
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,48 +20,6 @@ from meshconf.core.degrees import WORLD_FACTORS, divisors
 
 ORDERS = list(itertools.permutations(WORLD_FACTORS))
 META = ["dp_replicate", "dp_shard", "pp", "cp", "tp"]
-
-
-def factor_indices(
-    rank: int, degrees: dict[str, int], order: list[str], inside: dict[str, int], gpus: int
-) -> dict[str, int]:
-    """What order means, stated directly: the rank numbers the world factors row-major in
-    ``order``; with inside_node, the local rank numbers the inside parts and the node the
-    across parts, both row-major in ``order``, and a factor's index is across * inside + in."""
-    inner = {name: inside.get(name, 1) for name in WORLD_FACTORS}
-    outer = {name: degrees[name] // inner[name] for name in WORLD_FACTORS}
-    node, local = divmod(rank, gpus)
-    across = dict(zip(order, unravel(node, [outer[name] for name in order]), strict=True))
-    within = dict(zip(order, unravel(local, [inner[name] for name in order]), strict=True))
-    return {name: across[name] * inner[name] + within[name] for name in WORLD_FACTORS}
-
-
-def brute_force_groups(
-    degrees: dict[str, int],
-    order: list[str],
-    inside: dict[str, int],
-    gpus: int,
-    sizes: list[int],
-    axis: int,
-) -> dict[int, list[int]]:
-    """The group of every rank along dim ``axis`` of a domain of ``sizes``: the domains
-    unflatten the factors' indices numbered row-major in the default order."""
-    world = math.prod(degrees[name] for name in WORLD_FACTORS)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for rank in range(world):
-        indices = factor_indices(rank, degrees, order, inside, gpus)
-        logical = ravel(
-            [indices[name] for name in WORLD_FACTORS], [degrees[n] for n in WORLD_FACTORS]
-        )
-        coordinate = unravel(logical, sizes)
-        del coordinate[axis]
-        groups.setdefault(tuple(coordinate), []).append(rank)
-    return {rank: sorted(group) for group in groups.values() for rank in group}
-
-
-def expert_sizes(degrees: dict[str, int]) -> dict[str, int]:
-    lender = degrees["dp_shard"] * degrees["cp"] * degrees["tp"]
-    return {"efsdp": lender // (degrees["ep"] * degrees["etp"])}
 
 
 @st.composite
@@ -89,18 +47,7 @@ def _check_against_brute_force(
     try:
         config = load_config(data)
     except ConfigError as error:
-        # Only a dim that splits a factor's ranks unevenly may fail; its groups then differ in
-        # shape from rank to rank, which no layout describes.
-        (diagnostic,) = error.diagnostics
-        assert "unevenly" in diagnostic.message, diagnostic.render()
-        domain = diagnostic.message.split("domain '")[1].split("'")[0]
-        dim = diagnostic.message.split("(")[0]
-        assert (domain, dim) == ("sparse", "ep") or (domain, dim) == ("sparse", "efsdp")
-        names = ["pp", "dp_replicate", "efsdp", "ep", "etp"]
-        sizes = [{**degrees, **expert_sizes(degrees)}[name] for name in names]
-        groups = brute_force_groups(degrees, order, inside, gpus, sizes, names.index(dim))
-        shapes = {tuple(rank - group[0] for rank in group) for group in groups.values()}
-        assert len(shapes) > 1
+        assert_refused_only_for_uneven_groups(error, degrees, order, inside, gpus)
         return
     rank = rank_seed % world
     report = build_report(config, rank, list(config.layouts))
