@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from meshconf.core.formulas import Expr, parse
+from meshconf.core.formulas import Expr, evaluate, parse
 
 DATALOADING = "dataloading"
 DENSE = "dense"
@@ -26,6 +26,20 @@ DEFAULT_DERIVED: Mapping[str, str] = MappingProxyType(
 DEFAULT_FORMULAS: Mapping[str, Expr] = MappingProxyType(
     {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 )
+
+
+def default_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
+    """Every degree and the size of every default derived dim, for degrees whose derived
+    formulas divide exactly (the rules check that first).
+
+    Raises:
+        FormulaError: a formula does not divide exactly.
+    """
+    sizes = dict(degrees)
+    for name, formula in DEFAULT_FORMULAS.items():
+        sizes[name] = evaluate(formula, degrees)
+    return sizes
+
 
 #: Dims of each default domain, outer to inner.
 DEFAULT_DOMAINS: Mapping[str, tuple[str, ...]] = MappingProxyType(

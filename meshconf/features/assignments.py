@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS, divisors
-from meshconf.core.domains import DEFAULT_DOMAINS, DEFAULT_FORMULAS, SPARSE
+from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE, default_sizes
 from meshconf.core.errors import Problem
-from meshconf.core.formulas import evaluate
 from meshconf.core.hierarchy import rank_numbering
 from meshconf.core.layout import DomainLayout, UnevenSplitError
 from meshconf.features.plan_request import Request, pins_text, rule_inputs
@@ -119,12 +118,8 @@ class ValidAssignments:
         if order == WORLD_FACTORS:
             return True
         degrees = _degrees(self._request, factors)
-        dims = [
-            (name, evaluate(DEFAULT_FORMULAS[name], degrees))
-            if name in DEFAULT_FORMULAS
-            else (name, degrees[name])
-            for name in DEFAULT_DOMAINS[SPARSE]
-        ]
+        sizes = default_sizes(degrees)
+        dims = [(name, sizes[name]) for name in DEFAULT_DOMAINS[SPARSE]]
         try:
             DomainLayout.unflatten(SPARSE, dims, rank_numbering(degrees, order))
         except UnevenSplitError as error:

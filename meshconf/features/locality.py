@@ -17,8 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from meshconf.core.degrees import WORLD_FACTORS
-from meshconf.core.domains import DEFAULT_DOMAINS, DEFAULT_FORMULAS
-from meshconf.core.formulas import evaluate, names
+from meshconf.core.domains import DEFAULT_DOMAINS, default_sizes
 from meshconf.core.hierarchy import order_strides
 from meshconf.core.layout import groups_cross_nodes
 
@@ -32,9 +31,6 @@ HEAVY_DIMS = ("tp", "cp", "etp", "ep")
 LIGHT_DIMS = ("fsdp", "efsdp", "dp_replicate")
 
 _INNER_FIRST = tuple(reversed(WORLD_FACTORS))
-_FORMULA_NAMES = {
-    name: tuple(sorted(set(names(formula)))) for name, formula in DEFAULT_FORMULAS.items()
-}
 
 
 def home_domain(name: str) -> str:
@@ -48,8 +44,7 @@ def _inner_dims(name: str) -> tuple[str, ...]:
 
 
 class NodeLocality:
-    """The node locality of assignments of one world and one rank order; derived sizes are
-    remembered across assignments."""
+    """The node locality of assignments of one world and one rank order."""
 
     def __init__(
         self,
@@ -63,23 +58,11 @@ class NodeLocality:
         self._order = tuple(order)
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
         self._inner = {name: _inner_dims(name) for name in self.dims}
-        self._derived: dict[tuple[str, tuple[int, ...]], int] = {}
-
-    def sizes(self, degrees: Mapping[str, int]) -> dict[str, int]:
-        """Every degree and every default derived dim."""
-        sizes = dict(degrees)
-        for name, inputs in _FORMULA_NAMES.items():
-            key = (name, tuple(degrees[degree] for degree in inputs))
-            size = self._derived.get(key)
-            if size is None:
-                size = self._derived[key] = evaluate(DEFAULT_FORMULAS[name], degrees)
-            sizes[name] = size
-        return sizes
 
     def blocks(self, degrees: Mapping[str, int]) -> dict[str, int]:
         """Per ranked dim, the size times the stride of its outermost mode among the ranks:
         each of its groups lies in one aligned run of that many ranks."""
-        sizes = self.sizes(degrees)
+        sizes = default_sizes(degrees)
         rank_strides = order_strides(degrees, self._order)
         logical_strides = order_strides(degrees, WORLD_FACTORS)
         found: dict[str, int] = {}
