@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, usage_error
@@ -32,84 +34,91 @@ _CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule")
 _MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
+#: The option of each model and training setting, by attribute, in the order an emitted
+#: command line gives them.
+MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "model": "--model",
+        "model_file": "--model-file",
+        "seq_len": "--seq-len",
+        "micro_batch": "--micro-batch",
+        "global_batch_tokens": "--global-batch-tokens",
+        "param_dtype": "--param-dtype",
+        "grad_dtype": "--grad-dtype",
+        "checkpointing": "--activation-checkpointing",
+        "schedule": "--pp-schedule",
+        "virtual_stages": "--virtual-stages",
+        "gpu_memory_gib": "--gpu-memory-gib",
+        "intra_node_gbps": "--intra-node-gbps",
+        "inter_node_gbps": "--inter-node-gbps",
+        "peak_tflops": "--peak-tflops",
+        "mfu": "--mfu",
+    }
+)
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """``--model`` or ``--model-file``, and the training settings with their defaults."""
     group = parser.add_argument_group("model (memory and step-time estimates: docs/plan.md)")
-    group.add_argument("--model", metavar="NAME", help=f"a preset: {', '.join(PRESETS)}")
-    group.add_argument("--model-file", metavar="FILE", help="a model described in YAML")
-    group.add_argument(
-        "--seq-len", dest="seq_len", metavar="S", help=f"tokens per sequence ({_DEFAULTS.seq_len})"
-    )
-    group.add_argument(
-        "--micro-batch",
-        dest="micro_batch",
-        metavar="B",
-        help=f"sequences per micro-batch ({_DEFAULTS.micro_batch})",
-    )
-    group.add_argument(
-        "--global-batch-tokens",
-        dest="global_batch_tokens",
+
+    def option(name: str, **settings: Any) -> None:
+        group.add_argument(MODEL_OPTIONS[name], dest=name, **settings)
+
+    option("model", metavar="NAME", help=f"a preset: {', '.join(PRESETS)}")
+    option("model_file", metavar="FILE", help="a model described in YAML")
+    option("seq_len", metavar="S", help=f"tokens per sequence ({_DEFAULTS.seq_len})")
+    option("micro_batch", metavar="B", help=f"sequences per micro-batch ({_DEFAULTS.micro_batch})")
+    option(
+        "global_batch_tokens",
         metavar="T",
         help="tokens per step; sets the micro-batches per step (default: one per GPU)",
     )
     dtypes = tuple(DTYPE_BYTES)
-    group.add_argument(
-        "--param-dtype",
-        dest="param_dtype",
+    option(
+        "param_dtype",
         choices=dtypes,
         help=f"stored parameters and activations ({_DEFAULTS.param_dtype})",
     )
-    group.add_argument(
-        "--grad-dtype",
-        dest="grad_dtype",
-        choices=dtypes,
-        help=f"gradients and their reduction ({_DEFAULTS.grad_dtype})",
+    option(
+        "grad_dtype", choices=dtypes, help=f"gradients and their reduction ({_DEFAULTS.grad_dtype})"
     )
-    group.add_argument(
-        "--activation-checkpointing",
-        dest="checkpointing",
+    option(
+        "checkpointing",
         choices=CHECKPOINTING,
         help=f"what the backward pass recomputes ({_DEFAULTS.checkpointing})",
     )
-    group.add_argument(
-        "--pp-schedule",
-        dest="schedule",
-        choices=SCHEDULES,
-        help=f"pipeline schedule ({_DEFAULTS.schedule})",
-    )
-    group.add_argument(
-        "--virtual-stages",
-        dest="virtual_stages",
+    option("schedule", choices=SCHEDULES, help=f"pipeline schedule ({_DEFAULTS.schedule})")
+    option(
+        "virtual_stages",
         metavar="V",
         help="model chunks per pipeline rank, for --pp-schedule interleaved",
     )
-    group.add_argument(
-        "--gpu-memory-gib",
-        dest="gpu_memory_gib",
-        metavar="GIB",
-        help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})",
-    )
-    group.add_argument(
-        "--intra-node-gbps",
-        dest="intra_node_gbps",
+    option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})")
+    option(
+        "intra_node_gbps",
         metavar="GBPS",
         help=f"bandwidth per GPU inside a node, each way ({_DEFAULTS.intra_node_gbps:g})",
     )
-    group.add_argument(
-        "--inter-node-gbps",
-        dest="inter_node_gbps",
+    option(
+        "inter_node_gbps",
         metavar="GBPS",
         help=f"bandwidth per GPU across nodes ({_DEFAULTS.inter_node_gbps:g})",
     )
-    group.add_argument(
-        "--peak-tflops",
-        dest="peak_tflops",
+    option(
+        "peak_tflops",
         metavar="TF",
         help=f"peak dense TFLOP/s of one GPU ({_DEFAULTS.peak_tflops:g})",
     )
-    group.add_argument(
-        "--mfu", dest="mfu", metavar="F", help=f"fraction of peak reached ({_DEFAULTS.mfu:g})"
-    )
+    option("mfu", metavar="F", help=f"fraction of peak reached ({_DEFAULTS.mfu:g})")
+
+
+def model_words(args: argparse.Namespace) -> list[str]:
+    """The model and training options as given, as command-line words."""
+    return [
+        f"{flag} {getattr(args, name)}"
+        for name, flag in MODEL_OPTIONS.items()
+        if getattr(args, name) is not None
+    ]
 
 
 def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | int:
@@ -126,7 +135,7 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
         return "--model and --model-file exclude each other"
     if args.model is None and args.model_file is None:
         if given:
-            return f"{_flag(next(iter(given)))} needs --model or --model-file"
+            return f"{MODEL_OPTIONS[next(iter(given))]} needs --model or --model-file"
         return None, _DEFAULTS
     settings: dict[str, Any] = {}
     for name, text in given.items():
@@ -155,18 +164,11 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
         return EXIT_INVALID
 
 
-def _flag(name: str) -> str:
-    return {
-        "checkpointing": "--activation-checkpointing",
-        "schedule": "--pp-schedule",
-    }.get(name, "--" + name.replace("_", "-"))
-
-
 def _value(name: str, text: Any) -> int | float | str:
     """The number an option gives, or the message saying why it is not one."""
     if name in _INTEGERS:
         if not str(text).strip().isdigit() or int(text) < 1:
-            return f"{_flag(name)}: expected an integer >= 1, got {text!r}"
+            return f"{MODEL_OPTIONS[name]}: expected an integer >= 1, got {text!r}"
         return int(text)
     try:
         number = float(text)
@@ -174,7 +176,7 @@ def _value(name: str, text: Any) -> int | float | str:
         number = float("nan")
     if not number > 0 or number == float("inf") or (name == "mfu" and number > 1):
         bound = "a number in (0, 1]" if name == "mfu" else "a number > 0"
-        return f"{_flag(name)}: expected {bound}, got {text!r}"
+        return f"{MODEL_OPTIONS[name]}: expected {bound}, got {text!r}"
     return number
 
 

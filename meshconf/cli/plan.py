@@ -18,6 +18,7 @@ from meshconf.cli.estimate_options import (
     gib,
     memory_json,
     model_request,
+    model_words,
     settings_line,
 )
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
@@ -33,25 +34,6 @@ from meshconf.features.plan import (
 from meshconf.features.plan_request import PlanError, Request, node_warning, option_flag
 
 DEFAULT_LIMIT = 10
-#: The model and training options (flag, attribute), in the order an emitted command
-#: line gives them.
-_MODEL_FLAGS = (
-    ("--model", "model"),
-    ("--model-file", "model_file"),
-    ("--seq-len", "seq_len"),
-    ("--micro-batch", "micro_batch"),
-    ("--global-batch-tokens", "global_batch_tokens"),
-    ("--param-dtype", "param_dtype"),
-    ("--grad-dtype", "grad_dtype"),
-    ("--activation-checkpointing", "checkpointing"),
-    ("--pp-schedule", "schedule"),
-    ("--virtual-stages", "virtual_stages"),
-    ("--gpu-memory-gib", "gpu_memory_gib"),
-    ("--intra-node-gbps", "intra_node_gbps"),
-    ("--inter-node-gbps", "inter_node_gbps"),
-    ("--peak-tflops", "peak_tflops"),
-    ("--mfu", "mfu"),
-)
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
 _NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit")
 
@@ -85,15 +67,6 @@ def _command_line(request: Request, index: int, model_words: list[str]) -> str:
     words += model_words
     words.append(f"--emit {index}")
     return " ".join(words)
-
-
-def _model_words(args: argparse.Namespace) -> list[str]:
-    """The model and training options as given, for the emitted command line."""
-    return [
-        f"{flag} {getattr(args, name)}"
-        for flag, name in _MODEL_FLAGS
-        if getattr(args, name) is not None
-    ]
 
 
 def _dims_text(dims: Sequence[DimLocality]) -> str:
@@ -287,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             return usage_error(
                 f"--emit {index} is not a row: there are {plan.total} valid assignments"
             )
-        text = _emit_yaml(plan, index, _model_words(args))
+        text = _emit_yaml(plan, index, model_words(args))
         emit(lambda: print(text, end=""))
     elif args.format == "json":
         report = _json_report(plan)
