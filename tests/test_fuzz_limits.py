@@ -88,6 +88,19 @@ def test_interpolation_bomb_in_a_file_and_in_overrides(tmp_path: Path) -> None:
     ]
 
 
+def test_an_override_nesting_interpolations_too_deep_is_refused_before_omegaconf_parses_it(
+    tmp_path: Path,
+) -> None:
+    """OmegaConf parses an override's value when it sets it, and recurses without bound."""
+    nested = "${oc.select:" * 3000 + "x" + ",1}" * 3000
+    for override in (f"++deep={nested}", f"world_size={nested}"):
+        found = lines(tmp_path, "world_size: 8\n", override)
+        (line,) = found
+        assert line.startswith(
+            f"c.yaml:1:1: interpolations nested deeper than 16 (with overrides: {override[:40]}"
+        ), line
+
+
 def test_override_key_paths_deeper_than_configs_nest() -> None:
     key = ".".join(["a"] * 5000)
     with pytest.raises(SourceError) as caught:

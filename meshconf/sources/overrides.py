@@ -80,6 +80,9 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     missing = object()
+    # OmegaConf parses each ${...} as it creates or updates a node, recursing without bound,
+    # so the file and every override value are checked before it sees them; resolve() then
+    # checks what they add up to.
     try:
         check_interpolation(data)
         for override in overrides:
