@@ -21,6 +21,7 @@ from meshconf.compat.parallel_dims_common import (
     ParallelDimsMeshes,
     checked_config,
 )
+from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
 from meshconf.core.errors import Diagnostic
 
@@ -139,14 +140,7 @@ class ParallelDims(ParallelDimsMeshes):
                     )
                 ]
             )
-        degrees = {
-            "pp": self.pp,
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "cp": self.cp,
-            "tp": self.tp,
-            "ep": self.ep,
-        }
+        degrees = {name: getattr(self, name) for name in (*WORLD_FACTORS, "ep")}
         derived = {"dp": "dp_replicate * dp_shard"}
         meshes = _global_meshes(self.spmd_backend)
         self._start(checked_config(degrees, self.world_size, derived=derived, domains=meshes))

@@ -19,6 +19,7 @@ from meshconf.compat.parallel_dims_common import (
     ParallelDimsMeshes,
     checked_config,
 )
+from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
 
 if TYPE_CHECKING:
@@ -64,15 +65,7 @@ class ParallelDims(ParallelDimsMeshes):
     )
 
     def __post_init__(self) -> None:
-        degrees = {
-            "pp": self.pp,
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "cp": self.cp,
-            "tp": self.tp,
-            "ep": self.ep,
-            "etp": self.etp,
-        }
+        degrees = {name: getattr(self, name) for name in WORLD_FACTORS + EXPERT_DEGREES}
         self._start(checked_config(degrees, self.world_size))
 
     def _domains(self) -> dict[str, tuple[str, ...]]:
