@@ -5,10 +5,17 @@ Differences from ``yaml.safe_load``, each deliberate:
 * Scalars resolve as in YAML 1.2's core schema. ``yes``, ``on``, ``010``, ``1:00``, ``1_000``
   and dates stay strings, so the models can refuse them with the reason instead of silently
   reading ``010`` as 8.
-* A key given twice in one mapping is an error (PyYAML keeps the last one silently).
+* A key given twice in one mapping is an error (PyYAML keeps the last one silently); so is
+  a second ``<<`` merge key.
+* Merge keys follow the YAML merge spec whatever PyYAML's release does (6.0.4 changed which
+  of several merged mappings wins): keys written in the mapping win, then the first mapping
+  listed after ``<<``.
 * Hostile input fails fast with a located message: more than ``MAX_BYTES`` bytes, nesting
   deeper than ``MAX_DEPTH``, aliases that expand past ``MAX_NODES`` nodes or refer to
   themselves, integers with more than ``MAX_INT_DIGITS`` digits, characters YAML forbids.
+  These messages are meshconf's own, whichever PyYAML release reads the file: a limit of the
+  parser's own that it hits while reading ahead (libyaml in PyYAML 6.0.4 stops flow nesting
+  at 1,000 levels) does not hide a limit of meshconf's that the text before it exceeds.
 * An explicit tag must agree with its text (``!!int abc`` is an error, not a crash), and only
   the tags of plain data are accepted: ``!!set`` (no order), ``!!timestamp``, ``!!binary``,
   ``!!omap``, ``!!pairs`` and every application tag are refused. A key must not be null.
@@ -18,6 +25,7 @@ libyaml's C parser is used when PyYAML has it; the pure-Python one otherwise.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +49,29 @@ MAX_INT_DIGITS = 30
 
 
 class _Constructor(SafeConstructor):
+    def flatten_mapping(self, node: MappingNode) -> None:
+        """Replace ``<<`` pairs by the pairs they merge, in the order the YAML merge spec
+        ranks them: construction keeps the last of equal keys, so the lowest rank comes first
+        (the last mapping listed after ``<<``, ..., the first one, then the mapping's own)."""
+        own: list[tuple[Node, Node]] = []
+        merged: list[list[tuple[Node, Node]]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE_TAG:
+                own.append((key_node, value_node))
+                continue
+            listed = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+            for source in listed:
+                if not isinstance(source, MappingNode):
+                    raise ConstructorError(
+                        None,
+                        None,
+                        "a merge key (<<) takes a mapping or a list of mappings",
+                        source.start_mark,
+                    )
+                self.flatten_mapping(source)
+                merged.append(source.value)
+        node.value = [pair for pairs in reversed(merged) for pair in pairs] + own
+
     def construct_core_int(self, node: ScalarNode) -> int:
         text = str(self.construct_scalar(node))
         digits = text.lstrip("+-")
@@ -132,7 +163,29 @@ def _syntax_error(error: yaml.YAMLError) -> YamlError:
 
 
 def _check_depth(text: str) -> None:
-    """Walk the event stream (no recursion) so that deep nesting cannot crash the composer."""
+    """Refuse nesting deeper than ``MAX_DEPTH`` before the composer (which recurses) sees it.
+
+    A parser reads tokens ahead of the events it hands out, up to about 1,024 characters on a
+    line, and a release may enforce a limit of its own in that look-ahead (libyaml in PyYAML
+    6.0.4 stops at 1,000 flow levels). When the parser fails, the text before the point of
+    failure is walked once more: there the look-ahead ends with the text, and the events of
+    every complete token come out, so meshconf's own limit is found if that text exceeds it.
+    """
+    try:
+        _walk_depth(text)
+    except yaml.YAMLError as error:
+        # Cut where the parser failed, and if need be before the token it was reading (a quoted
+        # scalar left open fails at the end of the text; its context mark is where it began).
+        marks = [getattr(error, name, None) for name in ("problem_mark", "context_mark")]
+        for cut in sorted({mark.index for mark in marks if mark is not None}, reverse=True):
+            if 0 < cut < len(text):
+                with contextlib.suppress(yaml.YAMLError):  # the cut text may fail on its own
+                    _walk_depth(text[:cut])
+        raise
+
+
+def _walk_depth(text: str) -> None:
+    """Walk the event stream (no recursion), counting open collections."""
     depth = 0
     loader = _Loader(text)
     try:
@@ -172,7 +225,8 @@ class _Walker:
         if problem is not None:
             raise YamlError(problem, _position(node.start_mark))
         self._open.add(key)
-        count, depth = 1, 1
+        # Depth counts collections, as the event walk does: a scalar adds no level.
+        count, depth = 1, 0
         children: list[Node] = []
         if isinstance(node, MappingNode):
             children = [part for pair in node.value for part in pair]
@@ -181,7 +235,9 @@ class _Walker:
         for child in children:
             child_count, child_depth = self.measure(child)
             count += child_count
-            depth = max(depth, child_depth + 1)
+            depth = max(depth, child_depth)
+        if isinstance(node, (MappingNode, SequenceNode)):
+            depth += 1
         self._open.discard(key)
         if count > MAX_NODES:
             raise YamlError(
@@ -209,8 +265,18 @@ class _Walker:
     def _walk_mapping(self, node: MappingNode, path: KeyPath) -> None:
         first_seen: dict[tuple[str, str], Position] = {}
         merged: list[MappingNode] = []
+        merge_key: Position | None = None
         for key_node, value_node in node.value:
             if key_node.tag == MERGE_TAG:
+                here = _position(key_node.start_mark)
+                if merge_key is not None:
+                    raise YamlError(
+                        f"a second merge key (first given at line {merge_key.line}); list "
+                        "every mapping to merge after one <<, as in <<: [*a, *b]",
+                        here,
+                        path,
+                    )
+                merge_key = here
                 sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 merged.extend(source for source in sources if isinstance(source, MappingNode))
                 continue
@@ -230,14 +296,24 @@ class _Walker:
             child: KeyPath = (*path, _key_value(key_node))
             self.positions[child] = here
             self.walk(value_node, child)
-        # Keys pulled in with ``<<`` point at their definition, unless given explicitly here.
+        # Keys pulled in with ``<<`` point at their definition, unless given explicitly here;
+        # among merged mappings the first listed wins, as it does in construction.
         for source in merged:
-            for key_node, value_node in source.value:
-                if isinstance(key_node, ScalarNode) and key_node.tag != MERGE_TAG:
-                    child = (*path, _key_value(key_node))
-                    if child not in self.positions:
-                        self.positions[child] = _position(key_node.start_mark)
-                        self.walk(value_node, child)
+            self._walk_merged(source, path)
+
+    def _walk_merged(self, source: MappingNode, path: KeyPath) -> None:
+        nested: list[MappingNode] = []
+        for key_node, value_node in source.value:
+            if key_node.tag == MERGE_TAG:
+                listed = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
+                nested.extend(node for node in listed if isinstance(node, MappingNode))
+            elif isinstance(key_node, ScalarNode):
+                child = (*path, _key_value(key_node))
+                if child not in self.positions:
+                    self.positions[child] = _position(key_node.start_mark)
+                    self.walk(value_node, child)
+        for node in nested:
+            self._walk_merged(node, path)
 
 
 def _key_value(node: ScalarNode) -> str | int:
