@@ -13,6 +13,7 @@ that is bound but not listening: nothing answers there, as when rank 0 never sta
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -71,10 +72,15 @@ def _entry(
     local_world_size: int | None,
     port: int,
     store: str,
+    stderr_dir: str | None,
     args: tuple[Any, ...],
 ) -> None:
     import torch
 
+    if stderr_dir is not None:
+        # The descriptor itself, so that what torch's C++ code logs is caught too.
+        with open(os.path.join(stderr_dir, f"rank{rank}.stderr"), "wb") as file:
+            os.dup2(file.fileno(), 2)
     torch.set_num_threads(1)
     env = environ(rank, world_size, port, local_world_size)
     if store == "absent":
@@ -88,18 +94,20 @@ def run_ranks(
     *args: Any,
     local_world_size: int | None = None,
     store: str = "agent",
+    stderr_dir: str | None = None,
 ) -> None:
     """Call ``function(rank, environ, *args)`` on ``world_size`` forked processes, which
     the environment says run ``local_world_size`` to a node (default: all on one).
 
     ``store="agent"``: the rendezvous store runs in this process; ``"absent"``: no store
     answers at MASTER_PORT (rank 0 is expected to host it and is made to stay away).
+    ``stderr_dir``: each rank's standard error goes to ``rank<r>.stderr`` there.
     Any assertion that fails on any rank fails the caller with that rank's traceback.
     """
     with _port(store) as port:
         mp.start_processes(
             _entry,
-            args=(function, world_size, local_world_size, port, store, args),
+            args=(function, world_size, local_world_size, port, store, stderr_dir, args),
             nprocs=world_size,
             start_method="fork",
         )

@@ -185,3 +185,26 @@ def _rank_0_hosting_the_store_never_starts(rank: int, environ: dict[str, str]) -
 
 def test_rank_0_that_should_host_the_store_and_never_starts_is_named() -> None:
     run_ranks(_rank_0_hosting_the_store_never_starts, 8, store="absent")
+
+
+LATE_S = 5
+
+
+def _one_rank_arrives_late(rank: int, environ: dict[str, str]) -> None:
+    if rank == 3:
+        time.sleep(LATE_S)
+    degrees = {"dp_shard": 2, "tp": 2}
+    config = load_config({"world_size": 4, "degrees": degrees, "runtime": {"setup_timeout_s": 60}})
+    with DistributedContext(config, environ=environ) as ctx:
+        tp = ctx.get_mesh("tp")
+        total = all_reduce(torch.tensor([float(rank)]), "sum", tp)
+        assert total.item() == sum(dist.get_process_group_ranks(tp.get_group()))
+        assert ctx.get_mesh("fsdp").size() == 2
+
+
+def test_ranks_waiting_for_a_late_rank_log_nothing(tmp_path: Path) -> None:
+    """The three ranks that wait 5 s for the fourth print nothing while they wait: no line of
+    torch's on any rank's standard error, and every rank builds its meshes."""
+    run_ranks(_one_rank_arrives_late, 4, stderr_dir=str(tmp_path))
+    logs = {path.name: path.read_text() for path in sorted(tmp_path.glob("rank*.stderr"))}
+    assert logs == {f"rank{rank}.stderr": "" for rank in range(4)}

@@ -29,6 +29,13 @@ from meshconf.runtime.launch import Launch, LaunchError
 PHASES = ("joined", "checked", "built")
 _FAILED = "failed"
 _MISSING_SHOWN = 8  # ranks named in a message; the rest are counted
+# A waiting rank asks the store again after 1 ms, then after twice as long each time, up to a
+# pause that grows with the world (50 ms at least, 1 s at most): W ranks pausing W * 50 us
+# send one store at most 40,000 requests a second (two per pause: a failure, then the keys),
+# and no rank sees the last arrival more than a second late.
+_FIRST_PAUSE_S = 0.001
+_PAUSE_PER_RANK_S = 50e-6
+_LONGEST_PAUSE_RANGE_S = (0.05, 1.0)
 
 
 class RuntimeSetupError(MeshconfError):
@@ -68,6 +75,8 @@ class Rendezvous:
         generation = store.add(f"meshconf/contexts/{rank}", 1)
         self.store: Store = PrefixStore(f"meshconf/{generation}", store)
         self.failed = False
+        shortest, longest = _LONGEST_PAUSE_RANGE_S
+        self._longest_pause_s = min(longest, max(shortest, launch.world_size * _PAUSE_PER_RANK_S))
 
     @classmethod
     def connect(cls, launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendezvous:
@@ -141,27 +150,31 @@ class Rendezvous:
     def wait_for(self, keys: list[str], what: str, *, failures_first: bool = True) -> None:
         """Wait until every key exists, or another rank fails, within the set-up bound.
 
-        With ``failures_first=False`` keys that all exist win over a failure elsewhere.
+        With ``failures_first=False`` keys that all exist win over a failure elsewhere. The
+        store is asked with ``check``, which answers at once, at growing intervals: torch's
+        ``wait`` logs two warning lines on every rank each time it times out, the very lines
+        a user reading the logs of a slow or missing rank does not need.
 
         Raises:
             RankFailedError: another rank published its reason.
             SetupTimeoutError: the keys did not all appear in time; ``what`` says what waited.
         """
         deadline = time.monotonic() + self.timeout_s
+        pause = _FIRST_PAUSE_S
         while True:
             if not failures_first and self.store.check(keys):
                 return
             self.check_failures()
-            remaining = max(deadline - time.monotonic(), 0.0)
-            try:
-                self.store.wait(keys, timedelta(seconds=max(min(remaining, 1.0), 0.01)))
+            if self.store.check(keys):
                 return
-            except dist.DistStoreError:
-                if remaining <= 1.0:
-                    self.check_failures()
-                    raise SetupTimeoutError(
-                        f"{what} within {self.timeout_s:g} s (runtime.setup_timeout_s)"
-                    ) from None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.check_failures()
+                raise SetupTimeoutError(
+                    f"{what} within {self.timeout_s:g} s (runtime.setup_timeout_s)"
+                )
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, self._longest_pause_s)
 
     def phase(self, name: str, value: str = "") -> None:
         """Mark this rank through ``name`` and wait for every rank to be.
