@@ -4,6 +4,7 @@ messages a config is refused with."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -61,17 +62,30 @@ def brute_force_groups(
 ) -> dict[int, list[int]]:
     """The group of every rank along dim ``axis`` of a domain of ``sizes``: the domains
     unflatten the factors' indices numbered row-major in the default order."""
-    world = math.prod(degrees[name] for name in WORLD_FACTORS)
+    placed = tuple(inside.get(name, 1) for name in WORLD_FACTORS)
+    logical = _logical_indices(tuple(degrees[n] for n in WORLD_FACTORS), tuple(order), placed, gpus)
     groups: dict[tuple[int, ...], list[int]] = {}
-    for rank in range(world):
-        indices = factor_indices(rank, degrees, order, inside, gpus)
-        logical = ravel(
-            [indices[name] for name in WORLD_FACTORS], [degrees[n] for n in WORLD_FACTORS]
-        )
-        coordinate = unravel(logical, sizes)
+    for rank, index in enumerate(logical):
+        coordinate = unravel(index, sizes)
         del coordinate[axis]
         groups.setdefault(tuple(coordinate), []).append(rank)
     return {rank: sorted(group) for group in groups.values() for rank in group}
+
+
+@functools.lru_cache(maxsize=4)  # every dim of every domain of one world reads the same
+def _logical_indices(
+    factors: tuple[int, ...], order: tuple[str, ...], placed: tuple[int, ...], gpus: int
+) -> tuple[int, ...]:
+    """Each rank's index in the default numbering of the world factors."""
+    degrees = dict(zip(WORLD_FACTORS, factors, strict=True))
+    inside = dict(zip(WORLD_FACTORS, placed, strict=True))
+    return tuple(
+        ravel([indices[name] for name in WORLD_FACTORS], list(factors))
+        for indices in (
+            factor_indices(rank, degrees, list(order), inside, gpus)
+            for rank in range(math.prod(factors))
+        )
+    )
 
 
 SPARSE_DIMS = ["pp", "dp_replicate", "efsdp", "ep", "etp"]

@@ -9,7 +9,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+# MESHCONF_TEST_YAML=pure hides libyaml before anything imports PyYAML, so that the tests read
+# YAML with PyYAML's pure-Python parser, as a user without libyaml does (.ci/run's
+# compatibility stage; tests/test_yaml_releases.py checks which parser is in use).
+if os.environ.get("MESHCONF_TEST_YAML") == "pure":
+    sys.modules["yaml._yaml"] = None  # type: ignore[assignment]
+
 import pytest
+from _pytest.mark.expression import Expression
 
 from meshconf.cli import main
 
@@ -36,7 +43,9 @@ SLOW_MODULES = frozenset(
         "test_compat_d9d",
         "test_compat_torchtitan",
         "test_compat_torchtitan_v0_2",
+        "test_cuda",
         "test_docs",
+        "test_fuzz",
         "test_layers",
         "test_order_runtime",
         "test_plan_memory_gloo",
@@ -51,10 +60,61 @@ SLOW_MODULES = frozenset(
 )
 
 
+#: Test modules that fork ranks of real process groups. Under pytest-xdist (``-n``) they run
+#: one after another on one worker: two 8-rank worlds at once on two cores would leave each
+#: too little of the time bounds their set-up checks test.
+RANK_MODULES = frozenset(
+    {
+        "test_compat_d9d",
+        "test_compat_torchtitan",
+        "test_compat_torchtitan_v0_2",
+        "test_order_runtime",
+        "test_plan_memory_gloo",
+        "test_runtime_failures",
+        "test_runtime_gloo",
+        "test_runtime_oracle",
+        "test_runtime_single",
+        "test_runtime_training",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if item.path.stem in RANK_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ranks"))
+        if item.path.stem == "test_docs":
+            # One worker runs every page: the first page's test starts them all (tests/test_docs.py).
+            item.add_marker(pytest.mark.xdist_group("docs"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``-n`` with ``--dist loadgroup``, refuse to run if pytest-xdist could not mark the
+    groups (it appends ``@group`` to node ids; a pytest release changed where they are kept)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (such as {lost[0]}): this pair of "
+            "pytest and pytest-xdist releases cannot run them under --dist loadgroup"
+        )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave out a slow module when ``-m`` deselects every slow test: importing it (torch,
+    Megatron) costs seconds that its deselected tests would not use."""
+    if collection_path.stem not in SLOW_MODULES or not config.option.markexpr:
+        return None
+    selects_slow = Expression.compile(config.option.markexpr).evaluate(lambda name: name == "slow")
+    return True if not selects_slow else None
 
 
 def run_in_process(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

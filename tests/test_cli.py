@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO, TEXTBOOK, run_in_process
 
 import meshconf
@@ -225,6 +226,7 @@ def test_validate_json_key_and_overrides(run_cli, tmp_path: Path) -> None:  # ty
     assert result.returncode == 2 and "expected key=value" in result.stderr
 
 
+@pytest.mark.slow  # starts Python processes
 def test_no_torch_on_the_validate_path(tmp_path: Path) -> None:
     path = write(tmp_path, TORCHTITAN)
     code = (
@@ -269,6 +271,7 @@ def test_every_option_and_argument_has_help_text() -> None:
     assert set(_parsers()) == {"meshconf", *(f"meshconf {verb}" for verb in VERBS)}
 
 
+@pytest.mark.slow  # starts Python processes
 def test_simulate_several_ranks_in_one_process(run_cli) -> None:  # type: ignore[no-untyped-def]
     result = run_cli(
         "simulate",

@@ -30,11 +30,15 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from forkserver import SHIM
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -270,13 +274,47 @@ def make_scratch(tmp_path: Path) -> Path:
     return scratch
 
 
-def environment() -> dict[str, str]:
+def environment(forkserver: Path | None = None) -> dict[str, str]:
+    """The environment of the docs' commands; with ``forkserver`` (the folder of its socket
+    and shim), ``meshconf`` is the shim that runs commands there (tests/forkserver.py)."""
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    path = [str(Path(sys.executable).parent), env.get("PATH", "")]
+    if forkserver is not None:
+        path.insert(0, str(forkserver / "bin"))
+        env["MESHCONF_FORKSERVER"] = str(forkserver / "socket")
+    env["PATH"] = os.pathsep.join(path)
     # Interleave stdout and stderr as a terminal would show them.
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@contextmanager
+def forkserver(folder: Path) -> Iterator[Path]:
+    """Serve the docs' ``meshconf`` commands from one process that has imported the command
+    line (tests/forkserver.py); yields the folder to hand to :func:`environment`."""
+    shim = folder / "bin" / "meshconf"
+    shim.parent.mkdir()
+    shim.write_text(SHIM.format(python=sys.executable))
+    shim.chmod(0o755)
+    socket_path = folder / "socket"
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "forkserver.py"), str(socket_path)],
+        env=environment(),
+        cwd=folder,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not socket_path.exists():
+            assert server.poll() is None and time.monotonic() < deadline, "no fork server"
+            time.sleep(0.05)
+        yield folder
+    finally:
+        socket_path.unlink(missing_ok=True)  # the server stops once its commands are done
+        try:
+            server.wait(TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def run_command(command: Command, name: str, cwd: Path, env: dict[str, str]) -> str | None:
@@ -354,14 +392,13 @@ def run_script(
     return f"{where}\n" + "\n".join(problems) if problems else None
 
 
-def check_doc(doc: Path, tmp_path: Path) -> list[str]:
+def check_doc(doc: Path, tmp_path: Path, env: dict[str, str]) -> list[str]:
     """Run every step of one doc in a fresh scratch copy; return the problems found."""
     name = doc.relative_to(ROOT).as_posix()
     steps, failures = parse_doc(doc.read_text(encoding="utf-8"), name)
     scratch = make_scratch(tmp_path)
     snippets = tmp_path / "snippets"
     snippets.mkdir()
-    env = environment()
     for step in steps:
         if isinstance(step, Command):
             failure = run_command(step, name, scratch, env)
@@ -385,21 +422,26 @@ def estimated_cost(doc: Path) -> int:
 @pytest.fixture(scope="session")
 def doc_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[Path, Future[list[str]]]:
+) -> Iterator[dict[Path, Future[list[str]]]]:
     """Start every selected doc at once, on a few threads: each doc's steps stay in order,
-    and different docs run side by side, which keeps the whole test within a minute."""
+    and different docs run side by side, their ``meshconf`` commands served by one fork
+    server."""
     selected = [
         item.callspec.params["doc"]
         for item in request.session.items
         if item.module is sys.modules[__name__] and hasattr(item, "callspec")
     ]
     selected = [doc for doc in selected if isinstance(doc, Path)]
-    pool = ThreadPoolExecutor(max_workers=WORKERS)
-    request.addfinalizer(lambda: pool.shutdown(cancel_futures=True))
-    return {
-        doc: pool.submit(check_doc, doc, tmp_path_factory.mktemp(doc.stem))
-        for doc in sorted(selected, key=estimated_cost, reverse=True)
-    }
+    with forkserver(tmp_path_factory.mktemp("forkserver")) as folder:
+        env = environment(folder)
+        pool = ThreadPoolExecutor(max_workers=WORKERS)
+        try:
+            yield {
+                doc: pool.submit(check_doc, doc, tmp_path_factory.mktemp(doc.stem), env)
+                for doc in sorted(selected, key=estimated_cost, reverse=True)
+            }
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 # A doc's run starts when one of the WORKERS threads is free, so the first test may wait for

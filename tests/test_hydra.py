@@ -189,6 +189,7 @@ def _run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # runs the Hydra app in its own process
 def test_app_multirun_over_options_and_overrides(tmp_path: Path) -> None:
     result = _run_app(
         "--multirun",
@@ -208,6 +209,7 @@ def test_app_multirun_over_options_and_overrides(tmp_path: Path) -> None:
     assert len(list((tmp_path / "multirun").glob("*/.hydra/overrides.yaml"))) == 4
 
 
+@pytest.mark.slow  # runs the Hydra app in its own process
 def test_app_reports_an_invalid_mesh_without_a_traceback(tmp_path: Path) -> None:
     result = _run_app("parallelism.degrees.tp=3", f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert result.returncode == 1
@@ -274,6 +276,7 @@ def test_an_unset_environment_variable_is_one_error_at_its_key(
     assert raised.value.diagnostics[0].path == ("parallelism", "world_size")
 
 
+@pytest.mark.slow  # runs the Hydra app in its own process
 def test_app_reports_an_unset_environment_variable_in_one_line(tmp_path: Path) -> None:
     override = "parallelism.world_size=${oc.env:MESHCONF_UNSET}"
     result = _run_app(override, f"hydra.run.dir={tmp_path}", cwd=tmp_path)

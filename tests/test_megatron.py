@@ -5,24 +5,18 @@ by rank, the groups of the converted meshconf config's dims."""
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from megatron_rank_generator import RankGenerator
 
 from meshconf.core.layout import DomainLayout
 from meshconf.features.convert import ConversionError, convert_megatron
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
 from meshconf.features.convert.megatron_input import read_command_line
 from meshconf.sources.loading import load_config
-
-with warnings.catch_warnings():
-    # Megatron warns at import that Transformer Engine and Apex are missing; only its rank
-    # arithmetic is used here.
-    warnings.simplefilter("ignore")
-    from megatron.core.parallel_state import RankGenerator
 
 ORDERS = ["-".join(names) for names in itertools.permutations(("tp", "cp", "ep", "dp", "pp"))]
 #: Orders without ep, which Megatron completes with ep outermost, and refuses when ep > 1.

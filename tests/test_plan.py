@@ -218,7 +218,8 @@ def _brute_force_count(world: int, pins: dict[str, int], order: list[str] | None
     ordered = {} if order is None else {"order": order}
     experts = {name: pins[name] for name in ("ep", "etp") if name in pins}
     count = 0
-    for values in itertools.product(range(1, world + 1), repeat=len(WORLD_FACTORS)):
+    divisors = [size for size in range(1, world + 1) if world % size == 0]
+    for values in itertools.product(divisors, repeat=len(WORLD_FACTORS)):
         if math.prod(values) != world:
             continue
         degrees = dict(zip(WORLD_FACTORS, values, strict=True))

@@ -184,6 +184,7 @@ def test_hydra_flavor_accepts_interpolations_defaults_and_target() -> None:
     assert not _valid({"degrees": {"tp": "eight"}}, "hydra")
 
 
+@pytest.mark.slow  # runs check-jsonschema
 def test_check_jsonschema_accepts_every_valid_example() -> None:
     valid = sorted(EXAMPLES.glob("*.yaml")) + sorted((EXAMPLES / "migration").glob("*.yaml"))
     assert _check_jsonschema(SCHEMA, *valid)["status"] == "ok"
@@ -193,6 +194,7 @@ def test_check_jsonschema_accepts_every_valid_example() -> None:
     assert _check_jsonschema(experiment_schema, experiment)["status"] == "ok"
 
 
+@pytest.mark.slow  # runs check-jsonschema
 def test_check_jsonschema_rejects_exactly_the_structural_errors() -> None:
     """Each invalid example says whether the schema can see its problem; formulas it cannot."""
     failed = _failed(_check_jsonschema(SCHEMA, *INVALID))
@@ -205,6 +207,7 @@ def test_check_jsonschema_rejects_exactly_the_structural_errors() -> None:
     assert len(formulas) >= 12
 
 
+@pytest.mark.slow  # runs check-jsonschema
 def test_hydra_options_fail_the_plain_schema(tmp_path: Path) -> None:
     """The Hydra options use `defaults`, which only the hydra flavor knows."""
     shutil.copy(HYDRA_OPTIONS[0], tmp_path / "option.yaml")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from meshconf.core.formulas import Expr, evaluate, parse
+from meshconf.core.formulas import Expr, compile_formula, parse
 
 DATALOADING = "dataloading"
 DENSE = "dense"
@@ -26,6 +26,7 @@ DEFAULT_DERIVED: Mapping[str, str] = MappingProxyType(
 DEFAULT_FORMULAS: Mapping[str, Expr] = MappingProxyType(
     {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 )
+_DEFAULT_SIZES = tuple((name, compile_formula(expr)) for name, expr in DEFAULT_FORMULAS.items())
 
 
 def default_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
@@ -36,8 +37,8 @@ def default_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
         FormulaError: a formula does not divide exactly.
     """
     sizes = dict(degrees)
-    for name, formula in DEFAULT_FORMULAS.items():
-        sizes[name] = evaluate(formula, degrees)
+    for name, size_of in _DEFAULT_SIZES:
+        sizes[name] = size_of(degrees)
     return sizes
 
 

@@ -12,7 +12,7 @@ only works out by rounding describes a mesh that does not exist. Nothing here ca
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from meshconf.core.errors import MeshconfError
@@ -170,16 +170,31 @@ def evaluate(expr: Expr, values: Mapping[str, int]) -> int:
     Raises :class:`FormulaError` naming the division that does not, e.g.
     ``4 / 8 is not an integer``. Every name must be in ``values``.
     """
+    return compile_formula(expr)(values)
+
+
+def compile_formula(expr: Expr) -> Callable[[Mapping[str, int]], int]:
+    """:func:`evaluate` of ``expr`` as a function of the values, for a formula computed many
+    times (a plan computes the default formulas for every assignment it ranks).
+
+    The function raises :class:`FormulaError` as :func:`evaluate` does.
+    """
     if isinstance(expr, Name):
-        return values[expr.name]
+        name = expr.name
+        return lambda values: values[name]
     if isinstance(expr, Literal):
-        return expr.value
-    left = evaluate(expr.left, values)
-    right = evaluate(expr.right, values)
+        value = expr.value
+        return lambda values: value
+    left, right = compile_formula(expr.left), compile_formula(expr.right)
     if expr.operator == "*":
-        return left * right
-    if right == 0:
-        raise FormulaError(f"{left} / 0 divides by zero")
-    if left % right:
-        raise FormulaError(f"{left} / {right} is not an integer")
-    return left // right
+        return lambda values: left(values) * right(values)
+
+    def divide(values: Mapping[str, int]) -> int:
+        numerator, denominator = left(values), right(values)
+        if denominator == 0:
+            raise FormulaError(f"{numerator} / 0 divides by zero")
+        if numerator % denominator:
+            raise FormulaError(f"{numerator} / {denominator} is not an integer")
+        return numerator // denominator
+
+    return divide
