@@ -52,6 +52,11 @@ def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
     torch_pins = [r for r in requires if r.startswith("torch") and "==" in r.split(";")[0]]
     assert torch_pins == ["torch==2.13.0; extra == 'dev'"]
     assert "torch<2.15,>=2.13; extra == 'torch'" in requires
+    # torch's wheels do not require NumPy, and without it every import of torch warns.
+    assert "numpy<3,>=1.26; extra == 'torch'" in requires
+    # Every runtime dependency is bounded above (pyproject.toml says why each bound is there).
+    core = [r.split(";")[0] for r in requires if "extra ==" not in r]
+    assert core and all("<" in requirement for requirement in core), core
     assert set(metadata.get_all("Provides-Extra") or []) == {"torch", "hydra", "png", "dev"}
 
 

@@ -96,6 +96,7 @@ class DistributedContext(RankFacts):
     #: Where the groups sit badly on nodes (``meshconf show``'s warnings, for the node size
     #: in the config or else the launcher's LOCAL_WORLD_SIZE); rank 0 also warns with them.
     topology_warnings: list[str]
+    _rendezvous: Rendezvous | None
 
     def __init__(self, config: MeshConfig, *, environ: Mapping[str, str] | None = None) -> None:
         """Join the world, check that every rank has the same config and, with
@@ -182,6 +183,7 @@ class DistributedContext(RankFacts):
             rank, size = dist.get_rank(), dist.get_world_size()
             launch = Launch(rank, size, rank, size, "none")
         self._prepare(config, launch, device, backend, owns_default_group)
+        self._rendezvous = rendezvous
         if rendezvous is not None:
             self._check_same_config(rendezvous)
         if owns_default_group:
@@ -259,6 +261,7 @@ class DistributedContext(RankFacts):
         self.device = device
         self.backend = backend
         self._owns_default_group = owns_default_group
+        self._rendezvous = None
         self._closed = False
         self._registry = GroupRegistry(
             launch.world_size, backend, timedelta(seconds=self.config.runtime.timeout_s)
@@ -393,17 +396,21 @@ class DistributedContext(RankFacts):
 
         The wait keeps a rank from closing connections that another rank's last collectives
         still use (gloo aborts that rank's process). Leaving a ``with`` block by an exception
-        skips it, since the other ranks may never arrive."""
+        skips it, and so does a set-up that failed (a mesh asked for lazily that could not be
+        built), since the other ranks may never arrive."""
         self._close(wait=True)
 
     def _close(self, *, wait: bool) -> None:
         if self._closed:
             return
         self._closed = True
-        if wait and self.world_size > 1 and dist.is_initialized():
+        failed = self._rendezvous is not None and self._rendezvous.failed
+        if wait and not failed and self.world_size > 1 and dist.is_initialized():
             last = self._barrier()
             last.wait()
             _LAST_BARRIERS.append(last)
+            if self._rendezvous is not None:
+                self._rendezvous.closed()
         self._requests.clear()
         self._meshes.clear()
         self._registry.destroy()

@@ -75,6 +75,7 @@ class CreationOrder:
             SetupTimeoutError: otherwise.
         """
         self.rendezvous.check_failures()
+        self.rendezvous.failed = True
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise SetupTimeoutError(
             f"rank {self.rendezvous.launch.rank} could not create its process group for "

@@ -16,6 +16,7 @@ have read the reason (or the bound passes), since the store ends with its proces
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -74,6 +75,7 @@ class Rendezvous:
         # The n-th context of every rank shares one key space, even in a job that makes several.
         generation = store.add(f"meshconf/contexts/{rank}", 1)
         self.store: Store = PrefixStore(f"meshconf/{generation}", store)
+        #: Set-up failed, on this rank or another (published, read, or timed out).
         self.failed = False
         shortest, longest = _LONGEST_PAUSE_RANGE_S
         self._longest_pause_s = min(longest, max(shortest, launch.world_size * _PAUSE_PER_RANK_S))
@@ -133,6 +135,7 @@ class Rendezvous:
             self._raise_failure()
 
     def _raise_failure(self) -> None:
+        self.failed = True
         reason = self.store.get(_FAILED).decode()
         self.store.add("acknowledged", 1)
         self._keep_store_until_read()
@@ -170,6 +173,7 @@ class Rendezvous:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.check_failures()
+                self.failed = True
                 raise SetupTimeoutError(
                     f"{what} within {self.timeout_s:g} s (runtime.setup_timeout_s)"
                 )
@@ -203,6 +207,17 @@ class Rendezvous:
         if phase == "checked":
             return f"{ranks} did not finish checking the config {rule}"
         return f"{ranks} did not finish creating their process groups {rule}"
+
+    def closed(self) -> None:
+        """After the closing barrier: wait, within the bound, until every rank has left it.
+
+        A rank that finished the barrier has everything it needs, but another may still be
+        reading the barrier's last messages from it; closing the connection under it makes
+        gloo abort that rank ("Connection closed by peer"). The store is not a connection of
+        any process group. A rank that never comes is not waited for past the bound.
+        """
+        with contextlib.suppress(SetupTimeoutError, RankFailedError):
+            self.phase("closed")
 
     def value_of(self, key: str) -> str:
         return str(self.store.get(key).decode())
