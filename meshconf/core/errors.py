@@ -10,6 +10,7 @@ long caught as ``ValueError`` or ``KeyError`` are also that.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,13 +40,22 @@ def printable(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
+def _digits(value: int) -> str:
+    """How many digits ``value`` has, in words: Python refuses to write an integer of more
+    than ``sys.get_int_max_str_digits()`` digits (4,300 by default) as text."""
+    try:
+        return str(len(str(abs(value))))
+    except ValueError:
+        return f"more than {sys.get_int_max_str_digits():,}"
+
+
 def describe_value(value: object) -> str:
     """Name a value and its type for an error message: ``the string '8'``."""
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, int):
         if value.bit_length() > 100:
-            return f"an integer of {len(str(abs(value)))} digits"
+            return f"an integer of {_digits(value)} digits"
         return f"the integer {value}"
     if isinstance(value, float):
         return f"the float {value!r}"

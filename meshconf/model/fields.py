@@ -58,17 +58,20 @@ def _integer(
         )
     if auto and value == AUTO:
         return value
+    # Huge integers are named by their digits: pydantic formats the context as text, and
+    # Python refuses to write an integer of more than 4,300 digits.
+    shown = str(value) if value.bit_length() <= 100 else describe_value(value)
     if value < minimum:
         raise PydanticCustomError(
             "integer_range",
             "expected {expected}, got {value}",
-            {"expected": expected, "value": value},
+            {"expected": expected, "value": shown},
         )
     if value > maximum:
         raise PydanticCustomError(
             "integer_range",
             "{value} is larger than {maximum}, {limit}",
-            {"value": value, "maximum": maximum, "limit": limit},
+            {"value": shown, "maximum": maximum, "limit": limit},
         )
     return value
 
