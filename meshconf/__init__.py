@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         SPARSE,
     )
     from meshconf.core.errors import (
+        ArgumentTypeError,
         ConfigError,
         Diagnostic,
         InvalidArgumentError,
@@ -48,6 +49,7 @@ _HOMES = {
     ),
     **dict.fromkeys(
         (
+            "ArgumentTypeError",
             "ConfigError",
             "Diagnostic",
             "InvalidArgumentError",
@@ -93,6 +95,7 @@ __all__ = [
     "DENSE",
     "LOSS",
     "SPARSE",
+    "ArgumentTypeError",
     "ConfigError",
     "Degrees",
     "Diagnostic",

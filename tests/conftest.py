@@ -46,6 +46,7 @@ SLOW_MODULES = frozenset(
         "test_cuda",
         "test_docs",
         "test_fuzz",
+        "test_fuzz_surfaces",
         "test_layers",
         "test_order_runtime",
         "test_plan_memory_gloo",

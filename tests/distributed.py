@@ -13,10 +13,12 @@ that is bound but not listening: nothing answers there, as when rank 0 never sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -150,3 +152,106 @@ def assert_domains_hold_their_groups(ctx: Any, rank: int, expected: dict[str, li
                 assert total.item() == sum(group), (domain, dim.name)
     assert seen == set(expected)
     assert ctx.mismatched_groups() == []
+
+
+@dataclass
+class Ending:
+    """How one rank of :func:`run_ranks_apart` ended: the meshconf error it raised (its class
+    name and message), ``ok``, or ``died``; and when, in seconds after it started."""
+
+    how: str
+    message: str
+    seconds: float
+
+
+def _report(
+    rank: int,
+    function: Callable[..., None],
+    env: dict[str, str],
+    args: tuple[Any, ...],
+    results: Connection,
+) -> None:
+    import time
+
+    import torch
+
+    from meshconf import MeshconfError
+
+    torch.set_num_threads(1)
+    start = time.monotonic()
+    try:
+        function(rank, env, *args)
+        ending = Ending("ok", "", time.monotonic() - start)
+    except MeshconfError as error:
+        ending = Ending(type(error).__name__, str(error), time.monotonic() - start)
+    except BaseException as error:  # anything else is what the tests look for
+        ending = Ending(f"not meshconf's: {type(error).__name__}", str(error)[:500], 0.0)
+    results.send((rank, ending))
+    os._exit(0)  # leave without tearing down what the function left behind
+
+
+def run_ranks_apart(
+    function: Callable[..., None],
+    world_size: int,
+    *args: Any,
+    store: str = "agent",
+    during: Callable[[Callable[[], None]], None] | None = None,
+    wait_s: float = 60,
+) -> dict[int, Ending]:
+    """Call ``function(rank, environ, *args)`` on ``world_size`` forked processes and report
+    how each ended, whatever the others do: a rank may die, hang or fail alone.
+
+    ``store="agent"``: a helper process hosts the store, as torchrun's agent does;
+    ``"rank0"``: rank 0 hosts it at a free port. ``during(stop_store)`` runs in this process
+    once the ranks started; ``stop_store()`` ends the agent's store. A rank that has not ended
+    after ``wait_s`` is killed and reported as ``died``.
+    """
+    context = mp.get_context("fork")
+    ours, theirs = context.Pipe(duplex=False)
+    with contextlib.ExitStack() as stack:
+        if store == "agent":
+            port, stop = stack.enter_context(_stoppable_agent())
+        else:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            stop = None
+        processes = []
+        for rank in range(world_size):
+            env = environ(rank, world_size, port)
+            if store != "agent":
+                del env["TORCHELASTIC_USE_AGENT_STORE"]
+            process = context.Process(target=_report, args=(rank, function, env, args, theirs))
+            process.start()
+            processes.append(process)
+        if during is not None:
+            during(stop or (lambda: None))
+        endings: dict[int, Ending] = {}
+        for process in processes:
+            process.join(wait_s)
+        while ours.poll():
+            rank, ending = ours.recv()
+            endings[rank] = ending
+        for rank, process in enumerate(processes):
+            if process.is_alive():
+                process.kill()
+                process.join()
+            endings.setdefault(rank, Ending("died", "", 0.0))
+    return endings
+
+
+@contextmanager
+def _stoppable_agent() -> Iterator[tuple[int, Callable[[], None]]]:
+    context = mp.get_context("fork")
+    ours, theirs = context.Pipe()
+    host = context.Process(target=_host_store, args=(theirs,), daemon=True)
+    host.start()
+
+    def stop() -> None:
+        host.kill()
+        host.join()
+
+    try:
+        yield int(ours.recv()), stop
+    finally:
+        stop()

@@ -88,8 +88,8 @@ BAD_INPUT = [
     (
         "job.sh",
         "torchrun --nproc_per_node 8 pretrain_gpt.py \\\n  --context-parallel-size $CP\n",
-        "job.sh:2:27: --context-parallel-size: expected an integer >= 1, got the string '$CP' "
-        "(a shell variable the script does not set)",
+        "job.sh:2:27: --context-parallel-size: expected an integer >= 1, got the string '$CP': "
+        "a shell variable the script does not set; write the number",
     ),
     (
         "job.sh",

@@ -5,6 +5,9 @@ build) or an error naming what each rank was creating (lazy build)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
+from distributed import Ending, run_ranks, run_ranks_apart
 
 from meshconf import ConfigError, DistributedContext, load_config
 from meshconf.runtime import (
@@ -176,9 +179,9 @@ def _rank_0_hosting_the_store_never_starts(rank: int, environ: dict[str, str]) -
     _expect(
         lambda: DistributedContext(load_config(CONFIG), environ=environ),
         SetupTimeoutError,
-        f"rank 0 did not start within {BOUND_S} s: no rendezvous store answered at "
+        f"rank 0 did not start within {BOUND_S} s, or stopped: no rendezvous store answered at "
         f"127.0.0.1:{environ['MASTER_PORT']} (runtime.setup_timeout_s; are MASTER_ADDR and "
-        "MASTER_PORT those of rank 0?)",
+        "MASTER_PORT those of rank 0, with no other program listening there?)",
         BOUND_S,
     )
 
@@ -208,3 +211,164 @@ def test_ranks_waiting_for_a_late_rank_log_nothing(tmp_path: Path) -> None:
     run_ranks(_one_rank_arrives_late, 4, stderr_dir=str(tmp_path))
     logs = {path.name: path.read_text() for path in sorted(tmp_path.glob("rank*.stderr"))}
     assert logs == {f"rank{rank}.stderr": "" for rank in range(4)}
+
+
+# --- The launcher's environment and faults, on 4 ranks (tests/distributed.run_ranks_apart) ---
+
+FAULT_BOUND_S = 8
+FAULT_CONFIG: dict[str, Any] = {
+    "world_size": 4,
+    "degrees": {"dp_shard": 2, "tp": 2},
+    "runtime": {"setup_timeout_s": FAULT_BOUND_S},
+}
+
+
+def _set_up_with(rank: int, environ: dict[str, str], changes: dict[int, dict[str, str]]) -> None:
+    environ.update(changes.get(rank, {}))
+    with DistributedContext(load_config(FAULT_CONFIG), environ=environ):
+        pass
+
+
+def _assert_ended(endings: dict[int, Ending], expected: dict[int, tuple[str, str]]) -> None:
+    """Each rank ended with the error class and message given (a message ending in ``*``
+    is a prefix), within the bound and a few seconds."""
+    for rank, (how, message) in expected.items():
+        ending = endings[rank]
+        assert ending.how == how, (rank, ending)
+        if message.endswith("*"):
+            assert ending.message.startswith(message[:-1]), (rank, ending)
+        else:
+            assert ending.message == message, (rank, ending)
+        assert ending.seconds < FAULT_BOUND_S + SLACK_S, (rank, ending)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"RANK": "4"}, "a rank has RANK=4, outside WORLD_SIZE=4 (torchrun)"),
+        (
+            {"LOCAL_WORLD_SIZE": "0"},
+            "rank 3 has LOCAL_WORLD_SIZE=0 (torchrun): a node runs at least one process",
+        ),
+        (
+            {"LOCAL_RANK": "-1"},
+            "rank 3 has LOCAL_RANK=-1, which is not an integer from 0 to 2147483647",
+        ),
+        (
+            {"WORLD_SIZE": "9" * 5000},
+            "rank 3 has WORLD_SIZE=99999999999999999... (5,000 characters), which is not an "
+            "integer from 0 to 2147483647",
+        ),
+    ],
+    ids=["rank-outside", "node-of-0", "negative-local-rank", "5000-digit-world"],
+)
+@pytest.mark.parametrize("store", ["agent", "rank0"])
+def test_a_rank_with_a_wrong_environment_is_quoted_on_every_rank(
+    changes: dict[str, str], message: str, store: str
+) -> None:
+    endings = run_ranks_apart(_set_up_with, 4, {3: changes}, store=store)
+    expected = {3: ("LaunchError", message)}
+    expected.update({rank: ("RankFailedError", message) for rank in range(3)})
+    _assert_ended(endings, expected)
+
+
+def test_a_rank_with_a_port_that_is_not_a_port_is_named_missing() -> None:
+    endings = run_ranks_apart(_set_up_with, 4, {2: {"MASTER_PORT": "99999"}})
+    missing = "rank 2 did not join within 8 s (runtime.setup_timeout_s): did every rank start?"
+    expected = {2: ("LaunchError", "rank 2 has MASTER_PORT='99999', not a port (1 to 65535)")}
+    expected.update({rank: ("SetupTimeoutError", missing) for rank in (0, 1, 3)})
+    _assert_ended(endings, expected)
+
+
+def _late(rank: int, environ: dict[str, str]) -> None:
+    if rank == 3:
+        time.sleep(FAULT_BOUND_S + 4)
+    _set_up_with(rank, environ, {})
+
+
+def test_a_rank_later_than_the_bound_is_named_and_learns_it_too() -> None:
+    endings = run_ranks_apart(_late, 4)
+    missing = "rank 3 did not join within 8 s (runtime.setup_timeout_s): did every rank start?"
+    _assert_ended(endings, {rank: ("SetupTimeoutError", missing) for rank in range(3)})
+    assert (endings[3].how, endings[3].message) == ("SetupTimeoutError", missing)
+
+
+def _killed_in_group_creation(rank: int, environ: dict[str, str]) -> None:
+    if rank == 2:
+        import meshconf.runtime.groups as groups
+
+        def die(*args: Any, **kwargs: Any) -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        groups.dist.new_group = die  # type: ignore[assignment]
+    _set_up_with(rank, environ, {})
+
+
+def test_a_rank_killed_in_group_creation_is_named_on_every_rank() -> None:
+    endings = run_ranks_apart(_killed_in_group_creation, 4)
+    assert endings[2].how == "died"
+    stopped = "rank 2 stopped answering during group creation, before the group dataloading/*"
+    for rank in (0, 1, 3):
+        assert endings[rank].how in ("GroupStoppedError", "RankFailedError"), endings[rank]
+        _assert_ended(endings, {rank: (endings[rank].how, stopped)})
+
+
+def _slow_rank_3(rank: int, environ: dict[str, str]) -> None:
+    if rank == 3:
+        time.sleep(3)
+    _set_up_with(rank, environ, {})
+
+
+def test_a_store_that_stops_is_named_on_every_rank() -> None:
+    def stop_after_a_second(stop_store: Any) -> None:
+        time.sleep(1.5)
+        stop_store()
+
+    endings = run_ranks_apart(_slow_rank_3, 4, during=stop_after_a_second)
+    for rank in range(4):
+        ending = endings[rank]
+        assert ending.how in ("StoreGoneError", "SetupTimeoutError"), (rank, ending)
+        assert ending.message.startswith(
+            ("the store at 127.0.0.1:", "torchrun's agent did not start within 8 s, or stopped")
+        ), (rank, ending)
+        assert ending.seconds < FAULT_BOUND_S + SLACK_S, (rank, ending)
+
+
+def _config_of_rank_0_unreadable(rank: int, environ: dict[str, str], folder: str) -> None:
+    if rank == 3:
+        os._exit(3)  # dies before it reaches the store
+    bad, good = Path(folder, "bad.yaml"), Path(folder, "good.yaml")
+    DistributedContext.from_yaml(bad if rank == 0 else good, environ=environ)
+
+
+def test_rank_0_with_an_unreadable_config_and_a_dead_rank_ends_within_the_others_bound(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bad.yaml").write_text("world_size: [\n")
+    (tmp_path / "good.yaml").write_text(
+        f"world_size: 4\nruntime: {{setup_timeout_s: {FAULT_BOUND_S}}}\n"
+    )
+    endings = run_ranks_apart(_config_of_rank_0_unreadable, 4, str(tmp_path), store="rank0")
+    assert endings[3].how == "died"
+    _assert_ended(endings, {0: ("ConfigError", f"{tmp_path / 'bad.yaml'}:2:1: YAML syntax: *")})
+    for rank in (1, 2):
+        _assert_ended(endings, {rank: ("RankFailedError", "rank 0 could not load the config: *")})
+
+
+def test_a_port_where_another_program_listens_ends_every_rank() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+
+        def with_that_port(rank: int, environ: dict[str, str]) -> None:
+            environ["MASTER_PORT"] = str(port)
+            _set_up_with(rank, environ, {})
+
+        endings = run_ranks_apart(with_that_port, 4)
+    message = (
+        f"torchrun's agent did not start within 8 s, or stopped: no rendezvous store answered "
+        f"at 127.0.0.1:{port} (runtime.setup_timeout_s; are MASTER_ADDR and MASTER_PORT those "
+        "of torchrun's agent, with no other program listening there?)"
+    )
+    _assert_ended(endings, {rank: ("SetupTimeoutError", message) for rank in range(4)})

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
+from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import ConfigError, SourceError, printable
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
@@ -18,25 +20,67 @@ EXIT_INVALID = 1
 EXIT_USAGE = 2
 
 
+_INTEGER = re.compile(r"\s*([0-9]+)\s*")
+_DECIMAL = re.compile(r"\s*(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\s*")
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def bounded_int(
+    text: str,
+    *,
+    minimum: int = 1,
+    maximum: int = MAX_WORLD_SIZE,
+    beyond: str = "the most ranks torch can number",
+) -> int:
+    """An integer option: ASCII digits only, checked against ``maximum`` before Python
+    converts them (it refuses more than 4,300 digits).
+
+    Raises:
+        argparse.ArgumentTypeError: the message, for argparse's usage line.
+    """
+    match = _INTEGER.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {_shown(text)}")
+    digits = match[1].lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        shown = digits if len(digits) <= 20 else f"an integer of {len(digits):,} digits"
+        raise argparse.ArgumentTypeError(f"{shown} is larger than {maximum}, {beyond}")
+    if int(digits) < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {_shown(text)}")
+    return int(digits)
+
+
+def bounded_number(text: str, *, minimum: float, maximum: float, beyond: str) -> float:
+    """A decimal number option from ``minimum`` to ``maximum`` (no ``inf``, ``nan`` or
+    hexadecimal; an exponent as in ``1e3``).
+
+    Raises:
+        argparse.ArgumentTypeError: the message, for argparse's usage line.
+    """
+    expected = f"expected a number from {minimum:g} to {maximum:g}, got {_shown(text)}"
+    if _DECIMAL.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(expected)
+    value = float(text)
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"{text.strip()} is more than {maximum:g}: {beyond}")
+    if not value >= minimum:
+        raise argparse.ArgumentTypeError(expected)
+    return value
+
+
 def positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
+    return bounded_int(text)
 
 
 def non_negative_int(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
+    return bounded_int(text, minimum=0)
 
 
 def gpus_per_node(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_GPUS_PER_NODE:
-        raise argparse.ArgumentTypeError(
-            f"{value} is larger than {MAX_GPUS_PER_NODE}, more than any node holds"
-        )
-    return value
+    return bounded_int(text, maximum=MAX_GPUS_PER_NODE, beyond="more than any node holds")
 
 
 def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True) -> None:

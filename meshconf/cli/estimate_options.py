@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, usage_error
+from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
 from meshconf.core.errors import ConfigError, SourceError
 from meshconf.features.estimate.architecture import Architecture
 from meshconf.features.estimate.model_file import load_model_file
@@ -20,6 +20,7 @@ from meshconf.features.estimate.training import (
     DTYPE_BYTES,
     GIB,
     SCHEDULES,
+    TRAINING_BOUNDS,
     Parallelism,
     Training,
 )
@@ -166,18 +167,20 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
 
 def _value(name: str, text: Any) -> int | float | str:
     """The number an option gives, or the message saying why it is not one."""
-    if name in _INTEGERS:
-        if not str(text).strip().isdigit() or int(text) < 1:
-            return f"{MODEL_OPTIONS[name]}: expected an integer >= 1, got {text!r}"
-        return int(text)
+    bound = TRAINING_BOUNDS[name]
     try:
-        number = float(text)
-    except ValueError:
-        number = float("nan")
-    if not number > 0 or number == float("inf") or (name == "mfu" and number > 1):
-        bound = "a number in (0, 1]" if name == "mfu" else "a number > 0"
-        return f"{MODEL_OPTIONS[name]}: expected {bound}, got {text!r}"
-    return number
+        if name in _INTEGERS:
+            return bounded_int(
+                str(text),
+                minimum=int(bound.minimum),
+                maximum=int(bound.maximum),
+                beyond=bound.beyond,
+            )
+        return bounded_number(
+            str(text), minimum=bound.minimum, maximum=bound.maximum, beyond=bound.beyond
+        )
+    except argparse.ArgumentTypeError as error:
+        return f"{MODEL_OPTIONS[name]}: {error}"
 
 
 def _schedule_problem(training: Training) -> str | None:

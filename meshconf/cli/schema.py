@@ -10,6 +10,11 @@ from typing import Any
 from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error, write_file
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
+
+#: The largest file ``--check`` compares, or ``--out`` reads before replacing: ten times the
+#: size of the largest output.
+MAX_SCHEMA_BYTES = 1 << 20
 
 #: Where each output lives in meshconf's repository: what ``--check`` reads without ``--out``.
 DEFAULT_OUT = {
@@ -33,24 +38,41 @@ def run(args: argparse.Namespace) -> int:
     if out == "-":
         emit(lambda: print(text, end=""))
         return EXIT_OK
-    path = Path(out)
     try:
-        if not path.exists() or path.read_bytes() != text.encode("utf-8"):
+        if _committed(out) != text.encode("utf-8"):
             write_file(out, text, create_folder=True)
+    except (NotAFileError, TooLargeError) as error:
+        return usage_error(f"{out}: {error}")
     except OSError as error:
         return usage_error(f"{out}: cannot write: {error.strerror or error}")
     print(f"{out}: written")
     return EXIT_OK
 
 
+def _committed(path: str) -> bytes | None:
+    """What ``path`` holds now, None if nothing; only a regular file of at most
+    ``MAX_SCHEMA_BYTES`` is read (a FIFO would block, a device never end).
+
+    Raises:
+        NotAFileError, TooLargeError, OSError: as ``read_limited``.
+    """
+    try:
+        return read_limited(path, MAX_SCHEMA_BYTES, "schema file")
+    except FileNotFoundError:
+        return None
+
+
 def _check(path: Path, text: str, command: str) -> int:
     try:
-        committed = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        print(f"{path}: missing; run `{command}` to write it")
-        return EXIT_INVALID
+        raw = _committed(str(path))
+        committed = None if raw is None else raw.decode("utf-8")
+    except (NotAFileError, TooLargeError) as error:
+        return usage_error(f"{path}: {error}")
     except (OSError, UnicodeDecodeError) as error:
         return usage_error(f"{path}: cannot read: {getattr(error, 'strerror', None) or error}")
+    if committed is None:
+        print(f"{path}: missing; run `{command}` to write it")
+        return EXIT_INVALID
     if committed != text:
         print(f"{path}: out of date with the models; run `{command}` to regenerate it")
         return EXIT_INVALID

@@ -149,6 +149,16 @@ class InvalidArgumentError(MeshconfError, ValueError):
     """A function of meshconf's API was given an argument outside what it accepts."""
 
 
+class ArgumentTypeError(MeshconfError, TypeError):
+    """A function of meshconf's API was given an argument of another type than it takes; the
+    message names the argument, what it takes and what it got. Also a ``TypeError``."""
+
+
+def argument_type_error(name: str, takes: str, value: object) -> ArgumentTypeError:
+    """``overrides takes a list of 'key=value' strings, got the string 'tp=2'``."""
+    return ArgumentTypeError(f"{name} takes {takes}, got {describe_value(value)}")
+
+
 class UnknownDomainError(MeshconfError, KeyError, ValueError):
     """A domain name the config does not define. Also a ``KeyError`` (a lookup by name) and a
     ``ValueError`` (a bad argument), since callers catch either."""

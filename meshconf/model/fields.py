@@ -8,10 +8,11 @@ they are refused.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, WithJsonSchema
-from pydantic_core import PydanticCustomError
+from pydantic import BeforeValidator, GetCoreSchemaHandler, GetJsonSchemaHandler, WithJsonSchema
+from pydantic_core import PydanticCustomError, core_schema
 
 from meshconf.core.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
@@ -74,6 +75,32 @@ def _integer(
             {"value": shown, "maximum": maximum, "limit": limit},
         )
     return value
+
+
+@dataclass(frozen=True)
+class IntegerBound:
+    """``Annotated[int, IntegerBound(1, 10_000, "more layers than any model has")]``: an
+    integer from ``minimum`` to ``maximum`` with meshconf's messages and JSON Schema;
+    ``beyond`` says what a larger value would be."""
+
+    minimum: int
+    maximum: int
+    beyond: str
+
+    def check(self, value: Any) -> int:
+        return _integer(
+            value, minimum=self.minimum, auto=False, maximum=self.maximum, limit=self.beyond
+        )
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
 
 
 def _world_factor(value: Any) -> int:

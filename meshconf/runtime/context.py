@@ -20,22 +20,29 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.errors import InvalidArgumentError, MeshconfError, UnknownDomainError
+from meshconf.core.errors import (
+    InvalidArgumentError,
+    MeshconfError,
+    UnknownDomainError,
+    argument_type_error,
+)
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.oracle import expected_groups
-from meshconf.runtime.order import CreationOrder, CreationOrderError
+from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
 from meshconf.runtime.rendezvous import (
     RankFailedError,
     RankReasonError,
     Rendezvous,
     RuntimeSetupError,
     SetupTimeoutError,
+    StoreGoneError,
     join,
     publish_failure,
+    report_launch_error,
 )
 from meshconf.runtime.setup import (
     check_existing_default_group,
@@ -56,7 +63,14 @@ _SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 #: exception"). A reference held here frees the work on the main thread, at exit.
 _LAST_BARRIERS: list[dist.Work] = []
 # Errors every rank already knows about (published, or each rank's own timeout).
-_ALREADY_KNOWN = (RankFailedError, SetupTimeoutError, CreationOrderError, KeyboardInterrupt)
+_ALREADY_KNOWN = (
+    RankFailedError,
+    SetupTimeoutError,
+    CreationOrderError,
+    GroupStoppedError,
+    StoreGoneError,
+    KeyboardInterrupt,
+)
 
 
 class TopologyWarning(UserWarning):
@@ -74,6 +88,38 @@ def _caller_stacklevel() -> int:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         level, frame = level + 1, frame.f_back
     return level
+
+
+def _check_config(config: object) -> None:
+    if not isinstance(config, MeshConfig):
+        raise argument_type_error(
+            "config", "a MeshConfig (from meshconf.load_config or MeshConfig(...))", config
+        )
+
+
+def _environment(environ: object) -> Mapping[str, str]:
+    """The launcher's variables: ``os.environ`` unless a mapping of strings is given."""
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in environ.items()
+    ):
+        raise argument_type_error("environ", "a mapping of strings to strings, or None", environ)
+    return environ
+
+
+def _read_launch(environ: Mapping[str, str]) -> Launch:
+    """The launcher's variables; when they are wrong, the other ranks are told why (if this
+    rank can reach the store) before the error is raised here.
+
+    Raises:
+        LaunchError: as ``read_launch``.
+    """
+    try:
+        return read_launch(environ)
+    except LaunchError as error:
+        report_launch_error(environ, error)
+        raise
 
 
 def _register_fake_backend() -> None:
@@ -109,8 +155,9 @@ class DistributedContext(RankFacts):
                 not arrive within ``runtime.setup_timeout_s`` (they are named).
             ConfigError: the config does not fit the launcher's world size.
         """
-        environ = os.environ if environ is None else environ
-        launch = read_launch(environ)
+        _check_config(config)
+        environ = _environment(environ)
+        launch = _read_launch(environ)
         self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
 
     @classmethod
@@ -131,14 +178,18 @@ class DistributedContext(RankFacts):
             ConfigError: on the rank whose config is invalid.
             LaunchError, RuntimeSetupError: as the constructor.
         """
-        environ = os.environ if environ is None else environ
-        launch = read_launch(environ)
+        environ = _environment(environ)
+        launch = _read_launch(environ)
         try:
             config = load_config(path, overrides, key)
         except MeshconfError as error:
-            rendezvous = join(launch, environ, MeshConfig().runtime.setup_timeout_s)
+            # This rank's own bound is in the config it could not read: it keeps the store
+            # (if it hosts it) as long as the other ranks' bounds.
+            rendezvous = join(
+                launch, environ, MeshConfig().runtime.setup_timeout_s, bound_known=False
+            )
             if rendezvous is not None:
-                rendezvous.fail(f"rank {launch.rank} could not load the config: {error}")
+                rendezvous.publish(f"rank {launch.rank} could not load the config: {error}")
             raise
         context = cls.__new__(cls)
         context._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
@@ -190,10 +241,11 @@ class DistributedContext(RankFacts):
             store = None if rendezvous is None else rendezvous.root_store
             init_default_group(launch, store, backend, setup_timeout)
         self._registry.creation_timeout = setup_timeout
-        if self.config.runtime.build == "eager":
+        lazy = self.config.runtime.build == "lazy"
+        if rendezvous is not None:
+            self._registry.check = CreationWatch(rendezvous, same_order=lazy)
+        if not lazy:
             self._create_every_group()
-        elif rendezvous is not None:
-            self._registry.check = CreationOrder(rendezvous)
         if rendezvous is not None:
             rendezvous.phase("built")
         # A default group the script initialized keeps its own timeout.
@@ -216,6 +268,10 @@ class DistributedContext(RankFacts):
                 world is larger than :data:`MAX_SIMULATED_WORLD`.
             ConfigError: the config does not fit ``world_size``.
         """
+        _check_config(config)
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise argument_type_error(name, "an integer", value)
         if dist.is_initialized():
             raise RuntimeSetupError("simulate needs a process without a default process group")
         if world_size > MAX_SIMULATED_WORLD:
@@ -397,7 +453,12 @@ class DistributedContext(RankFacts):
         The wait keeps a rank from closing connections that another rank's last collectives
         still use (gloo aborts that rank's process). Leaving a ``with`` block by an exception
         skips it, and so does a set-up that failed (a mesh asked for lazily that could not be
-        built), since the other ranks may never arrive."""
+        built), since the other ranks may never arrive.
+
+        Raises:
+            RuntimeSetupError: a rank stopped before it came to close (the groups of this
+                rank are destroyed all the same).
+        """
         self._close(wait=True)
 
     def _close(self, *, wait: bool) -> None:
@@ -405,17 +466,27 @@ class DistributedContext(RankFacts):
             return
         self._closed = True
         failed = self._rendezvous is not None and self._rendezvous.failed
+        stopped = None
         if wait and not failed and self.world_size > 1 and dist.is_initialized():
             last = self._barrier()
-            last.wait()
-            _LAST_BARRIERS.append(last)
-            if self._rendezvous is not None:
-                self._rendezvous.closed()
+            try:
+                last.wait()
+            except (RuntimeError, dist.DistError) as error:
+                stopped = str(error).splitlines()[0] if str(error) else type(error).__name__
+            else:
+                _LAST_BARRIERS.append(last)
+                if self._rendezvous is not None:
+                    self._rendezvous.closed()
         self._requests.clear()
         self._meshes.clear()
         self._registry.destroy()
         if self._owns_default_group and dist.is_initialized():
             dist.destroy_process_group()
+        if stopped is not None:
+            raise RuntimeSetupError(
+                f"rank {self.rank} closed its process groups, but not every rank came to "
+                f"close them: a rank stopped ({stopped})"
+            )
 
     def __enter__(self) -> DistributedContext:
         return self

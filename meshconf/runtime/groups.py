@@ -28,13 +28,13 @@ GroupKey = tuple[int, tuple[Mode, ...], bool]
 
 
 class CreationCheck(Protocol):
-    """Hooks around each new_group call of a lazily built context."""
+    """Hooks around each new_group call of a context of several ranks."""
 
     def before(self, group: RankGroup, identity: str, description: str) -> None:
         """Called before creating ``group``: ``identity`` is equal on two ranks exactly when
         they create the same group; ``description`` says what it is for ("dense/tp")."""
 
-    def failed(self, description: str, error: Exception) -> None:
+    def failed(self, group: RankGroup, identity: str, description: str, error: Exception) -> None:
         """Called when torch could not create the group; raises a meshconf error."""
 
 
@@ -100,7 +100,7 @@ class GroupRegistry:
             except (RuntimeError, dist.DistError) as error:
                 if self.check is None:
                     raise
-                self.check.failed(description, error)
+                self.check.failed(group, key_text(key), description, error)
                 raise
             assert created is not None, "meshconf only creates groups this rank belongs to"
             process_group = created

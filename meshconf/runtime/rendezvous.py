@@ -6,29 +6,43 @@ keeps its own keys there, under ``meshconf/<n>/`` for the n-th context of the jo
 
 - ``<phase>/<rank>``: the rank got through the phase (``joined``, ``checked``, ``built``);
   the last rank to arrive sets ``<phase>/done``.
-- ``failed``: the first failing rank's reason, in words; the failing rank also sets every
-  ``<phase>/done`` to wake the others at once, and each of them quotes the reason.
+- ``failed``: the first failure, ``<kind>`` and a reason in words on the next line (a rank's
+  own failure, or a timeout naming the ranks that did not come); the failing rank also sets
+  every ``<phase>/done`` to wake the others at once, and each of them raises it.
+- ``acknowledged`` and ``gone``: counts that tell the rank hosting the store how many ranks
+  have yet to read a failure, and ``bound_ms``, the longest set-up bound of any rank, for a
+  host that could not read its own config.
 
-Every wait is bounded by ``runtime.setup_timeout_s``, after which the ranks that did not
-arrive are named. A rank that hosts the store waits, after failing, until the other ranks
-have read the reason (or the bound passes), since the store ends with its process.
+Every wait is bounded by ``runtime.setup_timeout_s``. A rank that hosts the store waits,
+after a failure, until every rank not known to be gone has read it, or until the bound
+passes, since the store ends with its process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
-from datetime import timedelta
+from collections.abc import Iterable, Mapping
 
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from meshconf.core.errors import MeshconfError
 from meshconf.runtime.launch import Launch, LaunchError
+from meshconf.runtime.store import (
+    Address,
+    GuardedStore,
+    RuntimeSetupError,
+    SetupTimeoutError,
+    StoreGoneError,
+    connect,
+    gone_text,
+    store_address,
+)
 
 PHASES = ("joined", "checked", "built")
 _FAILED = "failed"
+_FAILURE, _TIMEOUT = "failure", "timeout"
 _MISSING_SHOWN = 8  # ranks named in a message; the rest are counted
 # A waiting rank asks the store again after 1 ms, then after twice as long each time, up to a
 # pause that grows with the world (50 ms at least, 1 s at most): W ranks pausing W * 50 us
@@ -38,9 +52,19 @@ _FIRST_PAUSE_S = 0.001
 _PAUSE_PER_RANK_S = 50e-6
 _LONGEST_PAUSE_RANGE_S = (0.05, 1.0)
 
-
-class RuntimeSetupError(MeshconfError):
-    """The process group, the device or the meshes cannot be set up as the config asks."""
+__all__ = [
+    "PHASES",
+    "RankFailedError",
+    "RankReasonError",
+    "Rendezvous",
+    "RuntimeSetupError",
+    "SetupTimeoutError",
+    "StoreGoneError",
+    "failure_error",
+    "join",
+    "publish_failure",
+    "report_launch_error",
+]
 
 
 class RankFailedError(RuntimeSetupError):
@@ -51,103 +75,113 @@ class RankReasonError(RuntimeSetupError):
     """A set-up failure whose message already names this rank: published as it is."""
 
 
-class SetupTimeoutError(RuntimeSetupError):
-    """Ranks did not reach a step of set-up within ``runtime.setup_timeout_s``."""
-
-
 def _ranks_text(ranks: list[int]) -> str:
     shown = ", ".join(str(rank) for rank in ranks[:_MISSING_SHOWN])
     more = len(ranks) - _MISSING_SHOWN
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+def ranks_named(ranks: list[int]) -> str:
+    """``rank 3``, or ``ranks 3, 5``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {_ranks_text(ranks)}"
+
+
 class Rendezvous:
     """This rank's handle on meshconf's keys in the rendezvous store."""
 
     def __init__(
-        self, store: Store, launch: Launch, timeout_s: float, *, hosts_store: bool
+        self,
+        store: Store,
+        launch: Launch,
+        timeout_s: float,
+        *,
+        hosts_store: bool,
+        address: Address | None = None,
+        bound_known: bool = True,
     ) -> None:
         self.root_store = store
         self.launch = launch
         self.timeout_s = timeout_s
         self.hosts_store = hosts_store
-        rank = launch.rank
+        gone = gone_text(address)
         # The n-th context of every rank shares one key space, even in a job that makes several.
-        generation = store.add(f"meshconf/contexts/{rank}", 1)
-        self.store: Store = PrefixStore(f"meshconf/{generation}", store)
+        generation = GuardedStore(store, gone).add(f"meshconf/contexts/{launch.rank}", 1)
+        self.store = GuardedStore(PrefixStore(f"meshconf/{generation}", store), gone)
         #: Set-up failed, on this rank or another (published, read, or timed out).
         self.failed = False
         shortest, longest = _LONGEST_PAUSE_RANGE_S
         self._longest_pause_s = min(longest, max(shortest, launch.world_size * _PAUSE_PER_RANK_S))
+        if bound_known:
+            self._publish_bound()
 
     @classmethod
-    def connect(cls, launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendezvous:
+    def connect(
+        cls,
+        launch: Launch,
+        environ: Mapping[str, str],
+        timeout_s: float,
+        *,
+        bound_known: bool = True,
+    ) -> Rendezvous:
         """Join the store at MASTER_ADDR:MASTER_PORT: rank 0 hosts it unless the launcher's
-        agent already does (torchrun sets TORCHELASTIC_USE_AGENT_STORE).
+        agent already does (torchrun sets TORCHELASTIC_USE_AGENT_STORE). ``bound_known``
+        False: ``timeout_s`` is a default, since this rank could not read its config.
 
         Raises:
-            LaunchError: MASTER_ADDR or MASTER_PORT is not set.
+            LaunchError: MASTER_ADDR or MASTER_PORT is not set to a host and a port.
+            RuntimeSetupError: rank 0 cannot host the store.
             SetupTimeoutError: the store is not reachable within ``timeout_s``.
         """
-        address, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
-        if not address or not port or not port.isdigit():
-            raise LaunchError(
-                f"{launch.source} gave rank {launch.rank} of {launch.world_size}, but MASTER_ADDR "
-                "and MASTER_PORT are not set to a host and a port (torchrun sets them; under "
-                "SLURM, export them)"
-            )
-        hosts = launch.rank == 0 and environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-        # torch's client tries once more after its timeout, after a back-off of up to the
-        # timeout again: half the bound each keeps the whole within it.
-        connect_s = timeout_s if hosts else timeout_s / 2
-        try:
-            store = dist.TCPStore(  # type: ignore[attr-defined]
-                address,
-                int(port),
-                launch.world_size,
-                is_master=hosts,
-                timeout=timedelta(seconds=connect_s),
-                wait_for_workers=False,
-            )
-            store.set_timeout(timedelta(seconds=timeout_s))
-        except (RuntimeError, dist.DistError) as error:
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            if hosts:
-                raise RuntimeSetupError(
-                    f"rank 0 could not host the rendezvous store at {address}:{port}: {first}"
-                ) from None
-            raise SetupTimeoutError(
-                f"rank 0 did not start within {timeout_s:g} s: no rendezvous store answered at "
-                f"{address}:{port} (runtime.setup_timeout_s; are MASTER_ADDR and MASTER_PORT "
-                "those of rank 0?)"
-            ) from None
-        return cls(store, launch, timeout_s, hosts_store=hosts)
+        address = store_address(environ, f"rank {launch.rank}")
+        hosts = launch.rank == 0 and address.host_is == "rank 0"
+        store = connect(address, hosts=hosts, world_size=launch.world_size, timeout_s=timeout_s)
+        return cls(
+            store, launch, timeout_s, hosts_store=hosts, address=address, bound_known=bound_known
+        )
+
+    def _publish_bound(self) -> None:
+        """Raise ``bound_ms`` to this rank's bound if it is longer."""
+        mine, seen = int(self.timeout_s * 1000), ""
+        for _ in range(16):  # each retry means another rank raised it meanwhile
+            now = self.store.compare_set("bound_ms", seen, str(mine)).decode()
+            if now == str(mine) or int(now) >= mine:
+                return
+            seen = now
 
     # Waiting ---------------------------------------------------------------------------
 
     def check_failures(self) -> None:
-        """Raise the first other rank's reason if one has failed.
+        """Raise the first failure if there is one.
 
         Raises:
-            RankFailedError: with that rank's reason.
+            RankFailedError: with the failing rank's reason.
+            SetupTimeoutError: ranks did not come in time; the message names them.
         """
         if self.store.check([_FAILED]):
             self._raise_failure()
 
     def _raise_failure(self) -> None:
         self.failed = True
-        reason = self.store.get(_FAILED).decode()
+        published = self.store.get(_FAILED).decode()
         self.store.add("acknowledged", 1)
         self._keep_store_until_read()
-        raise RankFailedError(reason)
+        raise failure_error(published)
 
     def _keep_store_until_read(self) -> None:
-        # Every rank but the first to fail acknowledges the reason once it has read it.
+        # Every rank not known to be gone acknowledges a failure once it has read it (the
+        # failing ranks as they publish), within the longest bound of any rank.
         if not self.hosts_store:
             return
-        readers = self.launch.world_size - 1
-        deadline = time.monotonic() + self.timeout_s
-        while self.store.add("acknowledged", 0) < readers and time.monotonic() < deadline:
+        start = time.monotonic()
+        while True:
+            readers = self.launch.world_size - self.store.add("gone", 0)
+            if self.store.add("acknowledged", 0) >= readers:
+                return
+            # Ranks that arrive publish their bounds meanwhile.
+            published_ms = self.store.add("bound_ms", 0)
+            bound_s = published_ms / 1000 if published_ms else self.timeout_s
+            if time.monotonic() - start >= bound_s:
+                return
             time.sleep(0.05)
 
     def wait_for(self, keys: list[str], what: str, *, failures_first: bool = True) -> None:
@@ -159,8 +193,9 @@ class Rendezvous:
         a user reading the logs of a slow or missing rank does not need.
 
         Raises:
-            RankFailedError: another rank published its reason.
+            RankFailedError, SetupTimeoutError: a failure was published (check_failures).
             SetupTimeoutError: the keys did not all appear in time; ``what`` says what waited.
+            StoreGoneError: the store went away.
         """
         deadline = time.monotonic() + self.timeout_s
         pause = _FIRST_PAUSE_S
@@ -173,7 +208,6 @@ class Rendezvous:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.check_failures()
-                self.failed = True
                 raise SetupTimeoutError(
                     f"{what} within {self.timeout_s:g} s (runtime.setup_timeout_s)"
                 )
@@ -185,7 +219,9 @@ class Rendezvous:
 
         Raises:
             RankFailedError: another rank failed.
-            SetupTimeoutError: names the ranks that did not get there in time.
+            SetupTimeoutError: names the ranks that did not get there in time; every rank
+                waiting raises it too.
+            StoreGoneError: the store went away.
         """
         rank, world_size = self.launch.rank, self.launch.world_size
         self.store.set(f"{name}/{rank}", value)
@@ -195,13 +231,14 @@ class Rendezvous:
             self.wait_for([f"{name}/done"], f"{name}")
         except SetupTimeoutError:
             missing = [r for r in range(world_size) if not self.store.check([f"{name}/{r}"])]
-            raise SetupTimeoutError(self._missing_text(name, missing)) from None
+            message = self._missing_text(name, missing)
+            raise failure_error(self.publish(message, kind=_TIMEOUT, gone=missing)) from None
         if self.store.get(f"{name}/done") == b"failed":
             self._raise_failure()
 
     def _missing_text(self, phase: str, missing: list[int]) -> str:
         rule = f"within {self.timeout_s:g} s (runtime.setup_timeout_s)"
-        ranks = f"rank{'s' if len(missing) > 1 else ''} {_ranks_text(missing)}"
+        ranks = ranks_named(missing)
         if phase == "joined":
             return f"{ranks} did not join {rule}: did every rank start?"
         if phase == "checked":
@@ -216,7 +253,7 @@ class Rendezvous:
         gloo abort that rank ("Connection closed by peer"). The store is not a connection of
         any process group. A rank that never comes is not waited for past the bound.
         """
-        with contextlib.suppress(SetupTimeoutError, RankFailedError):
+        with contextlib.suppress(RuntimeSetupError):
             self.phase("closed")
 
     def value_of(self, key: str) -> str:
@@ -224,26 +261,42 @@ class Rendezvous:
 
     # Failing ---------------------------------------------------------------------------
 
-    def fail(self, reason: str) -> None:
-        """Publish this rank's reason for every other rank to quote, wake them, and, if this
-        rank hosts the store, keep it up until they have read it (within the bound)."""
+    def publish(self, reason: str, *, kind: str = _FAILURE, gone: Iterable[int] = ()) -> str:
+        """Publish a failure for every other rank to raise, wake them, and, if this rank
+        hosts the store, keep it up until they have read it; ``gone`` are ranks known not to
+        read it (they did not come). Returns the first failure published, this one or another
+        rank's, as stored (``<kind>``, then the reason on the next line)."""
         self.failed = True
+        text = f"{kind}\n{reason}"
         try:
-            first = self.store.compare_set(_FAILED, "", reason).decode() == reason
+            first = str(self.store.compare_set(_FAILED, "", text).decode())
+            for rank in gone:
+                if self.store.compare_set(f"gone/{rank}", "", "1").decode() == "1":
+                    self.store.add("gone", 1)
             for name in PHASES:
                 self.store.set(f"{name}/done", "failed")
-            if not first:
-                self.store.add("acknowledged", 1)  # another rank failed first: counted as read
+            self.store.add("acknowledged", 1)
             self._keep_store_until_read()
-        except (RuntimeError, dist.DistError):
-            pass  # the store is gone; this rank's own error still says what went wrong
+        except StoreGoneError:
+            first = text  # this rank's own reason is all there is to say
+        return first
 
 
-def join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendezvous | None:
-    """This rank's handle on the rendezvous store, when it is one of several ranks.
+def failure_error(published: str) -> RuntimeSetupError:
+    """The error a failure as stored is raised as."""
+    kind, _, reason = published.partition("\n")
+    return SetupTimeoutError(reason) if kind == _TIMEOUT else RankFailedError(reason)
+
+
+def join(
+    launch: Launch, environ: Mapping[str, str], timeout_s: float, *, bound_known: bool = True
+) -> Rendezvous | None:
+    """This rank's handle on the rendezvous store, when it is one of several ranks
+    (``bound_known`` as :meth:`Rendezvous.connect`).
 
     Raises:
-        LaunchError: MASTER_ADDR or MASTER_PORT is missing.
+        LaunchError: MASTER_ADDR or MASTER_PORT is missing or not a host and a port.
+        RuntimeSetupError: rank 0 cannot host the store.
         SetupTimeoutError: the store did not answer within ``timeout_s``.
     """
     if dist.is_initialized():
@@ -254,10 +307,40 @@ def join(launch: Launch, environ: Mapping[str, str], timeout_s: float) -> Rendez
             rank, size = dist.get_rank(), dist.get_world_size()
             launch = Launch(rank, size, rank, size, "none")
         store = dist.distributed_c10d._get_default_store()
-        return Rendezvous(store, launch, timeout_s, hosts_store=False)
+        return Rendezvous(store, launch, timeout_s, hosts_store=False, bound_known=bound_known)
     if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
         return None
-    return Rendezvous.connect(launch, environ, timeout_s)
+    return Rendezvous.connect(launch, environ, timeout_s, bound_known=bound_known)
+
+
+#: How long a rank whose launch environment is wrong tries to reach the store to say so.
+_REPORT_CONNECT_S = 10.0
+
+
+def report_launch_error(environ: Mapping[str, str], error: LaunchError) -> None:
+    """Tell the other ranks what is wrong with this rank's launch environment, when it can
+    reach the store as a client (torchrun's agent store, or rank 0's when this is another
+    rank): they then fail with this message instead of waiting for this rank. A rank that
+    cannot say which rank it is writes where the first context of every rank reads."""
+    rank_name = "SLURM_PROCID" if "SLURM_PROCID" in environ and "RANK" not in environ else "RANK"
+    rank_text = environ.get(rank_name, "")
+    rank = (
+        int(rank_text)
+        if rank_text.isascii() and rank_text.isdigit() and len(rank_text) < 11
+        else -1
+    )
+    try:
+        address = store_address(environ, "this rank")
+    except LaunchError:
+        return
+    if rank <= 0 and address.host_is == "rank 0":
+        return  # this may be rank 0, which would host the store: the others name it
+    launch = Launch(rank, 1, 0, None, "torchrun")
+    with contextlib.suppress(RuntimeSetupError):
+        store = connect(address, hosts=False, world_size=None, timeout_s=_REPORT_CONNECT_S)
+        Rendezvous(
+            store, launch, _REPORT_CONNECT_S, hosts_store=False, address=address, bound_known=False
+        ).publish(str(error))
 
 
 def publish_failure(rendezvous: Rendezvous, rank: int, error: BaseException) -> None:
@@ -265,14 +348,13 @@ def publish_failure(rendezvous: Rendezvous, rank: int, error: BaseException) -> 
     failure (its peers gone) becomes that rank's reason instead.
 
     Raises:
-        RankFailedError: another rank failed first and ``error`` is not meshconf's own.
+        RankFailedError, SetupTimeoutError: another rank failed first and ``error`` is not
+            meshconf's own.
     """
     if not isinstance(error, MeshconfError):
-        try:
+        with contextlib.suppress(StoreGoneError):
             rendezvous.check_failures()
-        except RankFailedError as first:
-            raise first from None
     if isinstance(error, RankReasonError):
-        rendezvous.fail(str(error))
+        rendezvous.publish(str(error))
     else:
-        rendezvous.fail(f"rank {rank} could not set up: {error}")
+        rendezvous.publish(f"rank {rank} could not set up: {error}")

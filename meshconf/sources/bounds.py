@@ -4,6 +4,7 @@ reader; these apply them to everything else, before the work that would blow up.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +27,11 @@ _PLAIN_SCALARS = (str, int, float, bool, type(None))
 # and none of the reader's limits.
 _UNBOUNDED_RESOLVER = re.compile(r"\$\{\s*oc\.create\s*:")
 _BRACES = re.compile(r"\$\{|\}")
+# ${oc.env:NAME} and ${oc.env:NAME,default}. ${oc.decode:...} resolves the interpolations in
+# the text it is given, so a value is measured with the environment's text in their place.
+_ENVIRONMENT = re.compile(
+    r"\$\{\s*oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:,\s*([^${}]*?)\s*)?\}"
+)
 # Key paths inside an interpolation: ``a.b[0]``, ``.sibling``, ``..uncle.x``.
 _REFERENCE = re.compile(r"\.*[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+|\[[0-9]+\])*")
 
@@ -120,6 +126,14 @@ def check_interpolation(data: Any) -> None:
 _Size = tuple[int, int, int, int]
 
 
+def _with_environment(text: str) -> str:
+    """``text`` as it reads once ``${oc.env:...}`` is resolved (the environment as it is now,
+    which is what OmegaConf will read)."""
+    if "oc.env" not in text:
+        return text
+    return _ENVIRONMENT.sub(lambda match: os.environ.get(match[1], match[2] or ""), text)
+
+
 def _parts(key: tuple[str, ...], path: KeyPath, value: Any, index: dict[Any, Any]) -> list[Any]:
     if isinstance(value, Mapping | list | tuple):
         names = value if isinstance(value, Mapping) else range(len(value))
@@ -150,6 +164,8 @@ def _measure(
         if key in sizes and parts is None:
             continue
         path, value = index[key]
+        if isinstance(value, str):
+            value = _with_environment(value)
         if parts is None:
             sizes[key] = (1, 1, 0, 0)  # in progress
             parts = _parts(key, path, value, index)

@@ -21,13 +21,14 @@ class NotAFileError(OSError):
 class TooLargeError(OSError):
     """The file holds more bytes than the limit; ``size`` is what was seen (at least limit+1)."""
 
-    def __init__(self, size: int) -> None:
-        super().__init__(f"{size} bytes")
+    def __init__(self, size: int, limit: int = 0) -> None:
+        super().__init__(f"{size:,} bytes, more than the {limit:,} it may have")
         self.size = size
 
 
-def read_limited(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes.
+def read_limited(path: str | os.PathLike[str], limit: int, kind: str = "config file") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``kind`` names what it should
+    be, for the messages (``a directory, not a config file``).
 
     The size is checked before reading, and at most ``limit + 1`` bytes are read, so a file
     that grows meanwhile cannot make the read unbounded. Raises :class:`NotAFileError` for
@@ -38,13 +39,13 @@ def read_limited(path: str | os.PathLike[str], limit: int) -> bytes:
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise NotAFileError("is a directory, not a config file", directory=True)
+            raise NotAFileError(f"is a directory, not a {kind}", directory=True)
         if not stat.S_ISREG(info.st_mode):
             raise NotAFileError(
-                "is not a regular file (a FIFO, device or socket); meshconf reads config files"
+                f"is not a regular file (a FIFO, device or socket); meshconf reads {kind}s"
             )
         if info.st_size > limit:
-            raise TooLargeError(info.st_size)
+            raise TooLargeError(info.st_size, limit)
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -54,7 +55,7 @@ def read_limited(path: str | os.PathLike[str], limit: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:
-            raise TooLargeError(total)
+            raise TooLargeError(total, limit)
         return b"".join(chunks)
     finally:
         os.close(fd)

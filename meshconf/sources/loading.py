@@ -25,6 +25,7 @@ from meshconf.core.errors import (
     Diagnostic,
     KeyPath,
     SourceError,
+    argument_type_error,
     describe_value,
     format_key,
     printable,
@@ -295,6 +296,19 @@ def at_world_size(config: MeshConfig, world_size: int) -> MeshConfig:
         raise _config_error(error, _Source(None)) from None
 
 
+def _check_argument_types(overrides: object, key: object, world_size: object) -> None:
+    wanted = "a list of 'key=value' strings such as ['degrees.tp=2']"
+    if isinstance(overrides, str | bytes) or not isinstance(overrides, Sequence):
+        raise argument_type_error("overrides", wanted, overrides)
+    for text in overrides:
+        if not isinstance(text, str):
+            raise argument_type_error("overrides", wanted, text)
+    if key is not None and not isinstance(key, str):
+        raise argument_type_error("key", "a dotted key such as 'parallelism', or None", key)
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int)):
+        raise argument_type_error("world_size", "an integer, or None", world_size)
+
+
 def load_config(
     source: str | os.PathLike[str] | Mapping[str, Any] | Any,
     overrides: Sequence[str] = (),
@@ -310,8 +324,11 @@ def load_config(
     none (and must agree with it when it has one).
 
     Raises :class:`~meshconf.core.errors.ConfigError` (one diagnostic per problem) for an invalid
-    config and :class:`~meshconf.core.errors.SourceError` when there is nothing to validate.
+    config, :class:`~meshconf.core.errors.SourceError` when there is nothing to validate, and
+    :class:`~meshconf.core.errors.ArgumentTypeError` (a ``TypeError``) when an argument is of
+    another type than these.
     """
+    _check_argument_types(overrides, key, world_size)
     parsed = tuple(parse_override(text) for text in overrides)
     prefix = _block_path(key)
     source_data = _read(source)

@@ -10,9 +10,10 @@ refused, naming the group, where meshconf cannot hold the same ranks.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.degrees import DEGREE_NAMES, MAX_WORLD_SIZE, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import (
@@ -34,6 +35,7 @@ from meshconf.features.convert.megatron_grid import (
     pairings,
 )
 from meshconf.features.convert.megatron_input import Setting
+from meshconf.features.convert.shell import unexpanded
 from meshconf.model.config import MeshConfig
 
 MEGATRON = "megatron"
@@ -46,18 +48,31 @@ SIZE_DEGREES = {
     "expert_tensor_parallel_size": "etp",
     "num_distributed_optimizer_instances": "dp_replicate",
 }
+#: A size as Megatron's argument parser reads it: ASCII digits, with an optional plus.
+_DIGITS = re.compile(r"\+?([0-9]+)")
+#: The longest order worth reading: each of the tokens once, with dashes.
+_MAX_ORDER_CHARS = 32
 #: The sparse domain with ep outside efsdp: Megatron's expert grid when dp is inner to ep.
 EP_OUTSIDE_SPARSE = ("pp", "dp_replicate", "ep", "efsdp", "etp")
 
 
 def _integer(draft: Draft, setting: Setting) -> int | None:
     value = setting.value
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        value = int(value)
-    elif isinstance(value, str):
-        unset = " (a shell variable the script does not set)" if "$" in value else ""
-        draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{unset}")
-        return None
+    if isinstance(value, str):
+        digits = _DIGITS.fullmatch(value.strip())
+        if digits is None:
+            left = unexpanded(value)
+            why = "" if left is None else f": {left}; write the number"
+            draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{why}")
+            return None
+        if len(digits[1]) > len(str(MAX_WORLD_SIZE)):
+            draft.fail(
+                setting.key,
+                f"an integer of {len(digits[1])} digits is larger than {MAX_WORLD_SIZE}, the "
+                "most ranks torch can number",
+            )
+            return None
+        value = int(digits[1])
     problem = integer_problem(value, auto=False)
     if problem is not None:
         draft.fail(setting.key, problem)
@@ -90,6 +105,13 @@ def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, in
         draft.fail(
             written.key,
             f"expected an order such as {DEFAULT_ORDER}, got {describe_value(written.value)}",
+        )
+        return DEFAULT_ORDER
+    if len(written.value) > _MAX_ORDER_CHARS:
+        draft.fail(
+            written.key,
+            f"expected an order such as {DEFAULT_ORDER}, got a string of "
+            f"{len(written.value):,} characters (an order names at most {len(TOKENS)} parts)",
         )
         return DEFAULT_ORDER
     names = written.value.lower().split("-")

@@ -6,7 +6,6 @@ model whose JSON Schema is committed as ``schemas/meshconf.model.schema.json``.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,10 +25,23 @@ from meshconf.features.estimate.architecture import (
     GroupedQueryAttention,
     LatentAttention,
 )
+from meshconf.model.fields import IntegerBound
+from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.yaml_reader import YamlError, decode, read_yaml
 
-Positive = Annotated[int, Field(strict=True, ge=1)]
-NonNegative = Annotated[int, Field(strict=True, ge=0)]
+#: A model file is a few hundred bytes.
+MAX_MODEL_FILE_BYTES = 1 << 16
+# Each size is bounded by what a real model reaches, with a margin, so that no count, size
+# or time the estimators compute from it overflows.
+Layers = Annotated[int, IntegerBound(1, 10_000, "more layers than any model has")]
+Width = Annotated[int, IntegerBound(1, 2**22, "wider than any model")]
+Vocabulary = Annotated[int, IntegerBound(1, 2**24, "a larger vocabulary than any model has")]
+Heads = Annotated[int, IntegerBound(1, 2**14, "more than any model has")]
+Rank = Annotated[int, IntegerBound(0, 2**16, "a larger rank than any model uses")]
+PositiveRank = Annotated[int, IntegerBound(1, 2**16, "a larger rank than any model uses")]
+ExpertCount = Annotated[int, IntegerBound(1, 2**16, "more experts than any model has")]
+SharedExperts = Annotated[int, IntegerBound(0, 2**10, "more shared experts than any model has")]
+DenseLayers = Annotated[int, IntegerBound(0, 10_000, "more layers than any model has")]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -38,9 +50,9 @@ class GroupedQueryAttentionFile(BaseModel):
 
     model_config = _STRICT
     kind: Literal["grouped_query"] = "grouped_query"
-    heads: Positive
-    kv_heads: Positive
-    head_dim: Positive | None = None
+    heads: Heads
+    kv_heads: Heads
+    head_dim: Heads | None = None
     qk_norm: bool = False
 
     @model_validator(mode="after")
@@ -56,23 +68,23 @@ class LatentAttentionFile(BaseModel):
 
     model_config = _STRICT
     kind: Literal["latent"]
-    heads: Positive
-    q_lora_rank: NonNegative
-    kv_lora_rank: Positive
-    qk_nope_head_dim: Positive
-    qk_rope_head_dim: Positive
-    v_head_dim: Positive
+    heads: Heads
+    q_lora_rank: Rank
+    kv_lora_rank: PositiveRank
+    qk_nope_head_dim: Heads
+    qk_rope_head_dim: Heads
+    v_head_dim: Heads
 
 
 class ExpertsFile(BaseModel):
     """A mixture of experts in every layer from ``dense_layers`` on."""
 
     model_config = _STRICT
-    routed: Positive
-    top_k: Positive
-    ffn: Positive
-    shared: NonNegative = 0
-    dense_layers: NonNegative = 0
+    routed: ExpertCount
+    top_k: ExpertCount
+    ffn: Width
+    shared: SharedExperts = 0
+    dense_layers: DenseLayers = 0
 
     @model_validator(mode="after")
     def _top_k_within_routed(self) -> ExpertsFile:
@@ -96,10 +108,10 @@ class ModelFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, title="meshconf model")
     name: str = Field(min_length=1, max_length=64)
-    layers: Positive
-    hidden: Positive
-    ffn: Positive = Field(description="width of the dense feed-forward layers")
-    vocab: Positive
+    layers: Layers
+    hidden: Width
+    ffn: Width = Field(description="width of the dense feed-forward layers")
+    vocab: Vocabulary
     attention: Annotated[
         Annotated[GroupedQueryAttentionFile, Tag("grouped_query")]
         | Annotated[LatentAttentionFile, Tag("latent")],
@@ -163,9 +175,14 @@ def load_model_file(path: str) -> Architecture:
     Raises :class:`SourceError` when the file cannot be read and :class:`ConfigError`, one
     located diagnostic per problem, when it is not a valid model."""
     try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise SourceError(f"{path}: is a directory, not a model file") from None
+        raw = read_limited(path, MAX_MODEL_FILE_BYTES, "model file")
+    except NotAFileError as error:
+        raise SourceError(f"{path}: {error}") from None
+    except TooLargeError as error:
+        raise SourceError(
+            f"{path}: {error.size} bytes, more than the {MAX_MODEL_FILE_BYTES:,} a model file "
+            "may have"
+        ) from None
     except OSError as error:
         raise SourceError(f"{path}: cannot read: {error.strerror or error}") from None
     try:

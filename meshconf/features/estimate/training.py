@@ -22,6 +22,32 @@ GIB = 2**30
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The values a training number may take: what a real model or machine reaches, with a
+    margin, so that no sum, product or quotient of the estimators overflows, underflows to
+    zero or divides by zero; ``beyond`` says what a larger value would be."""
+
+    minimum: float
+    maximum: float
+    beyond: str
+
+
+#: Every number of :class:`Training`, bounded where it is read (``meshconf plan`` and
+#: ``show`` options, docs/plan.md).
+TRAINING_BOUNDS: Mapping[str, Bound] = {
+    "seq_len": Bound(1, 2**24, "more tokens per sequence than any model is trained on"),
+    "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
+    "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
+    "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
+    "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
+    "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
+    "inter_node_gbps": Bound(0.01, 100_000, "faster than any network between nodes"),
+    "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
+    "mfu": Bound(0.001, 1, "more than the peak"),
+}
+
+
+@dataclass(frozen=True)
 class Training:
     """Training settings. ``global_batch_tokens`` ``None`` means one micro-batch per GPU
     (``world_size * micro_batch * seq_len`` tokens)."""

@@ -1,0 +1,128 @@
+"""Hostile input to the newer surfaces, generated per class, through the command line in a
+child process under the memory and CPU limits of tests/test_fuzz.py, with its checks: exit 1
+with located lines only, or exit 2 with one usage line; never a traceback, never past the
+limits, never a file written.
+
+Classes: Megatron launch scripts, ``--args`` and NeMo YAML (expansion, arithmetic, orders,
+sizes, constructs the reader does not run); model files and the numbers of plan and show;
+resolvers and output files.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_fuzz import LONG, SCALE, Case, check, run_batch
+
+# --- 1. Megatron: scripts, --args and NeMo YAML ---------------------------------------------
+
+LAUNCH = "torchrun --nproc-per-node 8 pretrain_gpt.py"
+SIZE_FLAGS = [
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+]
+#: Texts a size may be given as that are not ASCII digits, or that are too many of them.
+ODD_SIZES = [
+    "²",
+    "٣",
+    "２",  # noqa: RUF001 (a full-width digit, on purpose)
+    "2.0",
+    "0x2",
+    "-2",
+    "1e3",
+    "",
+    "9" * 11,
+    "9" * 4000,
+    "9" * 5000,
+    "4294967296",
+    "0",
+]
+CONSTRUCTS = ["$(nproc)", "`nproc`", "${X/a/b}", "${#X}", "$1", "$@", "${X:?unset}", "$((", "$("]
+
+
+def script(text: str, name: str = "job.sh") -> Case:
+    return Case("megatron", ["convert", "--from", "megatron", name], {name: text.encode()})
+
+
+def arguments(text: str) -> Case:
+    return Case("megatron", ["convert", "--from", "megatron", "--args", text])
+
+
+def _expression(rng: random.Random, terms: int) -> str:
+    parts = []
+    for _ in range(terms):
+        number = str(rng.randint(1, 9)) * rng.choice([1, 1, 3, 20, 400, 4000])
+        parts.append(number)
+        parts.append(rng.choice(["+", "*", "-", "/", "%"]))
+    body = "".join(parts[:-1])
+    depth = rng.choice([0, 0, 10, 2000])
+    return "(" * depth + body + ")" * depth
+
+
+def megatron(rng: random.Random) -> Iterator[Case]:
+    for _ in range(4 * SCALE):  # a variable doubling itself
+        times = rng.randint(10, 40)
+        yield script("A=xy\n" + "A=$A$A\n" * times + f"{LAUNCH} $A\n")
+        yield script(
+            "ARGS=(--a 1)\n" + "ARGS=(${ARGS[@]} ${ARGS[@]})\n" * times + f"{LAUNCH} ${{ARGS[@]}}\n"
+        )
+    for count in (rng.randint(5_000, 50_000) for _ in range(2 * SCALE)):  # chains
+        body = "V0=abcdefghijklmnop\n" + "".join(f"V{i}=$V{i - 1}x\n" for i in range(1, count))
+        yield script(body + f"{LAUNCH} --tensor-model-parallel-size 2\n")
+    for _ in range(6 * SCALE):  # arithmetic
+        terms = rng.choice([2, 50, 5_000, 20_000])
+        yield script(
+            f"X=$(({_expression(rng, terms)}))\n{LAUNCH} --pipeline-model-parallel-size $X\n"
+        )
+    yield script("X=$((" + "- " * 3000 + "1))\n" + f"{LAUNCH} --context-parallel-size $X\n")
+    yield script("X=" + "$((1+" * 40_000 + f"\n{LAUNCH} --context-parallel-size $X\n")
+    yield script("X=$((2/0))\n" + f"{LAUNCH} --context-parallel-size $X\n")
+    for parts in (6, 1000, 100_000):  # orders
+        order = "-".join(rng.choice(["tp", "cp", "ep", "dp", "pp", "xp", ""]) for _ in range(parts))
+        yield script(f"{LAUNCH} --order {order}\n")
+        yield arguments(f"--order {order}")
+        yield script(f"model:\n  order: {order or 'x'}\n", "job.yaml")
+    yield script("model:\n  order: " + "tp-" * 350_000 + "pp\n", "job.yaml")
+    for _ in range(8 * SCALE):  # sizes
+        flag, size = rng.choice(SIZE_FLAGS), rng.choice(ODD_SIZES)
+        yield script(f"{LAUNCH} {flag} {size}\n")
+        yield arguments(f"{flag} {size}")
+        key = flag[2:].replace("-", "_")
+        yield script(f"model:\n  {key}: {size or '~'}\n", "job.yaml")
+    for _ in range(6 * SCALE):  # what the reader does not run
+        construct, flag = rng.choice(CONSTRUCTS), rng.choice(SIZE_FLAGS)
+        yield script(f"X={construct}\n{LAUNCH} {flag} $X\n")
+        yield arguments(f"{flag} {construct}")
+    for _ in range(6 * SCALE):  # noise in a good script
+        text = list(
+            f"TP=2\nPP=$((TP * 2))\n{LAUNCH} --tensor-model-parallel-size $TP \\\n  --pipeline-model-parallel-size $PP\n"
+        )
+        for _ in range(rng.randint(1, 4)):
+            text.insert(
+                rng.randrange(len(text)),
+                rng.choice([*"'\"`\\$(){}[]#;|&\n", "$((", "${", "\x00"]),
+            )
+        case = script("".join(text))
+        case.may_pass = True
+        yield case
+    yield script("x" * (300 * 1024) + "\n")
+    yield arguments("--tensor-model-parallel-size " + "2 " * 200_000)
+
+
+@pytest.mark.timeout(600 if LONG else 240, method="thread")
+@pytest.mark.parametrize("surface", [megatron])
+def test_hostile_input_to_each_surface(tmp_path: Path, surface: object) -> None:
+    cases = list(surface(random.Random(f"{surface.__name__}")))  # type: ignore[operator]
+    failures = []
+    for case, outcome in run_batch(cases, tmp_path):
+        try:
+            check(case, outcome)
+        except AssertionError as error:
+            failures.append(str(error))
+    assert not failures, "\n\n".join(failures[:10]) + f"\n\n{len(failures)} of {len(cases)} failed"
