@@ -184,7 +184,7 @@ def test_validate_reports_checks_waiting_for_the_world_size(run_cli, tmp_path: P
     result = run_cli("validate", path, "--world-size", "64")
     assert result.stdout == f"{path}: ok (world_size 64, checked with --world-size)\n"
     result = run_cli("validate", path, "--world-size", "12")
-    assert result.returncode == 1 and "degrees.dp_shard: -1 cannot fill" in result.stdout
+    assert result.returncode == 1 and "degrees.tp: tp(8) leaves no whole number" in result.stdout
     result = run_cli("validate", write(tmp_path, TORCHTITAN, "t.yaml"), "--world-size", "16")
     assert result.returncode == 1
     assert result.stdout.endswith(
@@ -200,7 +200,7 @@ def test_validate_json_key_and_overrides(run_cli, tmp_path: Path) -> None:  # ty
         "--key",
         "parallelism",
         "-o",
-        "parallelism.degrees.tp=3",
+        "parallelism.world_size=7",
         "--format",
         "json",
     )
@@ -208,12 +208,12 @@ def test_validate_json_key_and_overrides(run_cli, tmp_path: Path) -> None:  # ty
     report = json.loads(result.stdout)
     assert report["valid"] is False
     (error,) = report["files"][0]["errors"]
-    assert error["key"] == "parallelism.degrees.dp_shard"
+    assert error["key"] == "parallelism.degrees.tp"
     # The failing key was not overridden itself, so the error sits in the file and names
     # the overrides that were in force.
     assert error["override"] is None and error["line"] == 4
-    assert error["text"].startswith(f"{path}:4:3: parallelism.degrees.dp_shard: -1 cannot fill")
-    assert error["text"].endswith("(with overrides: parallelism.degrees.tp=3)")
+    assert error["text"].startswith(f"{path}:4:13: parallelism.degrees.tp: tp(2) leaves no whole")
+    assert error["text"].endswith("(with overrides: parallelism.world_size=7)")
     result = run_cli("validate", path, "--key", "parallelism", "--format", "json")
     report = json.loads(result.stdout)
     assert report == {

@@ -427,9 +427,10 @@ INVALID = [
     (
         "[parallelism]\ntensor_parallel_degree = 4\n",
         ("--world-size", "10"),
-        "job.toml: [parallelism].data_parallel_shard_degree: -1 cannot fill the remaining ranks "
-        "(dp_shard defaults to -1): world_size 10 is not divisible by pp(1) * dp_replicate(1) * "
-        "cp(1) * tp(4) = 4\n",
+        "job.toml: [parallelism].tensor_parallel_degree: tp(4) leaves no whole number of ranks "
+        "for dp_shard (-1 by default): world_size 10 is not divisible by pp(1) * "
+        "dp_replicate(1) * cp(1) * tp(4) = 4; tp could be one of 1, 2, 5, 10 (the divisors of "
+        "10)\n",
     ),
     (
         "[parallelism]\ndata_parallel_shard_degree = 2\ntensor_parallel_degree = 2\n",

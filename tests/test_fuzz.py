@@ -95,7 +95,9 @@ def check(case: Case, outcome: dict[str, Any]) -> None:
         return
     assert outcome["code"] in (1, 2), where
     if outcome["code"] == 1:
-        lines = outcome["stdout"].splitlines()
+        # The problems, on standard output (validate, convert) or on standard error when
+        # they stop a command that prints something else (a plan's model file).
+        lines = (outcome["stdout"] or outcome["stderr"]).splitlines()
         assert lines, where
         assert len(lines) <= 51, where  # at most 50 problems and a count of the rest
         assert all(_LOCATED.match(line) for line in lines), where

@@ -124,7 +124,11 @@ def test_problems_are_capped_with_a_count(tmp_path: Path) -> None:
     formulas = "".join(f"  x{i}: unknown{i} * tp\n" for i in range(3000))
     found = lines(tmp_path, "world_size: 8\nderived:\n" + formulas)
     assert len(found) == MAX_PROBLEMS + 1
-    assert found[0] == "c.yaml:3:3: derived.x0: 'unknown0 * tp' uses unknown name 'unknown0'"
+    assert found[0] == (
+        "c.yaml:3:3: derived.x0: 'unknown0 * tp' uses unknown name 'unknown0'; a formula may use "
+        "the degrees and the derived dims defined before it: pp, dp_replicate, dp_shard, cp, tp, "
+        "ep, etp, batch, fsdp, loss, efsdp"
+    )
     assert found[-1] == "c.yaml: 2950 more problems not shown (at most 50 are reported per config)"
 
 

@@ -115,8 +115,133 @@ def megatron(rng: random.Random) -> Iterator[Case]:
     yield arguments("--tensor-model-parallel-size " + "2 " * 200_000)
 
 
+# --- 2. Model files and the numbers of plan and show ---------------------------------------
+
+MODEL = """\
+name: tiny
+layers: 4
+hidden: 256
+ffn: 1024
+vocab: 1000
+attention: {heads: 8, kv_heads: 2}
+experts: {routed: 8, top_k: 2, ffn: 512}
+"""
+MODEL_NUMBERS = ["layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "routed", "top_k"]
+HUGE_NUMBERS = ["10" * 15, "1" + "0" * 29, "9" * 400, "-1", "0", "1e30", "0x10", "²", ".inf"]
+INTEGER_OPTIONS = ["--seq-len", "--micro-batch", "--global-batch-tokens", "--world-size"]
+FLOAT_OPTIONS = ["--mfu", "--peak-tflops", "--inter-node-gbps", "--intra-node-gbps"]
+FLOATS = [
+    "1e-300",
+    "5e-324",
+    "1e-320",
+    "1e309",
+    "nan",
+    "inf",
+    "-0",
+    "0",
+    "1e-3",
+    "0x1p-3",
+    "1" * 400,
+]
+
+
+def models(rng: random.Random) -> Iterator[Case]:
+    for _ in range(10 * SCALE):  # model files with numbers past any model
+        name, value = rng.choice(MODEL_NUMBERS), rng.choice(HUGE_NUMBERS)
+        text = (
+            "\n".join(
+                line.replace(f"{name}: ", f"{name}: {value} #") if line.startswith(name) else line
+                for line in MODEL.splitlines()
+            )
+            .replace(f"{name}: 8,", f"{name}: {value},")
+            .replace(f"{name}: 2}}", f"{name}: {value}}}")
+        )
+        args = ["plan", "--world-size", str(rng.choice([8, 64, 2**20])), "--model-file", "m.yaml"]
+        yield Case("model", args, {"m.yaml": text.encode()})
+    for _ in range(10 * SCALE):  # options past any machine or run
+        args = ["plan", "--world-size", "64", "--model", "llama3-8b"]
+        option = rng.choice(INTEGER_OPTIONS + FLOAT_OPTIONS)
+        value = rng.choice(FLOATS if option in FLOAT_OPTIONS else HUGE_NUMBERS)
+        if option == "--world-size":
+            args[2] = value
+        else:
+            args += [option, value]
+        yield Case("numbers", args)
+        yield Case(
+            "numbers",
+            ["show", "c.yaml", "--model", "llama3-8b", option, value],
+            {"c.yaml": b"world_size: 64\n"},
+        )
+    yield Case(
+        "numbers",
+        [
+            "plan",
+            "--world-size",
+            "64",
+            "--model",
+            "llama3-8b",
+            "--pp-schedule",
+            "interleaved",
+            "--virtual-stages",
+            str(10**9),
+        ],
+    )
+    yield Case(
+        "numbers",
+        [
+            "plan",
+            "--world-size",
+            "64",
+            "--model",
+            "llama3-8b",
+            "--peak-tflops",
+            "1e-300",
+            "--mfu",
+            "1e-300",
+        ],
+    )
+    for special in ("/dev/zero", "/dev/urandom", ".", "missing.yaml"):
+        yield Case("model", ["plan", "--world-size", "8", "--model-file", special])
+    yield Case(
+        "model",
+        ["plan", "--world-size", "8", "--model-file", "m.yaml"],
+        {"m.yaml": b"name: x\n" + b"#" * (1 << 20)},
+    )
+
+
+# --- 3. Resolvers and output files -------------------------------------------------------------
+
+
+def resolvers(rng: random.Random) -> Iterator[Case]:
+    config = b"world_size: 8\na: 2\ndegrees:\n  tp: ${oc.decode:${oc.env:X}}\n"
+    for _ in range(6 * SCALE):
+        fan = rng.choice([100, 3000, 20_000])
+        body = rng.choice(["${a}", "${oc.decode:${a}}", "[${a}]", "{k: ${a}}"])
+        value = rng.choice(["[", ""]) + ",".join([body] * fan)
+        yield Case("resolver", ["validate", "c.yaml"], {"c.yaml": config}, {"X": value})
+    yield Case(
+        "resolver",
+        ["validate", "c.yaml"],
+        {"c.yaml": config},
+        {"X": "${oc.decode:" * 40 + "1" + "}" * 40},
+    )
+    yield Case(
+        "resolver",
+        ["validate", "c.yaml", "-o", "degrees.pp=${oc.decode:${oc.env:X}}"],
+        {"c.yaml": b"world_size: 8\na: 2\n"},
+        {"X": "${a}" * 30_000},
+    )
+
+
+def outputs(rng: random.Random) -> Iterator[Case]:
+    for special in ("/dev/zero", "/dev/null", "."):
+        yield Case("schema", ["schema", "--check", "--out", special])
+        yield Case("schema", ["schema", "--out", special])
+    yield Case("schema", ["schema", "--check", "--out", "big.json"], {"big.json": b" " * (2 << 20)})
+
+
 @pytest.mark.timeout(600 if LONG else 240, method="thread")
-@pytest.mark.parametrize("surface", [megatron])
+@pytest.mark.parametrize("surface", [megatron, models, resolvers, outputs])
 def test_hostile_input_to_each_surface(tmp_path: Path, surface: object) -> None:
     cases = list(surface(random.Random(f"{surface.__name__}")))  # type: ignore[operator]
     failures = []

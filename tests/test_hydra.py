@@ -242,8 +242,9 @@ def test_a_node_without_target_is_validated(plain_composer) -> None:
     with pytest.raises(HydraConfigError) as raised:
         instantiate(plain_composer("parallelism.degrees.tp=3").parallelism)
     assert str(raised.value) == (
-        "parallelism.degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults to -1): world_size 8 is "
-        "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+        "parallelism.degrees.tp: tp(3) leaves no whole number of ranks for dp_shard (-1 by "
+        "default): world_size 8 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3; "
+        "tp could be one of 1, 2, 4, 8 (the divisors of 8)"
     )
     with pytest.raises(HydraConfigError) as raised:
         instantiate(plain_composer("+parallelism.degrees.tpp=2").parallelism)

@@ -54,11 +54,14 @@ def test_list_items_and_nested_keys_are_located(tmp_path: Path) -> None:
     ]
 
 
-def test_errors_on_default_keys_point_at_the_nearest_written_key(tmp_path: Path) -> None:
+def test_a_default_minus_one_that_cannot_fill_is_reported_on_the_degree_that_does_not_fit(
+    tmp_path: Path,
+) -> None:
     path = write(tmp_path, "world_size: 12\ndegrees:\n  tp: 8\n")
     assert lines(path) == [
-        f"{path}:2:1: degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults "
-        "to -1): world_size 12 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(8) = 8"
+        f"{path}:3:3: degrees.tp: tp(8) leaves no whole number of ranks for dp_shard (-1 by "
+        "default): world_size 12 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(8) = "
+        "8; tp could be one of 1, 2, 3, 4, 6, 12 (the divisors of 12)"
     ]
 
 
@@ -200,13 +203,26 @@ def test_key_selects_a_block_and_paths_keep_the_prefix(tmp_path: Path) -> None:
     )
 
 
+def test_an_override_of_a_meshconf_key_outside_the_block_sets_it_in_the_block(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "model: {dim: 8}\nparallelism:\n  world_size: 8\n  degrees: {tp: 2}\n")
+    assert load_config(path, ["degrees.tp=4"], key="parallelism").resolved_degrees["tp"] == 4
+    # Its messages name the key in the file's terms, and the override as written.
+    assert lines(path, overrides=["degrees.tp=3"], key="parallelism") == [
+        "override 'degrees.tp=3': parallelism.degrees.tp: tp(3) leaves no whole number of ranks "
+        "for dp_shard (-1 by default): world_size 8 is not divisible by pp(1) * "
+        "dp_replicate(1) * cp(1) * tp(3) = 3; tp could be one of 1, 2, 4, 8 (the divisors of 8)"
+    ]
+
+
 def test_plain_override_outside_the_block_must_exist(tmp_path: Path) -> None:
     path = write(tmp_path, "model: {dim: 8}\nparallelism:\n  world_size: 8\n  degrees: {tp: 2}\n")
     with pytest.raises(SourceError) as caught:
-        load_config(path, ["degrees.tp=4"], key="parallelism")
+        load_config(path, ["modle.dim=4"], key="parallelism")
     assert str(caught.value) == (
-        f"override 'degrees.tp=4': degrees.tp is not in {path} and lies outside the --key "
-        "parallelism block; did you mean parallelism.degrees.tp=...? (+degrees.tp=... adds a "
+        f"override 'modle.dim=4': modle.dim is not in {path} and lies outside the --key "
+        "parallelism block; did you mean parallelism.modle.dim=...? (+modle.dim=... adds a "
         "key outside the block)"
     )
     assert (

@@ -114,9 +114,9 @@ def test_environment_values_in_a_dictconfig(env: object) -> None:
 def test_dictconfig_errors_carry_the_full_key(env: object) -> None:
     node = OmegaConf.create({"run": {"mesh": {"world_size": 8, "degrees": {"tp": 3}}}})
     assert _lines(node, key="run.mesh") == [
-        "run.mesh.degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults to "
-        "-1): world_size 8 is not "
-        "divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+        "run.mesh.degrees.tp: tp(3) leaves no whole number of ranks for dp_shard (-1 by "
+        "default): world_size 8 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3; "
+        "tp could be one of 1, 2, 4, 8 (the divisors of 8)"
     ]
 
 

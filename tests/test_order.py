@@ -126,7 +126,7 @@ def test_order_lists_every_world_factor_once() -> None:
         "order[3]: ep is not a world factor: experts borrow their ranks from dp_shard * cp * "
         "tp, so their ranks follow those; order lists pp, dp_replicate, dp_shard, cp, tp",
         "order[4]: 'pp' appears twice in order",
-        "order[5]: unknown world factor 'tpp' (did you mean 'tp'?); order lists pp, "
+        "order[5]: unknown world factor 'tpp' (did you mean 'pp' or 'tp'?); order lists pp, "
         "dp_replicate, dp_shard, cp, tp",
     ]
 

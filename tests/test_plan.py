@@ -442,7 +442,7 @@ def test_a_node_larger_than_the_world_is_planned_with_a_warning(run_cli) -> None
         ),
         (
             ["--world-size", "4294967296"],
-            "--world-size 4294967296 is more ranks than torch can number (2147483647)",
+            "--world-size: 4294967296 is larger than 2147483647, the most ranks torch can number",
         ),
     ],
 )

@@ -185,10 +185,10 @@ def test_show_model_prints_the_memory_breakdown(run_cli) -> None:
             ["--model", "llama3-8b", "--model-file", "x.yaml"],
             "--model and --model-file exclude each other",
         ),
-        (["--model", "llama3-8b", "--mfu", "2"], "--mfu: expected a number in (0, 1], got '2'"),
+        (["--model", "llama3-8b", "--mfu", "2"], "--mfu: 2 is more than 1: more than the peak"),
         (
             ["--model", "llama3-8b", "--gpu-memory-gib", "lots"],
-            "--gpu-memory-gib: expected a number > 0, got 'lots'",
+            "--gpu-memory-gib: expected a number from 0.125 to 16384, got 'lots'",
         ),
         (
             ["--model", "llama3-8b", "--pp-schedule", "interleaved"],
@@ -247,7 +247,8 @@ def test_a_bad_model_file_gives_located_errors_and_exit_1(run_cli, tmp_path: Pat
     result = run_cli("plan", "--world-size", "8", "--model-file", str(path))
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr.splitlines() == [
-        f"{path}:4:1: ffn: Input should be a valid integer, got the string '1024'",
+        f"{path}:4:1: ffn: expected an integer >= 1, got the string '1024' (a quoted number is a "
+        "string; write the integer you mean, unquoted)",
         f"{path}:9:3: attention.window: unknown key",
         f"{path}:10:1: experts: top_k (9) is more than routed (8)",
     ]
@@ -314,10 +315,7 @@ def test_show_with_a_bad_model_file_exits_1_with_located_errors(run_cli, tmp_pat
     path.write_text(TINY_MOE.replace("layers: 4", "layers: 0"))
     result = run_cli("show", "examples/llama3_8b_8gpu_fsdp.yaml", "--model-file", str(path))
     assert (result.returncode, result.stdout) == (1, "")
-    assert (
-        result.stderr
-        == f"{path}:2:1: layers: Input should be greater than or equal to 1, got the integer 0\n"
-    )
+    assert result.stderr == f"{path}:2:1: layers: expected an integer >= 1, got 0\n"
 
 
 def test_show_model_reads_locality_from_a_config_with_its_own_domains(run_cli) -> None:

@@ -223,7 +223,7 @@ def test_rows_the_order_leaves_out_are_counted(run_cli) -> None:
     [
         (
             "tpp,cp,dp_shard,pp,dp_replicate",
-            "--order: unknown world factor 'tpp' (did you mean 'tp'?); order lists pp, "
+            "--order: unknown world factor 'tpp' (did you mean 'pp' or 'tp'?); order lists pp, "
             "dp_replicate, dp_shard, cp, tp",
         ),
         (

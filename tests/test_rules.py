@@ -82,8 +82,14 @@ def test_world_product() -> None:
 
 def test_auto_fill_divides_exactly() -> None:
     assert errors({"world_size": 12, "degrees": {"tp": 8}}) == [
-        "degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults to -1): "
-        "world_size 12 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(8) = 8"
+        "degrees.tp: tp(8) leaves no whole number of ranks for dp_shard (-1 by default): "
+        "world_size 12 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(8) = 8; tp could "
+        "be one of 1, 2, 3, 4, 6, 12 (the divisors of 12)"
+    ]
+    # No single degree the user wrote can fit alone: the last one is named.
+    assert errors({"world_size": 12, "degrees": {"pp": 8, "tp": 8}}) == [
+        "degrees.tp: -1 cannot fill the remaining ranks (dp_shard defaults to -1): world_size 12 "
+        "is not divisible by pp(8) * dp_replicate(1) * cp(1) * tp(8) = 64"
     ]
     assert errors({"world_size": 12, "degrees": {"pp": -1, "tp": 8}}) == [
         "degrees.pp: -1 cannot fill the remaining ranks: world_size 12 is not divisible by "
@@ -124,7 +130,9 @@ def test_derived_formulas() -> None:
     assert errors(data) == [
         "derived.half: tp(2) / 4: 2 / 4 is not an integer",
         "derived.bad: 'tp * (cp': '(' at column 6 is never closed",
-        "derived.unknown: 'fsdpp * 2' uses unknown name 'fsdpp' (did you mean 'fsdp'?)",
+        "derived.unknown: 'fsdpp * 2' uses unknown name 'fsdpp' (did you mean 'fsdp'?); a formula "
+        "may use the degrees and the derived dims defined before it: pp, dp_replicate, dp_shard, "
+        "cp, tp, ep, etp, batch, fsdp, loss, efsdp, half",
         "derived.early: 'late * 2' uses 'late', which is defined after 'early'; a formula may "
         "use degrees and derived dims defined before it",
         "derived.tp: 'tp' is a degree; a derived dim needs a name of its own",
@@ -203,7 +211,7 @@ def test_size_one_dims_may_sit_anywhere() -> None:
 
 def test_unknown_keys_with_hints() -> None:
     assert errors({"degrees": {"tpp": 2}, "degreez": {}}) == [
-        "degrees.tpp: unknown key 'tpp' (did you mean 'tp'?); allowed: pp, dp_replicate, "
+        "degrees.tpp: unknown key 'tpp' (did you mean 'pp' or 'tp'?); allowed: pp, dp_replicate, "
         "dp_shard, cp, tp, ep, etp",
         "degreez: unknown key 'degreez' (did you mean 'degrees'?); allowed: world_size, "
         "gpus_per_node, degrees, order, inside_node, derived, domains, runtime",
@@ -327,9 +335,10 @@ def test_with_world_size_keeps_dp_shard_a_default() -> None:
         config.with_world_size(8)
     assert [(error["loc"], error["msg"]) for error in caught.value.errors()] == [
         (
-            ("degrees", "dp_shard"),
-            "-1 cannot fill the remaining ranks (dp_shard defaults to -1): world_size 8 is not "
-            "divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3",
+            ("degrees", "tp"),
+            "tp(3) leaves no whole number of ranks for dp_shard (-1 by default): world_size 8 is "
+            "not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3; tp could be one of 1, "
+            "2, 4, 8 (the divisors of 8)",
         )
     ]
     assert caught.value.title == "MeshConfig"

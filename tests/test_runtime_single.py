@@ -114,7 +114,9 @@ def test_launcher_environment_is_read_and_checked() -> None:
         read_launch({"RANK": "0"})
     with pytest.raises(LaunchError, match="a rank has RANK=4, outside WORLD_SIZE=4"):
         read_launch({"RANK": "4", "WORLD_SIZE": "4"})
-    with pytest.raises(LaunchError, match="rank 0 has WORLD_SIZE=eight, which is not an integer from 0"):
+    with pytest.raises(
+        LaunchError, match="rank 0 has WORLD_SIZE=eight, which is not an integer from 0"
+    ):
         read_launch({"RANK": "0", "WORLD_SIZE": "eight"})
     with pytest.raises(LaunchError, match="has no MASTER_ADDR and MASTER_PORT"):
         DistributedContext(load_config({"world_size": 2}), environ={"RANK": "0", "WORLD_SIZE": "2"})

@@ -226,12 +226,14 @@ def test_the_first_mapping_listed_wins_where_pyyaml_6_0_4_takes_the_last(tmp_pat
 
 def test_a_second_merge_key_is_a_duplicate(tmp_path: Path) -> None:
     path = tmp_path / "merge.yaml"
-    path.write_text("a: &a {tp: 2}\nb: &b {tp: 4}\ndegrees:\n  <<: *a\n  <<: *b\n")
+    path.write_text(
+        "a: &a {tp: 2}\nb: &b {tp: 4}\nmesh:\n  world_size: 8\n  degrees:\n    <<: *a\n    <<: *b\n"
+    )
     with pytest.raises(ConfigError) as caught:
-        load_config(path)
+        load_config(path, key="mesh")
     assert [d.render() for d in caught.value.diagnostics] == [
-        f"{path}:5:3: degrees: a second merge key (first given at line 4); list every mapping "
-        "to merge after one <<, as in <<: [*a, *b]"
+        f"{path}:7:5: mesh.degrees: a second merge key (first given at line 6); list every "
+        "mapping to merge after one <<, as in <<: [*a, *b]"
     ]
 
 

@@ -16,15 +16,24 @@ MAX_LISTED = 20
 
 
 def did_you_mean(name: str, candidates: Sequence[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate, or an empty string."""
+    """`` (did you mean 'x'?)`` for the closest candidate, or every one equally close
+    (`` (did you mean 'pp' or 'cp'?)`` for ``cpp``), or an empty string."""
     if len(name) > 100:
         return ""
     # difflib's ratio is 2 * matches / (len(a) + len(b)); a candidate less than 3/7 or more
     # than 7/3 times as long as the name can never reach 0.6, let alone the cutoff.
     low, high = len(name) * 3 // 7, len(name) * 7 // 3 + 1
     near = [c for c in candidates if low <= len(c) <= high][:MAX_HINT_CANDIDATES]
-    close = difflib.get_close_matches(name, near, n=1, cutoff=HINT_CUTOFF)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    scored = []
+    for candidate in dict.fromkeys(near):
+        matcher = difflib.SequenceMatcher(None, name, candidate)
+        if matcher.real_quick_ratio() >= HINT_CUTOFF and matcher.ratio() >= HINT_CUTOFF:
+            scored.append((matcher.ratio(), candidate))
+    if not scored:
+        return ""
+    best = max(score for score, _ in scored)
+    closest = [repr(candidate) for score, candidate in scored if score == best][:3]
+    return f" (did you mean {' or '.join(closest)}?)"
 
 
 def name_list(names: Sequence[str]) -> str:

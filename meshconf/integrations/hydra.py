@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf 2.3 read
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
-from meshconf.sources.overrides import InterpolationError, resolve
+from meshconf.sources.overrides import InterpolationError, node_location, resolve
 
 try:
     from hydra.core.config_store import ConfigStore
@@ -118,7 +118,7 @@ def instantiate(node: Any) -> MeshConfig:
     interpolation that cannot be resolved (such as ``${oc.env:VAR}`` with ``VAR`` unset), or
     another ``_target_``; every key is placed at its full path, such as
     ``parallelism.degrees.tp``."""
-    prefix = _full_key(node)
+    prefix = node_location(node)
     try:
         values = resolve(node) if isinstance(node, Container) else dict(node)
     except InterpolationError as error:
@@ -165,10 +165,3 @@ def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
         if value is not None and not (name == "inside_node" and not value):
             plain[name] = value
     return plain
-
-
-def _full_key(node: Any) -> tuple[str, ...]:
-    # OmegaConf has no public way to ask a node where it sits; _get_full_key has been stable
-    # from 2.1 to 2.4. Without it, errors are placed relative to the node.
-    full_key = node._get_full_key(None) if isinstance(node, Container) else ""
-    return tuple(str(full_key).split(".")) if full_key else ()

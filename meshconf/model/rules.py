@@ -19,6 +19,7 @@ from meshconf.core.degrees import (
     MAX_WORLD_SIZE,
     WORLD_FACTORS,
     auto_factor,
+    divisors,
     product_text,
     world_product,
 )
@@ -130,15 +131,47 @@ def resolve_world(spec: MeshSpec, result: Analysis) -> None:
         others = tuple(name for name in WORLD_FACTORS if name != auto)
         divisor = math.prod(degrees[name] for name in others)
         if spec.world_size % divisor:
-            implicit = "" if auto in spec.explicit_degrees else f" ({auto} defaults to -1)"
-            result.fail(
-                ("degrees", auto),
-                f"-1 cannot fill the remaining ranks{implicit}: world_size {spec.world_size} "
-                f"is not divisible by {product_text(degrees, others)} = {divisor}",
+            arithmetic = (
+                f"world_size {spec.world_size} is not divisible by "
+                f"{product_text(degrees, others)} = {divisor}"
             )
+            if auto in spec.explicit_degrees:
+                result.fail(("degrees", auto), f"-1 cannot fill the remaining ranks: {arithmetic}")
+            else:
+                result.fail(*_misfit(spec.world_size, degrees, others, spec, auto, arithmetic))
             return
         degrees[auto] = spec.world_size // divisor
     result.degrees = degrees
+
+
+def _misfit(
+    world_size: int,
+    degrees: Mapping[str, int],
+    others: tuple[str, ...],
+    spec: MeshSpec,
+    auto: str,
+    arithmetic: str,
+) -> tuple[KeyPath, str]:
+    """Where to report a -1 that the user did not write and cannot fill: on the degree they
+    wrote that does not fit (the last one whose change alone would), with the values it
+    could take instead."""
+    written = [name for name in others if name in spec.explicit_degrees and degrees[name] > 1]
+    fits = [
+        name
+        for name in written
+        if world_size % math.prod(degrees[other] for other in others if other != name) == 0
+    ]
+    if not fits:
+        path: KeyPath = ("degrees", written[-1]) if written else ("degrees", auto)
+        return path, f"-1 cannot fill the remaining ranks ({auto} defaults to -1): {arithmetic}"
+    name = fits[-1]
+    rest = world_size // math.prod(degrees[other] for other in others if other != name)
+    values = [str(value) for value in divisors(rest)]
+    return (
+        ("degrees", name),
+        f"{name}({degrees[name]}) leaves no whole number of ranks for {auto} (-1 by default): "
+        f"{arithmetic}; {name} could be one of {name_list(values)} (the divisors of {rest})",
+    )
 
 
 def check_etp(spec: MeshSpec, result: Analysis) -> None:
@@ -207,8 +240,20 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
                 )
                 usable = False
             elif used not in all_names:
-                hint = "" if result.brief else did_you_mean(used, ordered_names)
-                result.fail(path, f"{text!r} uses unknown name {used!r}{hint}")
+                detail = (
+                    ""
+                    if result.brief
+                    else f"{did_you_mean(used, ordered_names)}; a formula may use the degrees "
+                    "and the derived dims defined before it: "
+                    + name_list(
+                        list(
+                            dict.fromkeys(
+                                n for n in ordered_names if n in DEGREE_NAMES or n in defined
+                            )
+                        )
+                    )
+                )
+                result.fail(path, f"{text!r} uses unknown name {used!r}{detail}")
                 usable = False
         defined.add(name)
         if not usable:

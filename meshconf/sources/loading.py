@@ -9,6 +9,7 @@ set the key.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -65,23 +66,29 @@ class _Source:
     prefix: KeyPath = ()
     #: Keys whose value was written as ``${...}``, and what was written.
     interpolated: dict[KeyPath, str] = field(default_factory=dict)
+    #: Keys the file gives twice (the last one is kept, and each is reported).
+    duplicates: tuple[YamlError, ...] = ()
+    #: Where the data itself sits, when it is a node of a larger OmegaConf config: messages
+    #: name each key by its full path there (``parallelism.degrees.tp``).
+    location: KeyPath = ()
 
     def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
         full = self.prefix + path
+        shown = self.location + full
         for override in reversed(self.overrides):
             # The override set this key (or one above it), or created it: it is not in the file.
             set_here = full[: len(override.path)] == override.path
             created = override.path[: len(full)] == full and full not in self.positions
             if set_here or created:
-                return Diagnostic(full, message, override=override.text)
+                return Diagnostic(shown, message, override=override.text)
         if self.overrides:
             applied = ", ".join(override.text for override in self.overrides)
             message = f"{message} (with overrides: {applied})"
         for length in range(len(full), -1, -1):
             position = self.positions.get(full[:length])
             if position is not None:
-                return Diagnostic(full, message, self.name, position.line, position.column)
-        return Diagnostic(full, message, self.name)
+                return Diagnostic(shown, message, self.name, position.line, position.column)
+        return Diagnostic(shown, message, self.name)
 
     def fail(self, path: KeyPath, message: str) -> ConfigError:
         return ConfigError([self.diagnostic(path, message)])
@@ -161,21 +168,31 @@ def _read(source: Any) -> _Source:
                 f"{printable(name)}: cannot read: {error.strerror or error}"
             ) from None
         try:
-            document = read_yaml(decode(raw))
+            document = read_yaml(decode(raw), keep_going=True)
         except YamlError as error:
             raise _unreadable(error, name) from None
-        return _Source(document.data, name, document.positions, document.has_interpolation)
+        return _Source(
+            document.data,
+            name,
+            document.positions,
+            document.has_interpolation,
+            duplicates=document.duplicates,
+        )
     if "omegaconf" in sys.modules:
         from omegaconf import Container
 
         if isinstance(source, Container):
             from omegaconf import OmegaConf
 
-            from meshconf.sources.overrides import resolve
+            from meshconf.sources.overrides import node_location, resolve
 
             unresolved = OmegaConf.to_container(source, resolve=False)
             try:
-                return _Source(resolve(source), interpolated=_interpolations(unresolved))
+                return _Source(
+                    resolve(source),
+                    interpolated=_interpolations(unresolved),
+                    location=node_location(source),
+                )
             except InterpolationError as error:
                 raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
     if isinstance(source, Mapping):
@@ -241,18 +258,25 @@ def _select(source: _Source, key: str | None, prefix: KeyPath) -> None:
 
 
 def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -> None:
-    """A plain ``key=value`` outside the meshconf block must name a key that exists, so
-    that ``-o degrees.tp=4`` with ``--key parallelism`` is not silently a no-op."""
+    """With ``--key``, a plain ``key=value`` that names no key of the file but starts with a
+    meshconf key means that key of the block (``-o degrees.tp=4`` with ``--key parallelism``
+    sets ``parallelism.degrees.tp``); any other must name a key that exists, so that it is
+    not silently a no-op."""
+    targets = []
     for override in source.overrides:
-        if override.action != "set" or override.path[: len(prefix)] == prefix:
-            continue
-        if not _exists(source.data, override.path):
+        outside = override.action == "set" and override.path[: len(prefix)] != prefix
+        if not outside or _exists(source.data, override.path):
+            targets.append(override)
+        elif prefix and override.path[0] in MeshConfig.model_fields:
+            targets.append(dataclasses.replace(override, path=prefix + override.path))
+        else:
             inside = format_key(prefix + override.path)
             raise SourceError(
                 f"override {override.text!r}: {override.key} is not in "
                 f"{source.name or 'the config'} and lies outside the --key {key} block; "
                 f"did you mean {inside}=...? (+{override.key}=... adds a key outside the block)"
             )
+    source.overrides = tuple(targets)
 
 
 def _validate(source: _Source, world_size: int | None) -> MeshConfig:
@@ -263,7 +287,37 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
         config = MeshConfig.model_validate(source.data)
         return config if world_size is None else config.with_world_size(world_size)
     except ValidationError as error:
-        raise _config_error(error, source) from None
+        found = _config_error(error, source)
+        independent = all(_outside_rules(item) for item in error.errors(include_url=False))
+    # The formula rules run once every field is valid. When the only problems are in keys
+    # the rules do not read (runtime, unknown top-level keys), run them without those keys,
+    # so that one run reports every problem.
+    if independent:
+        kept = {k: v for k, v in source.data.items() if k in _RULE_KEYS}
+        try:
+            rules_only = MeshConfig.model_validate(kept)
+            if world_size is not None:
+                rules_only.with_world_size(world_size)
+        except ValidationError as rules:
+            more = _config_error(rules, source).diagnostics
+            unplaced = float("inf")
+            both = sorted(
+                [*found.diagnostics, *more],
+                key=lambda d: (d.line or unplaced, d.column or unplaced),
+            )
+            raise ConfigError(both) from None
+    raise found from None
+
+
+#: The keys the formula rules read.
+_RULE_KEYS = frozenset(MeshConfig.model_fields) - {"runtime"}
+
+
+def _outside_rules(item: Mapping[str, Any]) -> bool:
+    loc = tuple(item["loc"])
+    return bool(loc) and (
+        loc[0] == "runtime" or (item["type"] == "extra_forbidden" and len(loc) == 1)
+    )
 
 
 def _config_error(error: ValidationError, source: _Source) -> ConfigError:
@@ -332,14 +386,52 @@ def load_config(
     parsed = tuple(parse_override(text) for text in overrides)
     prefix = _block_path(key)
     source_data = _read(source)
+    # Keys given twice are reported with every other problem the file has, in one run.
+    try:
+        config = _load(source_data, parsed, key, prefix, world_size)
+    except ConfigError as error:
+        if not source_data.duplicates:
+            raise
+        raise _with_duplicates(error.diagnostics, source_data) from None
+    if source_data.duplicates:
+        raise _with_duplicates((), source_data)
+    return config
+
+
+def _with_duplicates(diagnostics: Sequence[Diagnostic], source: _Source) -> ConfigError:
+    found = [
+        Diagnostic(
+            error.path,
+            error.message,
+            source.name,
+            error.position.line if error.position else None,
+            error.position.column if error.position else None,
+        )
+        for error in source.duplicates
+    ]
+    unplaced = float("inf")
+    ordered = sorted(
+        [*found, *diagnostics], key=lambda d: (d.line or unplaced, d.column or unplaced)
+    )
+    return ConfigError(ordered)
+
+
+def _load(
+    source_data: _Source,
+    parsed: tuple[Override, ...],
+    key: str | None,
+    prefix: KeyPath,
+    world_size: int | None,
+) -> MeshConfig:
     source_data.overrides = parsed
     _check_override_targets(source_data, key, prefix)
-    if parsed or source_data.has_interpolation:
+    targeted = source_data.overrides
+    if targeted or source_data.has_interpolation:
         source_data.interpolated.update(_interpolations(source_data.data))
-        for override in parsed:
+        for override in targeted:
             source_data.interpolated.update(_interpolations(override.value, override.path))
         try:
-            source_data.data = apply(source_data.data, parsed)
+            source_data.data = apply(source_data.data, targeted)
         except InterpolationError as error:
             path = _safe_key(error.key)
             diagnostic = source_data.diagnostic(path, error.message)

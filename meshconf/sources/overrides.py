@@ -164,3 +164,13 @@ def _delete(config: Any, override: Override, is_missing: bool) -> None:
 
 def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def node_location(node: Any) -> KeyPath:
+    """Where an OmegaConf node sits in its config (``("parallelism",)``), or ``()``."""
+    from omegaconf import Container
+
+    # OmegaConf has no public way to ask a node where it sits; _get_full_key has been stable
+    # from 2.1 to 2.4. Without it, errors are placed relative to the node.
+    full_key = node._get_full_key(None) if isinstance(node, Container) else ""
+    return tuple(str(full_key).split(".")) if full_key else ()

@@ -136,6 +136,8 @@ class YamlDocument:
     data: Any
     positions: dict[KeyPath, Position]
     has_interpolation: bool
+    #: Keys given twice in one mapping, when read with ``keep_going`` (the last one is kept).
+    duplicates: tuple[YamlError, ...] = ()
 
 
 def _position(mark: Any) -> Position:
@@ -206,9 +208,11 @@ def _walk_depth(text: str) -> None:
 class _Walker:
     """Checks the composed node graph and records where each key is."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_going: bool) -> None:
         self.positions: dict[KeyPath, Position] = {}
         self.has_interpolation = False
+        self.keep_going = keep_going
+        self.duplicates: list[YamlError] = []
         self._expanded: dict[int, tuple[int, int]] = {}  # node id -> (node count, depth)
         self._open: set[int] = set()
 
@@ -270,13 +274,16 @@ class _Walker:
             if key_node.tag == MERGE_TAG:
                 here = _position(key_node.start_mark)
                 if merge_key is not None:
-                    raise YamlError(
-                        f"a second merge key (first given at line {merge_key.line}); list "
-                        "every mapping to merge after one <<, as in <<: [*a, *b]",
-                        here,
-                        path,
+                    self._duplicate(
+                        YamlError(
+                            f"a second merge key (first given at line {merge_key.line}); list "
+                            "every mapping to merge after one <<, as in <<: [*a, *b]",
+                            here,
+                            path,
+                        )
                     )
-                merge_key = here
+                else:
+                    merge_key = here
                 sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 merged.extend(source for source in sources if isinstance(source, MappingNode))
                 continue
@@ -287,12 +294,15 @@ class _Walker:
                 raise YamlError("a key must be a name, not null", here, path)
             identity = (key_node.tag, key_node.value)
             if identity in first_seen:
-                raise YamlError(
-                    f"duplicate key (first given at line {first_seen[identity].line})",
-                    here,
-                    (*path, _key_value(key_node)),
+                self._duplicate(
+                    YamlError(
+                        f"duplicate key (first given at line {first_seen[identity].line})",
+                        here,
+                        (*path, _key_value(key_node)),
+                    )
                 )
-            first_seen[identity] = here
+            else:
+                first_seen[identity] = here
             child: KeyPath = (*path, _key_value(key_node))
             self.positions[child] = here
             self.walk(value_node, child)
@@ -300,6 +310,11 @@ class _Walker:
         # among merged mappings the first listed wins, as it does in construction.
         for source in merged:
             self._walk_merged(source, path)
+
+    def _duplicate(self, error: YamlError) -> None:
+        if not self.keep_going:
+            raise error
+        self.duplicates.append(error)
 
     def _walk_merged(self, source: MappingNode, path: KeyPath) -> None:
         nested: list[MappingNode] = []
@@ -340,8 +355,11 @@ def _check_characters(text: str) -> None:
         )
 
 
-def read_yaml(text: str) -> YamlDocument:
+def read_yaml(text: str, *, keep_going: bool = False) -> YamlDocument:
     """Parse one YAML document, checking it on the way (see the module docstring).
+
+    ``keep_going``: a key given twice is not an error here but one of the document's
+    ``duplicates``, so that the caller reports it with every other problem of the file.
 
     Raises :class:`YamlError`, with a position where there is one.
     """
@@ -355,7 +373,7 @@ def read_yaml(text: str) -> YamlDocument:
             node = loader.get_single_node()
             if node is None:
                 return YamlDocument(None, {}, False)
-            walker = _Walker()
+            walker = _Walker(keep_going=keep_going)
             walker.measure(node)
             walker.positions[()] = _position(node.start_mark)
             walker.walk(node, ())
@@ -364,7 +382,8 @@ def read_yaml(text: str) -> YamlDocument:
             loader.dispose()
     except yaml.YAMLError as error:
         raise _syntax_error(error) from None
-    return YamlDocument(data, walker.positions, walker.has_interpolation)
+    duplicates = tuple(walker.duplicates)
+    return YamlDocument(data, walker.positions, walker.has_interpolation, duplicates)
 
 
 def parse_value(text: str) -> Any:

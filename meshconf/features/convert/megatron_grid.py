@@ -172,12 +172,20 @@ def checked_grids(
     dense = Grid({"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}, names)
     expert_dp = world // (etp * ep * pp)
     expert = Grid({"tp": etp, "cp": 1, "ep": ep, "dp": expert_dp, "pp": pp}, names)
-    same_stages = group_identity(dense.modes(["pp"])) == group_identity(expert.modes(["pp"]))
-    if (not order.endswith("pp") and pp > 1 and expert_dp != dp) or not same_stages:
+    # Megatron's two assertions, in its order and with its reasons.
+    if not order.endswith("pp") and pp > 1 and expert_dp != dp:
         draft.fail(
             keys.get("order"),
-            f"Megatron refuses this: with order {order}, the expert "
-            "layers' pipeline groups differ from the dense layers'",
+            f"Megatron refuses this: with order {order}, which does not end with pp, the expert "
+            f"data-parallel size (world {world} / (expert tp({etp}) * ep({ep}) * pp({pp})) = "
+            f"{expert_dp}) must equal the data-parallel size ({dp})",
+        )
+        return None
+    if group_identity(dense.modes(["pp"])) != group_identity(expert.modes(["pp"])):
+        draft.fail(
+            keys.get("order"),
+            f"Megatron refuses this: with order {order}, the expert layers' pipeline groups "
+            "differ from the dense layers'",
         )
         return None
     if expert_dp % instances:

@@ -43,6 +43,8 @@ ExpertCount = Annotated[int, IntegerBound(1, 2**16, "more experts than any model
 SharedExperts = Annotated[int, IntegerBound(0, 2**10, "more shared experts than any model has")]
 DenseLayers = Annotated[int, IntegerBound(0, 10_000, "more layers than any model has")]
 _STRICT = ConfigDict(extra="forbid", strict=True)
+#: Error kinds whose messages are meshconf's own, complete with what was given.
+_OWN_MESSAGES = frozenset({"integer_type", "integer_range"})
 
 
 class GroupedQueryAttentionFile(BaseModel):
@@ -237,6 +239,8 @@ def _message(item: Any) -> str:
         kind_given = describe_value(item["input"].get("kind"))
         return f"kind must be grouped_query or latent, got {kind_given}"
     text = str(item["msg"]).removeprefix("Value error, ")
+    if kind in _OWN_MESSAGES:
+        return text
     if kind.endswith("_type") or kind.startswith(("greater_than", "string_")):
         text += f", got {describe_value(item['input'])}"
     return text
