@@ -113,8 +113,9 @@ def test_a_rank_with_another_world_size_is_quoted_on_every_rank() -> None:
 def _one_rank_cannot_load(rank: int, environ: dict[str, str], directory: str) -> None:
     good, bad = Path(directory, "good.yaml"), Path(directory, "bad.yaml")
     problem = (
-        f"{bad}:3:1: degrees.dp_shard: -1 cannot fill the remaining ranks (dp_shard defaults "
-        "to -1): world_size 8 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3"
+        f"{bad}:4:3: degrees.tp: tp(3) leaves no whole number of ranks for dp_shard (-1 by "
+        "default): world_size 8 is not divisible by pp(1) * dp_replicate(1) * cp(1) * tp(3) = 3; "
+        "tp could be one of 1, 2, 4, 8 (the divisors of 8)"
     )
     if rank == 3:
         _expect(lambda: DistributedContext.from_yaml(bad, environ=environ), ConfigError, problem, 1)
