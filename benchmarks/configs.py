@@ -235,7 +235,7 @@ BROKEN_RULES = [
     BrokenRule("world product", "degrees.", no_condition, _break_world_product),
     BrokenRule(
         "-1 fills exactly",
-        "degrees.dp_shard",
+        "degrees.",  # on the written degree that does not fit
         lambda d: world_of(d) // d["dp_shard"] >= 2,
         _break_auto_fill,
     ),
