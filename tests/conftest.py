@@ -63,7 +63,8 @@ SLOW_MODULES = frozenset(
 
 #: Test modules that fork ranks of real process groups. Under pytest-xdist (``-n``) they run
 #: one after another on one worker: two 8-rank worlds at once on two cores would leave each
-#: too little of the time bounds their set-up checks test.
+#: too little of the time bounds their set-up checks test. The set-up failure tests, which
+#: spend their time waiting for a bound, form a group of their own.
 RANK_MODULES = frozenset(
     {
         "test_compat_d9d",
@@ -86,7 +87,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
         if item.path.stem in RANK_MODULES:
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+            # The set-up failure tests mostly wait for their bound: beside the others.
+            group = "failures" if item.path.stem == "test_runtime_failures" else "ranks"
+            item.add_marker(pytest.mark.xdist_group(group))
         if item.path.stem == "test_docs":
             # One worker runs every page: the first page's test starts them all (tests/test_docs.py).
             item.add_marker(pytest.mark.xdist_group("docs"))
