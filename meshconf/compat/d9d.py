@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshconf.model.config import MeshConfig
+from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import Positive
 from meshconf.sources.loading import load_config
 
@@ -55,19 +55,19 @@ class DeviceMeshParameters(BaseModel):
     @model_validator(mode="after")
     def _experts_split_the_ranks_of_a_stage(self) -> DeviceMeshParameters:
         if self.ranks_per_stage % self.expert_parallel:
-            error = PydanticCustomError(
-                "expert_parallel",
-                "expert_parallel({ep}) must divide data_parallel_replicate * "
-                "data_parallel_shard * context_parallel_shard * context_parallel_replicate * "
-                "tensor_parallel = {ranks}: the expert domain splits the ranks of a pipeline "
-                "stage into ep_replicate x ep_shard",
-                {"ep": self.expert_parallel, "ranks": self.ranks_per_stage},
-            )
-            raise ValidationError.from_exception_data(
+            raise validation_error(
                 "DeviceMeshParameters",
                 [
-                    InitErrorDetails(
-                        type=error, loc=("expert_parallel",), input=self.expert_parallel
+                    FieldError(
+                        ("expert_parallel",),
+                        "expert_parallel",
+                        "expert_parallel({ep}) must divide data_parallel_replicate * "
+                        "data_parallel_shard * context_parallel_shard * "
+                        "context_parallel_replicate * tensor_parallel = {ranks}: the expert "
+                        "domain splits the ranks of a pipeline stage into ep_replicate x "
+                        "ep_shard",
+                        {"ep": self.expert_parallel, "ranks": self.ranks_per_stage},
+                        self.expert_parallel,
                     )
                 ],
             )

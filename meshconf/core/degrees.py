@@ -1,18 +1,87 @@
-"""The parallel degrees, and how the one left at ``-1`` is filled in."""
+"""The parallel degrees, and how the one left at ``-1`` is filled in.
+
+:data:`DEGREES` is the one table of the degrees: every layer reads it (the models' fields
+and their descriptions, the Hydra schema node, the JSON Schema, the rules, plan's
+enumeration and its flags, the estimators), so that a degree is named, described and
+classified here alone.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-
-#: The degrees whose product is the world size, outer to inner in the default layouts.
-WORLD_FACTORS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-#: Expert parallelism borrows ranks from ``dp_shard * cp * tp``; it is not a world factor.
-EXPERT_DEGREES = ("ep", "etp")
-DEGREE_NAMES = WORLD_FACTORS + EXPERT_DEGREES
+from dataclasses import dataclass
 
 #: The value of a world factor that takes whatever ranks the others leave.
 AUTO = -1
+
+
+@dataclass(frozen=True)
+class Degree:
+    """One parallel degree."""
+
+    name: str
+    #: What it is, as the config's reference and the JSON Schema describe it.
+    meaning: str
+    #: A world factor: the degrees' product is the world size. Otherwise it borrows its ranks
+    #: from the world factors (the expert degrees borrow ``dp_shard * cp * tp``).
+    world_factor: bool
+    #: Its value when the config leaves it out (``dp_shard``'s is -1, see default_dp_shard).
+    default: int
+    #: Only the expert layers (the ``sparse`` domain) use it.
+    expert: bool
+    #: Its label in a rank's log prefix (``[dpr0 dps1 tp3]``).
+    short: str
+    #: A value the JSON Schema and the reference show.
+    example: int
+    #: ``meshconf plan`` varies it only when pinned (it keeps the default otherwise).
+    planned_when_pinned: bool = False
+
+
+DEGREES: tuple[Degree, ...] = (
+    Degree("pp", "Pipeline-parallel stages.", True, 1, False, "pp", 4),
+    Degree(
+        "dp_replicate",
+        "Data-parallel replicas (DDP, or HSDP's outer dim).",
+        True,
+        1,
+        False,
+        "dpr",
+        2,
+    ),
+    Degree(
+        "dp_shard",
+        "Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1.",
+        True,
+        AUTO,
+        False,
+        "dps",
+        8,
+    ),
+    # A sequence split is for long contexts: a plan adds it only when asked for.
+    Degree(
+        "cp",
+        "Context-parallel ranks (sequence split).",
+        True,
+        1,
+        False,
+        "cp",
+        2,
+        planned_when_pinned=True,
+    ),
+    Degree("tp", "Tensor-parallel ranks.", True, 1, False, "tp", 8),
+    Degree(
+        "ep", "Expert-parallel ranks, borrowed from dp_shard * cp * tp.", False, 1, True, "ep", 8
+    ),
+    Degree("etp", "Expert tensor-parallel ranks: 1 or tp.", False, 1, True, "etp", 1),
+)
+BY_NAME: Mapping[str, Degree] = {degree.name: degree for degree in DEGREES}
+
+#: The degrees whose product is the world size, outer to inner in the default layouts.
+WORLD_FACTORS = tuple(degree.name for degree in DEGREES if degree.world_factor)
+#: The degrees that borrow their ranks from the world factors; none is a world factor.
+EXPERT_DEGREES = tuple(degree.name for degree in DEGREES if not degree.world_factor)
+DEGREE_NAMES = tuple(degree.name for degree in DEGREES)
 #: torch numbers ranks with 32-bit signed integers.
 MAX_WORLD_SIZE = 2**31 - 1
 
@@ -28,22 +97,26 @@ def auto_factor(degrees: Mapping[str, int]) -> str | None:
     return next((name for name in WORLD_FACTORS if degrees[name] == AUTO), None)
 
 
+def prime_factors(number: int) -> dict[int, int]:
+    """Each prime dividing ``number``, with its exponent (``{2: 3, 3: 1}`` for 24)."""
+    factors: dict[int, int] = {}
+    remaining, prime = number, 2
+    while prime * prime <= remaining:
+        while remaining % prime == 0:
+            remaining //= prime
+            factors[prime] = factors.get(prime, 0) + 1
+        prime += 1 if prime == 2 else 2
+    if remaining > 1:
+        factors[remaining] = factors.get(remaining, 0) + 1
+    return factors
+
+
 def divisors(number: int) -> list[int]:
     """Divisors of ``number`` in increasing order, from its prime factorisation: every size
     a degree of a world of ``number`` ranks can take."""
     found = [1]
-    remaining = number
-    prime = 2
-    while prime * prime <= remaining:
-        exponent = 0
-        while remaining % prime == 0:
-            remaining //= prime
-            exponent += 1
-        if exponent:
-            found = [d * prime**power for d in found for power in range(exponent + 1)]
-        prime += 1 if prime == 2 else 2
-    if remaining > 1:
-        found += [d * remaining for d in found]
+    for prime, exponent in prime_factors(number).items():
+        found = [d * prime**power for d in found for power in range(exponent + 1)]
     return sorted(found)
 
 

@@ -14,7 +14,8 @@ from meshconf.core.errors import Problem
 from meshconf.core.hierarchy import rank_numbering
 from meshconf.core.layout import DomainLayout, UnevenSplitError
 from meshconf.features.plan_request import Request, pins_text, rule_inputs
-from meshconf.model.rules import Analysis, check_etp, check_expert_borrow
+from meshconf.model.analysis import Analysis
+from meshconf.model.rules import check_etp, check_expert_borrow
 
 #: An assignment of the world factors, in WORLD_FACTORS order (pp outermost).
 Factors = tuple[int, int, int, int, int]

@@ -7,13 +7,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, prime_factors
 from meshconf.core.errors import MeshconfError
 from meshconf.features.estimate.architecture import Architecture
 from meshconf.features.estimate.training import Training
+from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.model.numbering import check_order
-from meshconf.model.rules import Analysis, MeshSpec
 
 #: A plan ranks at most this many assignments; past it, a degree must be pinned.
 MAX_ASSIGNMENTS = 1_000_000
@@ -172,15 +172,9 @@ def assignment_count(request: Request) -> int:
     free = sum(1 for name in WORLD_FACTORS if name not in request.pins)
     if free == 0:
         return 1 if rest == 1 else 0
-    count, prime = 1, 2
-    while prime * prime <= rest:
-        exponent = 0
-        while rest % prime == 0:
-            rest //= prime
-            exponent += 1
-        count *= math.comb(exponent + free - 1, free - 1)
-        prime += 1
-    return count * (free if rest > 1 else 1)
+    return math.prod(
+        math.comb(exponent + free - 1, free - 1) for exponent in prime_factors(rest).values()
+    )
 
 
 def _check_count(request: Request) -> None:

@@ -17,16 +17,16 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from meshconf.core import formulas
 from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout
+from meshconf.model.analysis import Analysis, MeshSpec
+from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import (
     DimList,
     ExpertDegree,
@@ -39,14 +39,16 @@ from meshconf.model.fields import (
     WorldOrder,
     device_value,
 )
-from meshconf.model.rules import Analysis, MeshSpec, analyze
+from meshconf.model.rules import analyze
 
 
-class _Strict(BaseModel):
+class _Frozen(BaseModel):
+    # strict=False: the field types check and convert values themselves, with meshconf's
+    # messages; unknown keys are refused and a validated model cannot change.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
 
-class Degrees(_Strict):
+class Degrees(_Frozen):
     """Parallel degrees. World factors may be -1 (at most one): fill the remaining ranks."""
 
     pp: WorldFactor = Field(1, description="Pipeline-parallel stages.", examples=[4])
@@ -90,7 +92,7 @@ class Degrees(_Strict):
         return auto_factor(self.model_dump())
 
 
-class InsideNode(_Strict):
+class InsideNode(_Frozen):
     """The part of each world factor placed inside a node; the rest of it goes across nodes.
     Parts left out are 1; together the parts multiply to gpus_per_node."""
 
@@ -108,18 +110,16 @@ class InsideNode(_Strict):
         if isinstance(data, dict):
             expert = [key for key in EXPERT_DEGREES if key in data]
             if expert:
-                raise ValidationError.from_exception_data(
+                raise validation_error(
                     "InsideNode",
                     [
-                        InitErrorDetails(
-                            type=PydanticCustomError(
-                                "inside_node_expert",
-                                "{key} is not a world factor: experts borrow their ranks from "
-                                "dp_shard * cp * tp, so place those; inside_node takes {factors}",
-                                {"key": key, "factors": ", ".join(WORLD_FACTORS)},
-                            ),
-                            loc=(key,),
-                            input=data[key],
+                        FieldError(
+                            (key,),
+                            "inside_node_expert",
+                            "{key} is not a world factor: experts borrow their ranks from "
+                            "dp_shard * cp * tp, so place those; inside_node takes {factors}",
+                            {"key": key, "factors": ", ".join(WORLD_FACTORS)},
+                            data[key],
                         )
                         for key in expert
                     ],
@@ -132,7 +132,7 @@ class InsideNode(_Strict):
         return frozenset(self.model_fields_set)
 
 
-class RuntimeOptions(_Strict):
+class RuntimeOptions(_Frozen):
     """How DistributedContext picks device, backend and timeouts."""
 
     device: Annotated[Literal["auto", "cuda", "cpu"], BeforeValidator(device_value)] = Field(
@@ -161,14 +161,13 @@ class RuntimeOptions(_Strict):
     @model_validator(mode="after")
     def _backend_fits_device(self) -> RuntimeOptions:
         if self.backend == "nccl" and self.device == "cpu":
-            raise ValidationError.from_exception_data(
+            raise validation_error(
                 "RuntimeOptions",
                 [
-                    InitErrorDetails(
-                        type=PydanticCustomError(
-                            "backend_device", "nccl needs device cuda (or auto), not cpu"
-                        ),
-                        loc=("backend",),
+                    FieldError(
+                        ("backend",),
+                        "backend_device",
+                        "nccl needs device cuda (or auto), not cpu",
                         input=self.backend,
                     )
                 ],
@@ -176,7 +175,7 @@ class RuntimeOptions(_Strict):
         return self
 
 
-class MeshConfig(_Strict):
+class MeshConfig(_Frozen):
     """A validated N-D parallel mesh: world size, degrees, derived dims and domains."""
 
     world_size: Positive | None = Field(
@@ -228,31 +227,23 @@ class MeshConfig(_Strict):
     @model_validator(mode="after")
     def _check_formulas(self) -> MeshConfig:
         if self.domains is not None and not self.domains:
-            raise ValidationError.from_exception_data(
+            raise validation_error(
                 "MeshConfig",
                 [
-                    InitErrorDetails(
-                        type=PydanticCustomError(
-                            "domains_empty",
-                            "needs at least one domain (or leave it out for the defaults)",
-                        ),
-                        loc=("domains",),
+                    FieldError(
+                        ("domains",),
+                        "domains_empty",
+                        "needs at least one domain (or leave it out for the defaults)",
                         input={},
                     )
                 ],
             )
         analysis = analyze(self.spec())
         if analysis.problems:
-            raise ValidationError.from_exception_data(
+            raise validation_error(
                 "MeshConfig",
                 [
-                    InitErrorDetails(
-                        type=PydanticCustomError(
-                            "mesh_rule", "{message}", {"message": problem.message}
-                        ),
-                        loc=problem.path,
-                        input=None,
-                    )
+                    FieldError(problem.path, "mesh_rule", "{message}", {"message": problem.message})
                     for problem in analysis.problems
                 ],
             )
@@ -329,17 +320,15 @@ class MeshConfig(_Strict):
     def with_world_size(self, world_size: int) -> MeshConfig:
         """This config at a given world size (validated again); an error if it sets another."""
         if self.world_size is not None and self.world_size != world_size:
-            raise ValidationError.from_exception_data(
+            raise validation_error(
                 "MeshConfig",
                 [
-                    InitErrorDetails(
-                        type=PydanticCustomError(
-                            "world_size_conflict",
-                            "the config says {mine}, but the world size is {given}",
-                            {"mine": self.world_size, "given": world_size},
-                        ),
-                        loc=("world_size",),
-                        input=world_size,
+                    FieldError(
+                        ("world_size",),
+                        "world_size_conflict",
+                        "the config says {mine}, but the world size is {given}",
+                        {"mine": self.world_size, "given": world_size},
+                        world_size,
                     )
                 ],
             )

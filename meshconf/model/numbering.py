@@ -11,10 +11,10 @@ from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.hierarchy import describe_parts, node_numbering, rank_numbering
 from meshconf.core.layout import Mode
 from meshconf.core.messages import did_you_mean
+from meshconf.model.analysis import Analysis, MeshSpec
 
 if TYPE_CHECKING:
     from meshconf.core.errors import KeyPath
-    from meshconf.model.rules import Analysis, MeshSpec
 
 
 def check_order(spec: MeshSpec, result: Analysis) -> None:

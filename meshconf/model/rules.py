@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from meshconf.core import formulas
 from meshconf.core.degrees import (
@@ -23,10 +22,10 @@ from meshconf.core.degrees import (
     product_text,
     world_product,
 )
-from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
-from meshconf.core.hierarchy import NodePart
+from meshconf.core.errors import KeyPath
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 from meshconf.core.messages import did_you_mean, name_list
+from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.numbering import (
     check_inside_node,
     check_order,
@@ -34,53 +33,6 @@ from meshconf.model.numbering import (
     numbering,
     placement_keys,
 )
-
-
-@dataclass(frozen=True)
-class MeshSpec:
-    """The inputs of the rules, as plain values."""
-
-    world_size: int | None
-    gpus_per_node: int | None
-    inside_node: Mapping[str, int] | None
-    degrees: Mapping[str, int]
-    explicit_degrees: frozenset[str]
-    derived: Mapping[str, str]
-    user_derived: frozenset[str]
-    domains: Mapping[str, tuple[str, ...]]
-    user_domains: bool
-    order: tuple[str, ...] | None = None
-
-
-@dataclass
-class Analysis:
-    """What the rules found, and the values they computed on the way."""
-
-    world_size: int | None = None
-    world_size_from_degrees: bool = False
-    degrees: dict[str, int] | None = None
-    sizes: dict[str, int] = field(default_factory=dict)
-    layouts: dict[str, DomainLayout] = field(default_factory=dict)
-    node_parts: tuple[NodePart, ...] | None = None
-    #: The rank order of the world factors; None while the one given is not valid.
-    order: tuple[str, ...] | None = WORLD_FACTORS
-    problems: list[Problem] = field(default_factory=list)
-    pending: list[str] = field(default_factory=list)
-    waiting_for_world: bool = False
-
-    def fail(self, path: KeyPath, message: str) -> None:
-        self.problems.append(Problem(path, message))
-
-    @property
-    def brief(self) -> bool:
-        """Past the problems a config reports, messages skip their costly hints: only their
-        count is shown."""
-        return len(self.problems) >= MAX_PROBLEMS
-
-    def wait(self, check: str) -> None:
-        """Note a check that cannot run until the world size is known."""
-        if self.waiting_for_world:
-            self.pending.append(check)
 
 
 def check_single_auto(spec: MeshSpec, result: Analysis) -> None:

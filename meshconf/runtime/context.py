@@ -55,7 +55,6 @@ from meshconf.sources.loading import at_world_size, load_config
 
 #: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
 MAX_SIMULATED_WORLD = 1 << 22
-_SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 #: The closing barrier of every closed context, kept until the interpreter exits. gloo's worker
 #: thread lets go of a finished collective a moment after the caller sees it finish; if its
 #: reference is the last one and the interpreter is already shutting down, freeing the work's

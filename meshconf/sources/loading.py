@@ -90,7 +90,7 @@ class _Source:
                 return Diagnostic(shown, message, self.name, position.line, position.column)
         return Diagnostic(shown, message, self.name)
 
-    def fail(self, path: KeyPath, message: str) -> ConfigError:
+    def error(self, path: KeyPath, message: str) -> ConfigError:
         return ConfigError([self.diagnostic(path, message)])
 
 
@@ -282,7 +282,7 @@ def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -
 def _validate(source: _Source, world_size: int | None) -> MeshConfig:
     if not isinstance(source.data, Mapping):
         what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
-        raise source.fail((), f"expected a mapping of meshconf keys; the config is {what}")
+        raise source.error((), f"expected a mapping of meshconf keys; the config is {what}")
     try:
         config = MeshConfig.model_validate(source.data)
         return config if world_size is None else config.with_world_size(world_size)

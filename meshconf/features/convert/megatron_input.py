@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshconf.features.convert.shell import Word, fail
+from meshconf.features.convert.shell import Word, source_error
 from meshconf.features.convert.shell import commands as shell_commands
 from meshconf.sources.yaml_reader import YamlError, read_yaml
 
@@ -76,7 +76,7 @@ def _settings_from_words(words: list[Word], names: tuple[str, ...]) -> dict[str,
             found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
             continue
         if index >= len(words) or words[index].text.startswith("--"):
-            raise fail(flag, "needs a value", (word.line, word.column))
+            raise source_error(flag, "needs a value", (word.line, word.column))
         value = words[index]
         index += 1
         found[name] = Setting(name, flag, value.text, (value.line, value.column))
@@ -104,7 +104,7 @@ def read_command_line(text: str) -> dict[str, Setting]:
     )
     if launch is None:
         if len(commands) > 1:
-            raise fail(
+            raise source_error(
                 None,
                 "found no launch line: expected a command that runs torchrun or a Megatron "
                 "training script such as pretrain_gpt.py",
@@ -129,7 +129,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
         document = read_yaml(text)
     except YamlError as error:
         position = None if error.position is None else (error.position.line, error.position.column)
-        raise fail(None, f"invalid YAML: {error.message}", position) from None
+        raise source_error(None, f"invalid YAML: {error.message}", position) from None
     found: dict[str, Setting] = {}
     wanted = (*_VALUED, *FLAG_SETTINGS)
 
@@ -148,7 +148,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
             dotted = ".".join(str(part) for part in here)
             if name in found and found[name].value != value:
                 first = found[name]
-                raise fail(
+                raise source_error(
                     dotted,
                     f"{value!r} here but {first.value!r} at {first.key}: which one is meant?",
                     position,

@@ -68,7 +68,9 @@ class Word:
     operator: bool = False
 
 
-def fail(key: str | None, message: str, position: tuple[int, int] | None) -> ConversionError:
+def source_error(
+    key: str | None, message: str, position: tuple[int, int] | None
+) -> ConversionError:
     return ConversionError([SourceProblem("", key, message, position)])
 
 
@@ -111,7 +113,7 @@ class _Tokenizer:
 
     def __init__(self, text: str, variables: dict[str, str | list[Word]]) -> None:
         if len(text) > MAX_SCRIPT_CHARS:
-            raise fail(
+            raise source_error(
                 None,
                 f"{len(text):,} characters, more than the {MAX_SCRIPT_CHARS:,} a launch script "
                 "may have",
@@ -147,14 +149,14 @@ class _Tokenizer:
         self.expanded_chars += chars
         self.expanded_words += words
         if self.expanded_chars > MAX_EXPANDED_CHARS:
-            raise fail(
+            raise source_error(
                 None,
                 f"the expansions up to here make more than {MAX_EXPANDED_CHARS:,} characters; "
                 "meshconf reads scripts whose variables expand to less",
                 at,
             )
         if self.expanded_words > MAX_EXPANDED_WORDS:
-            raise fail(
+            raise source_error(
                 None,
                 f"the expansions up to here make more than {MAX_EXPANDED_WORDS:,} words; "
                 "meshconf reads scripts whose variables expand to fewer",
@@ -282,7 +284,7 @@ def commands(text: str) -> Iterator[list[Word]]:
         elif not word.operator and not command and _assignment(word):
             name, value = word.text.split("=", 1)
             if name not in variables and len(variables) >= MAX_VARIABLES:
-                raise fail(
+                raise source_error(
                     None,
                     f"more than {MAX_VARIABLES:,} variables assigned; meshconf reads scripts "
                     "with fewer",
