@@ -2,118 +2,90 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshconf._version import __version__
+from meshconf._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from meshconf.core.domains import (
-        DATALOADING,
-        DEFAULT_DERIVED,
-        DEFAULT_DOMAINS,
-        DENSE,
-        LOSS,
-        SPARSE,
+        DATALOADING as DATALOADING,
+        DEFAULT_DERIVED as DEFAULT_DERIVED,
+        DEFAULT_DOMAINS as DEFAULT_DOMAINS,
+        DENSE as DENSE,
+        LOSS as LOSS,
+        SPARSE as SPARSE,
     )
     from meshconf.core.errors import (
-        ArgumentTypeError,
-        ConfigError,
-        Diagnostic,
-        InvalidArgumentError,
-        MeshconfError,
-        SourceError,
-        UnknownDomainError,
-        WorldSizeUnknownError,
+        ArgumentTypeError as ArgumentTypeError,
+        ConfigError as ConfigError,
+        Diagnostic as Diagnostic,
+        InvalidArgumentError as InvalidArgumentError,
+        MeshconfError as MeshconfError,
+        SourceError as SourceError,
+        UnknownDomainError as UnknownDomainError,
+        WorldSizeUnknownError as WorldSizeUnknownError,
     )
     from meshconf.core.layout import (
-        DimLayout,
-        DomainLayout,
-        LayoutError,
-        Mode,
-        RankGroup,
-        UnevenSplitError,
+        DimLayout as DimLayout,
+        DomainLayout as DomainLayout,
+        LayoutError as LayoutError,
+        Mode as Mode,
+        RankGroup as RankGroup,
+        UnevenSplitError as UnevenSplitError,
     )
-    from meshconf.model.config import Degrees, InsideNode, MeshConfig, RuntimeOptions
-    from meshconf.model.schema import build_schema
+    from meshconf.model.config import (
+        Degrees as Degrees,
+        InsideNode as InsideNode,
+        MeshConfig as MeshConfig,
+        RuntimeOptions as RuntimeOptions,
+    )
+    from meshconf.model.schema import build_schema as build_schema
     from meshconf.runtime import DistributedContext as DistributedContext
-    from meshconf.sources.loading import load_config
+    from meshconf.sources.loading import load_config as load_config
 
-# Each public name and the module that defines it. A name is imported when first read, so
-# that `import meshconf` (and so every `meshconf` command) loads only what it uses: pydantic
-# and the models for a config, the JSON Schema generator for a schema, torch for the runtime.
-_HOMES = {
-    **dict.fromkeys(
-        ("DATALOADING", "DEFAULT_DERIVED", "DEFAULT_DOMAINS", "DENSE", "LOSS", "SPARSE"),
-        "meshconf.core.domains",
-    ),
-    **dict.fromkeys(
-        (
-            "ArgumentTypeError",
-            "ConfigError",
-            "Diagnostic",
-            "InvalidArgumentError",
-            "MeshconfError",
-            "SourceError",
-            "UnknownDomainError",
-            "WorldSizeUnknownError",
-        ),
-        "meshconf.core.errors",
-    ),
-    **dict.fromkeys(
-        ("DimLayout", "DomainLayout", "LayoutError", "Mode", "RankGroup", "UnevenSplitError"),
-        "meshconf.core.layout",
-    ),
-    **dict.fromkeys(
-        ("Degrees", "InsideNode", "MeshConfig", "RuntimeOptions"), "meshconf.model.config"
-    ),
-    "build_schema": "meshconf.model.schema",
-    "load_config": "meshconf.sources.loading",
-    "DistributedContext": "meshconf.runtime",
-}
+
+def _homes() -> dict[str, str]:
+    """Each public name and the module that defines it, read from the imports above.
+
+    Those imports are the one list of the public names: type checkers read them, and this
+    reads them for lazy loading and ``__all__``. A name is imported when first read, so that
+    `import meshconf` (and so every `meshconf` command) loads only what it uses: pydantic and
+    the models for a config, the JSON Schema generator for a schema, torch for the runtime.
+    """
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    return {
+        alias.asname or alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+_HOMES: dict[str, str] = {}
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
+    if not _HOMES:
+        _HOMES.update(_homes())
+    if name == "__all__":
+        # The runtime imports torch, so it stays out: `from meshconf import *` does not.
+        value: Any = [
+            "__version__",
+            *sorted(n for n, home in _HOMES.items() if not home.startswith("meshconf.runtime")),
+        ]
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
         raise AttributeError(f"module 'meshconf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
+    if not _HOMES:
+        _HOMES.update(_homes())
     return sorted({*globals(), *_HOMES})
-
-
-# DistributedContext imports torch, so it stays out of __all__: `from meshconf import *`
-# does not import torch.
-__all__ = [
-    "DATALOADING",
-    "DEFAULT_DERIVED",
-    "DEFAULT_DOMAINS",
-    "DENSE",
-    "LOSS",
-    "SPARSE",
-    "ArgumentTypeError",
-    "ConfigError",
-    "Degrees",
-    "Diagnostic",
-    "DimLayout",
-    "DomainLayout",
-    "InsideNode",
-    "InvalidArgumentError",
-    "LayoutError",
-    "MeshConfig",
-    "MeshconfError",
-    "Mode",
-    "RankGroup",
-    "RuntimeOptions",
-    "SourceError",
-    "UnevenSplitError",
-    "UnknownDomainError",
-    "WorldSizeUnknownError",
-    "__version__",
-    "build_schema",
-    "load_config",
-]

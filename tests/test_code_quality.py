@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -30,3 +31,17 @@ def test_mypy_strict_is_clean() -> None:
         [sys.executable, "-m", "mypy", "meshconf"], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_public_name_is_documented_and_loads() -> None:
+    """The imports of meshconf/__init__.py are the one list of public names: each loads, and
+    each has its place in docs/python-api.md."""
+    import meshconf
+
+    docs = (REPO / "docs" / "python-api.md").read_text()
+    names = [*meshconf.__all__, "DistributedContext"]
+    assert names[0] == "__version__" and "MeshConfig" in names and "load_config" in names
+    undocumented = [name for name in names if not re.search(rf"`(meshconf\.)?{name}\b", docs)]
+    assert undocumented == []
+    for name in names:
+        assert getattr(meshconf, name) is not None

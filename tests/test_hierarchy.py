@@ -7,8 +7,7 @@ import json
 import math
 
 from brute_force import assert_refused_only_for_uneven_groups, brute_force_groups, errors
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf import ConfigError, load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors

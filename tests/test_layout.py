@@ -6,8 +6,7 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from meshconf.core.layout import DimLayout, DomainLayout, LayoutError, Mode, process_group_count
 

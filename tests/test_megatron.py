@@ -8,8 +8,7 @@ import itertools
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from megatron_rank_generator import RankGenerator
 
 from meshconf.core.layout import DomainLayout

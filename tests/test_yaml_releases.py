@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf import ConfigError, load_config
 from meshconf.sources.yaml_reader import MAX_DEPTH, Position, YamlError, read_yaml

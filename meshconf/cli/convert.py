@@ -22,15 +22,12 @@ from meshconf.cli.common import (
     write_file,
 )
 from meshconf.features.convert import (
-    MEGATRON,
+    BY_NAME,
     SOURCES,
-    TABLES,
     TOML_SOURCES,
-    TOOL_NAMES,
     Conversion,
     ConversionError,
-    convert,
-    convert_megatron,
+    Source,
 )
 from meshconf.features.convert.megatron_input import Setting, read_command_line, read_nemo_yaml
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
@@ -89,31 +86,34 @@ def _read_toml(path: str) -> dict[str, Any]:
     return document
 
 
-def _read_megatron(args: argparse.Namespace) -> dict[str, Setting]:
-    """Megatron's settings from --args, a YAML file, or a script or command-line file."""
+def _read_arguments(args: argparse.Namespace) -> dict[str, Setting]:
+    """Megatron-LM's settings from --args, a YAML file, or a script or command-line file:
+    the reader of the source that is not TOML."""
     if args.args is not None:
         return read_command_line(args.args)
     if args.path is None:
-        raise _Failure(EXIT_USAGE, "--from megatron needs PATH or --args")
+        raise _Failure(EXIT_USAGE, f"--from {args.source} needs PATH or --args")
     text = _read_text(args.path, "a script or YAML file", "")
     if Path(args.path).suffix.lower() in (".yaml", ".yml"):
         return read_nemo_yaml(text)
     return read_command_line(text)
 
 
-def _pick_source(args: argparse.Namespace, document: dict[str, Any]) -> str:
-    if args.source is not None:
-        return str(args.source)
-    present = [source for source in TOML_SOURCES if TABLES[source] in document]
+def _detect(path: str, document: dict[str, Any]) -> Source:
+    """The TOML source whose table the file has, when exactly one has."""
+    present = [source for source in TOML_SOURCES if source.table in document]
     if len(present) == 1:
         return present[0]
-    tables = [f"a [{TABLES[source]}] table ({TOOL_NAMES[source]})" for source in TOML_SOURCES]
-    has = f"both {tables[0]} and {tables[1]}" if present else f"neither {tables[0]} nor {tables[1]}"
-    raise _Failure(
-        EXIT_USAGE,
-        f"{args.path}: has {has}; pass --from torchtitan or --from kempnerforge (or --from "
-        "megatron for Megatron-LM's arguments)",
+    tables = [f"a [{source.table}] table ({source.tool})" for source in TOML_SOURCES]
+    joined = f"{', '.join(tables[:-1])} and {tables[-1]}"
+    has = f"both {joined}" if present else f"neither {joined.replace(' and ', ' nor ')}"
+    choices = " or ".join(f"--from {source.name}" for source in TOML_SOURCES)
+    others = ", ".join(
+        f"--from {source.name} for {source.tool}'s arguments"
+        for source in SOURCES
+        if source.table is None
     )
+    raise _Failure(EXIT_USAGE, f"{path}: has {has}; pass {choices} (or {others})")
 
 
 def schema_reference(out: str | None) -> str:
@@ -171,7 +171,7 @@ def _body(conversion: Conversion) -> list[str]:
 
 def render(conversion: Conversion, source_path: str, schema: str) -> str:
     """The YAML file: modeline, what it came from, one paragraph per note, then the keys."""
-    tool = TOOL_NAMES[conversion.source]
+    tool = BY_NAME[conversion.source].tool
     lines = [f"# yaml-language-server: $schema={schema}"]
     origin = f"the [{conversion.table}] table of " if conversion.table else ""
     lines += _comment(
@@ -200,21 +200,25 @@ def _write(out: str, text: str) -> int:
 def _convert(args: argparse.Namespace) -> Conversion:
     """The conversion of the input the arguments name."""
     sizes = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node}
-    if args.source == MEGATRON:
-        return convert_megatron(_read_megatron(args), **sizes)
+    chosen = None if args.source is None else BY_NAME[args.source]
+    if chosen is not None and chosen.table is None:
+        return chosen.convert(_read_arguments(args), **sizes)
     if args.args is not None:
-        raise _Failure(EXIT_USAGE, "--args is for --from megatron")
+        users = " or ".join(f"--from {s.name}" for s in SOURCES if s.table is None)
+        raise _Failure(EXIT_USAGE, f"--args is for {users}")
     if args.path is None:
         raise _Failure(EXIT_USAGE, "PATH is required: the TOML file to convert")
     document = _read_toml(args.path)
-    source = _pick_source(args, document)
-    return convert(source, document.get(TABLES[source]), **sizes)
+    source = chosen or _detect(args.path, document)
+    table = None if source.table is None else document.get(source.table)
+    return source.convert(table, **sizes)
 
 
 def run(args: argparse.Namespace) -> int:
     inputs = [] if args.path is None else [args.path]
     if args.out is not None and output_is_input(args.out, inputs) is not None:
-        kind = "file" if args.source == MEGATRON else "TOML"
+        toml = args.source is None or BY_NAME[args.source].table is not None
+        kind = "TOML" if toml else "file"
         return usage_error(f"--out {args.out} is the input {kind}; choose another file")
     where = "--args" if args.path is None else args.path
     try:
@@ -238,32 +242,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
+    tools = [source.tool for source in SOURCES]
     parser = subparsers.add_parser(
         "convert",
-        help="convert torchtitan, KempnerForge or Megatron-LM parallelism settings to YAML",
-        description="Convert the parallelism settings of a torchtitan job TOML "
-        "([parallelism]), a KempnerForge TOML ([distributed]) or Megatron-LM's arguments (a "
-        "launch script, a command line, or NeMo's YAML) into a validated meshconf config, "
-        "with a comment on every semantic difference. Exit 0 when written, 1 if the input is "
-        "invalid, 2 on a usage error.",
+        help=f"convert {', '.join(tools[:-1])} or {tools[-1]} parallelism settings to YAML",
+        description="Convert the parallelism settings of "
+        + ", ".join(source.reads for source in SOURCES[:-1])
+        + f" or {SOURCES[-1].reads} into a validated meshconf config, with a comment on every "
+        "semantic difference. Exit 0 when written, 1 if the input is invalid, 2 on a usage "
+        "error.",
     )
+    argument_sources = " or ".join(f"--from {s.name}" for s in SOURCES if s.table is None)
     parser.add_argument(
         "path",
         metavar="PATH",
         nargs="?",
-        help="the TOML file; for --from megatron, a launch script, a file holding the "
+        help=f"the TOML file; for {argument_sources}, a launch script, a file holding the "
         "command line, or a YAML file (.yaml, .yml)",
     )
     parser.add_argument(
         "--from",
         dest="source",
-        choices=SOURCES,
+        choices=[source.name for source in SOURCES],
         help="the tool the file is for; default: found from the table it has",
     )
     parser.add_argument(
         "--args",
         metavar="TEXT",
-        help="for --from megatron: Megatron-LM's command line itself, instead of PATH",
+        help=f"for {argument_sources}: the tool's command line itself, instead of PATH",
     )
     parser.add_argument(
         "--world-size",

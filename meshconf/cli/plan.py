@@ -22,6 +22,7 @@ from meshconf.cli.estimate_options import (
     settings_line,
 )
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.messages import spoken_list
 from meshconf.features.plan import (
     Assignment,
     DimLocality,
@@ -274,7 +275,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="list the valid degree assignments for a world size, ranked by node locality",
-        description="List every assignment of pp, dp_replicate, dp_shard, cp and tp whose "
+        description=f"List every assignment of {spoken_list(WORLD_FACTORS)} whose "
         "product is the world size, under the pinned degrees, ranked so that the groups "
         "with the most traffic stay inside a node; --emit prints one as a config.",
     )
@@ -286,7 +287,7 @@ def add_parser(subparsers: Any) -> None:
         "--order",
         metavar="F1,F2,...",
         help="the rank order of the world factors, outer to inner, as a config's order: "
-        "every one of pp, dp_replicate, dp_shard, cp, tp once (default: that order)",
+        f"every one of {', '.join(WORLD_FACTORS)} once (default: that order)",
     )
     parser.add_argument(
         "--limit", metavar="K", help=f"show the best K assignments (default {DEFAULT_LIMIT})"

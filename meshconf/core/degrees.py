@@ -28,52 +28,89 @@ class Degree:
     world_factor: bool
     #: Its value when the config leaves it out (``dp_shard``'s is -1, see default_dp_shard).
     default: int
-    #: Only the expert layers (the ``sparse`` domain) use it.
-    expert: bool
     #: Its label in a rank's log prefix (``[dpr0 dps1 tp3]``).
     short: str
-    #: A value the JSON Schema and the reference show.
-    example: int
+    #: Values the JSON Schema and the reference show.
+    examples: tuple[int, ...]
+    #: A world factor's part inside a node, as ``inside_node`` describes it, with an example.
+    inside_node: str = ""
+    inside_node_example: int = 1
     #: ``meshconf plan`` varies it only when pinned (it keeps the default otherwise).
     planned_when_pinned: bool = False
 
+    @property
+    def expert(self) -> bool:
+        """Only the expert layers (the ``sparse`` domain) use it."""
+        return not self.world_factor
+
 
 DEGREES: tuple[Degree, ...] = (
-    Degree("pp", "Pipeline-parallel stages.", True, 1, False, "pp", 4),
+    Degree(
+        "pp",
+        "Pipeline-parallel stages.",
+        world_factor=True,
+        default=1,
+        short="pp",
+        examples=(4,),
+        inside_node="Pipeline stages inside a node.",
+    ),
     Degree(
         "dp_replicate",
         "Data-parallel replicas (DDP, or HSDP's outer dim).",
-        True,
-        1,
-        False,
-        "dpr",
-        2,
+        world_factor=True,
+        default=1,
+        short="dpr",
+        examples=(2,),
+        inside_node="Replicas inside a node.",
     ),
     Degree(
         "dp_shard",
         "Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1.",
-        True,
-        AUTO,
-        False,
-        "dps",
-        8,
+        world_factor=True,
+        default=AUTO,
+        short="dps",
+        examples=(AUTO, 8),
+        inside_node="FSDP shards inside a node.",
+        inside_node_example=2,
     ),
     # A sequence split is for long contexts: a plan adds it only when asked for.
     Degree(
         "cp",
         "Context-parallel ranks (sequence split).",
-        True,
-        1,
-        False,
-        "cp",
-        2,
+        world_factor=True,
+        default=1,
+        short="cp",
+        examples=(2,),
+        inside_node="Context-parallel ranks inside a node.",
+        inside_node_example=2,
         planned_when_pinned=True,
     ),
-    Degree("tp", "Tensor-parallel ranks.", True, 1, False, "tp", 8),
     Degree(
-        "ep", "Expert-parallel ranks, borrowed from dp_shard * cp * tp.", False, 1, True, "ep", 8
+        "tp",
+        "Tensor-parallel ranks.",
+        world_factor=True,
+        default=1,
+        short="tp",
+        examples=(8,),
+        inside_node="Tensor-parallel ranks inside a node.",
+        inside_node_example=8,
     ),
-    Degree("etp", "Expert tensor-parallel ranks: 1 or tp.", False, 1, True, "etp", 1),
+    Degree(
+        "ep",
+        "Expert-parallel ranks, borrowed from dp_shard * cp * tp.",
+        world_factor=False,
+        default=1,
+        short="ep",
+        examples=(8,),
+    ),
+    Degree(
+        "etp",
+        "Expert tensor-parallel ranks: 1 or tp.",
+        world_factor=False,
+        default=1,
+        short="etp",
+        examples=(1,),
+    ),
 )
 BY_NAME: Mapping[str, Degree] = {degree.name: degree for degree in DEGREES}
 
@@ -82,6 +119,8 @@ WORLD_FACTORS = tuple(degree.name for degree in DEGREES if degree.world_factor)
 #: The degrees that borrow their ranks from the world factors; none is a world factor.
 EXPERT_DEGREES = tuple(degree.name for degree in DEGREES if not degree.world_factor)
 DEGREE_NAMES = tuple(degree.name for degree in DEGREES)
+#: The world factors whose ranks the expert degrees borrow: ``ep * etp`` divides their product.
+LENT_TO_EXPERTS = ("dp_shard", "cp", "tp")
 #: torch numbers ranks with 32-bit signed integers.
 MAX_WORLD_SIZE = 2**31 - 1
 

@@ -41,3 +41,10 @@ def name_list(names: Sequence[str]) -> str:
     if len(names) <= MAX_LISTED:
         return ", ".join(names)
     return f"{', '.join(names[:MAX_LISTED])} and {len(names) - MAX_LISTED} more"
+
+
+def spoken_list(names: Sequence[str]) -> str:
+    """``pp, cp and tp``: a few names as a sentence lists them."""
+    if len(names) < 2:
+        return "".join(names)
+    return f"{', '.join(names[:-1])} and {names[-1]}"

@@ -8,7 +8,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS, divisors
+from meshconf.core.degrees import (
+    BY_NAME,
+    EXPERT_DEGREES,
+    LENT_TO_EXPERTS,
+    WORLD_FACTORS,
+    divisors,
+)
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE, default_sizes
 from meshconf.core.errors import Problem
 from meshconf.core.hierarchy import rank_numbering
@@ -18,7 +24,9 @@ from meshconf.model.analysis import Analysis
 from meshconf.model.rules import check_etp, check_expert_borrow
 
 #: An assignment of the world factors, in WORLD_FACTORS order (pp outermost).
-Factors = tuple[int, int, int, int, int]
+Factors = tuple[int, ...]
+#: Where the world factors that experts borrow sit in an assignment.
+_LENT = tuple(index for index, name in enumerate(WORLD_FACTORS) if name in LENT_TO_EXPERTS)
 #: What the expert rules say of an assignment: valid, refused by the degree rules, or left
 #: out because the order would split an expert dim unevenly.
 _Verdict = Literal["valid", "refused", "uneven"]
@@ -41,27 +49,28 @@ class _Divisors:
 
 def _assignments(request: Request) -> Iterator[Factors]:
     """Every tuple of world factors (in WORLD_FACTORS order) with product world_size that
-    keeps the pins: nested loops over divisors, tp outermost."""
+    keeps the pins: nested loops over divisors, innermost factor (tp) outermost in the loops,
+    and the outermost factor (pp) taking the ranks left."""
     divisors = _Divisors(request.world_size)
     pins = request.pins
+    *outer, last = reversed(WORLD_FACTORS)
 
     def options(name: str, remaining: int) -> list[int]:
         pinned = pins.get(name)
         if pinned is None:
-            return divisors.of(remaining)
+            return [1] if BY_NAME[name].planned_when_pinned else divisors.of(remaining)
         return [pinned] if remaining % pinned == 0 else []
 
-    world = request.world_size
-    for tp in options("tp", world):
-        # a sequence split is for long contexts: only when asked for
-        for cp in options("cp", world // tp) if "cp" in pins else [1]:
-            for dp_shard in options("dp_shard", world // (tp * cp)):
-                rest = world // (tp * cp * dp_shard)
-                for dp_replicate in options("dp_replicate", rest):
-                    pp = rest // dp_replicate
-                    # pp takes what is left; a pin must equal it.
-                    if pins.get("pp", pp) == pp:
-                        yield (pp, dp_replicate, dp_shard, cp, tp)
+    def extend(chosen: tuple[int, ...], remaining: int) -> Iterator[Factors]:
+        if len(chosen) == len(outer):
+            # the last factor takes what is left; a pin must equal it.
+            if pins.get(last, remaining) == remaining:
+                yield (remaining, *reversed(chosen))
+            return
+        for value in options(outer[len(chosen)], remaining):
+            yield from extend((*chosen, value), remaining // value)
+
+    return extend((), request.world_size)
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,10 @@ class ValidAssignments:
 
     Iterating counts them (:attr:`seen`), and the assignments that the order alone leaves
     out (:attr:`left_out`), the first of which is kept in :attr:`uneven` for the message.
-    The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read only dp_shard, cp
-    and tp; the even split under an order also reads whether pp and dp_replicate are 1 (a
-    factor of one rank between two others lets their digits run on). So each distinct
-    (dp_shard, cp, tp, pp > 1, dp_replicate > 1) is checked once.
+    The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read only the factors
+    experts borrow (dp_shard, cp and tp); the even split under an order also reads whether
+    each other factor is 1 (a factor of one rank between two others lets their digits run
+    on). So each distinct (dp_shard, cp, tp, pp > 1, dp_replicate > 1) is checked once.
     """
 
     def __init__(self, request: Request) -> None:
@@ -99,7 +108,7 @@ class ValidAssignments:
             yield _degrees(self._request, factors)
 
     def _allow(self, factors: Factors) -> bool:
-        key = (*factors[2:], factors[0] > 1, factors[1] > 1)
+        key = tuple(value if index in _LENT else value > 1 for index, value in enumerate(factors))
         verdict = self._answers.get(key)
         if verdict is None:
             verdict = self._answers[key] = self._verdict(factors)
@@ -165,7 +174,7 @@ def _expert_problems(degrees: dict[str, int]) -> list[Problem]:
 
 def _degrees(request: Request, factors: Factors) -> dict[str, int]:
     """Every degree of an assignment: its world factors, and ep and etp as requested."""
-    return {**dict(zip(WORLD_FACTORS, factors, strict=True)), "ep": request.ep, "etp": request.etp}
+    return dict(zip(WORLD_FACTORS, factors, strict=True)) | request.expert_degrees
 
 
 def _degrees_text(degrees: Mapping[str, int]) -> str:

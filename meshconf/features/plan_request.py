@@ -7,8 +7,16 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from meshconf.core.degrees import EXPERT_DEGREES, MAX_WORLD_SIZE, WORLD_FACTORS, prime_factors
+from meshconf.core.degrees import (
+    BY_NAME,
+    DEGREES,
+    EXPERT_DEGREES,
+    MAX_WORLD_SIZE,
+    WORLD_FACTORS,
+    prime_factors,
+)
 from meshconf.core.errors import MeshconfError
+from meshconf.core.messages import spoken_list
 from meshconf.features.estimate.architecture import Architecture
 from meshconf.features.estimate.training import Training
 from meshconf.model.analysis import Analysis, MeshSpec
@@ -48,6 +56,11 @@ class Request:
         if self.model is not None and self.model.experts is not None:
             return True
         return any(name in self.pins for name in EXPERT_DEGREES)
+
+    @property
+    def expert_degrees(self) -> dict[str, int]:
+        """The expert degrees as pinned, or their defaults."""
+        return {name: self.pins.get(name, BY_NAME[name].default) for name in EXPERT_DEGREES}
 
     @property
     def ep(self) -> int:
@@ -181,14 +194,15 @@ def _check_count(request: Request) -> None:
     count = assignment_count(request)
     if count > MAX_ASSIGNMENTS:
         raise PlanError(
-            f"--world-size {request.world_size} splits into {count} assignments of pp, "
-            f"dp_replicate, dp_shard, cp and tp, more than the {MAX_ASSIGNMENTS} a plan ranks; "
+            f"--world-size {request.world_size} splits into {count} assignments of "
+            f"{spoken_list(WORLD_FACTORS)}, more than the {MAX_ASSIGNMENTS} a plan ranks; "
             "pin a degree (such as --tp 8) to narrow them"
         )
     if request.model is None:
         return
-    # cp stays 1 unless pinned, so only those assignments are estimated
-    estimated = assignment_count(replace(request, pins={"cp": 1, **request.pins}))
+    # a degree planned only when pinned stays 1 otherwise, so only those are estimated
+    unplanned = {degree.name: 1 for degree in DEGREES if degree.planned_when_pinned}
+    estimated = assignment_count(replace(request, pins=unplanned | dict(request.pins)))
     if estimated > MAX_ESTIMATED_ASSIGNMENTS:
         raise PlanError(
             f"--world-size {request.world_size} with a model has {estimated} assignments to "

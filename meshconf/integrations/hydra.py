@@ -10,9 +10,17 @@ field of the node defaults to ``None``, meaning "not set", so that meshconf's de
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional  # noqa: UP035 - OmegaConf 2.3 reads these forms
+from dataclasses import dataclass, field, make_dataclass
+from typing import (  # noqa: UP035 - OmegaConf 2.3 reads these forms
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Optional,
+    TypeAlias,
+)
 
+from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
@@ -34,24 +42,19 @@ SCHEMA_NAME = "_meshconf_schema"
 TARGET = "meshconf.integrations.hydra.build_config"
 
 
-@dataclass
-class DegreesNode:
-    pp: Optional[int] = None  # noqa: UP045
-    dp_replicate: Optional[int] = None  # noqa: UP045
-    dp_shard: Optional[int] = None  # noqa: UP045
-    cp: Optional[int] = None  # noqa: UP045
-    tp: Optional[int] = None  # noqa: UP045
-    ep: Optional[int] = None  # noqa: UP045
-    etp: Optional[int] = None  # noqa: UP045
+def _degree_node(name: str, degrees: list[str]) -> type:
+    """A node with one ``Optional[int]`` field per degree, so that Hydra refuses a value
+    that is not an integer while it composes."""
+    return make_dataclass(name, [(degree, Optional[int], None) for degree in degrees])  # noqa: UP045
 
 
-@dataclass
-class InsideNodeNode:
-    pp: Optional[int] = None  # noqa: UP045
-    dp_replicate: Optional[int] = None  # noqa: UP045
-    dp_shard: Optional[int] = None  # noqa: UP045
-    cp: Optional[int] = None  # noqa: UP045
-    tp: Optional[int] = None  # noqa: UP045
+# Made from the degree table, so that a new degree reaches Hydra without an edit here.
+if TYPE_CHECKING:
+    DegreesNode: TypeAlias = Any
+    InsideNodeNode: TypeAlias = Any
+else:
+    DegreesNode = _degree_node("DegreesNode", list(DEGREE_NAMES))
+    InsideNodeNode = _degree_node("InsideNodeNode", list(WORLD_FACTORS))
 
 
 @dataclass

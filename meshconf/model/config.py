@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,11 +17,18 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    create_model,
     model_validator,
 )
 
 from meshconf.core import formulas
-from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS, auto_factor, default_dp_shard
+from meshconf.core.degrees import (
+    DEGREES,
+    EXPERT_DEGREES,
+    WORLD_FACTORS,
+    auto_factor,
+    default_dp_shard,
+)
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout
@@ -48,34 +55,22 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
 
-class Degrees(_Frozen):
+class _DegreeValues(_Frozen):
     """Parallel degrees. World factors may be -1 (at most one): fill the remaining ranks."""
-
-    pp: WorldFactor = Field(1, description="Pipeline-parallel stages.", examples=[4])
-    dp_replicate: WorldFactor = Field(
-        1, description="Data-parallel replicas (DDP, or HSDP's outer dim).", examples=[2]
-    )
-    dp_shard: WorldFactor = Field(
-        AUTO,
-        description="Data-parallel shards (FSDP). Defaults to -1 unless another degree is -1.",
-        examples=[-1, 8],
-    )
-    cp: WorldFactor = Field(1, description="Context-parallel ranks (sequence split).", examples=[2])
-    tp: WorldFactor = Field(1, description="Tensor-parallel ranks.", examples=[8])
-    ep: ExpertDegree = Field(
-        1, description="Expert-parallel ranks, borrowed from dp_shard * cp * tp.", examples=[8]
-    )
-    etp: ExpertDegree = Field(1, description="Expert tensor-parallel ranks: 1 or tp.", examples=[1])
 
     _dp_shard_defaulted: bool = PrivateAttr(default=False)
 
+    if TYPE_CHECKING:
+        # Each field is a degree of core.degrees.DEGREES, an int; Degrees below adds them.
+        def __getattr__(self, name: str) -> int: ...
+
     @model_validator(mode="wrap")
     @classmethod
-    def _default_dp_shard(cls, data: Any, handler: Any) -> Degrees:
+    def _default_dp_shard(cls, data: Any, handler: Any) -> _DegreeValues:
         defaulted = isinstance(data, dict) and "dp_shard" not in data
         if defaulted:
             data = {**data, "dp_shard": default_dp_shard(data)}
-        degrees: Degrees = handler(data)
+        degrees: _DegreeValues = handler(data)
         degrees._dp_shard_defaulted = defaulted or degrees._dp_shard_defaulted
         return degrees
 
@@ -92,15 +87,13 @@ class Degrees(_Frozen):
         return auto_factor(self.model_dump())
 
 
-class InsideNode(_Frozen):
+class _InsideNodeParts(_Frozen):
     """The part of each world factor placed inside a node; the rest of it goes across nodes.
     Parts left out are 1; together the parts multiply to gpus_per_node."""
 
-    pp: GpusPerNode = Field(1, description="Pipeline stages inside a node.", examples=[1])
-    dp_replicate: GpusPerNode = Field(1, description="Replicas inside a node.", examples=[1])
-    dp_shard: GpusPerNode = Field(1, description="FSDP shards inside a node.", examples=[2])
-    cp: GpusPerNode = Field(1, description="Context-parallel ranks inside a node.", examples=[2])
-    tp: GpusPerNode = Field(1, description="Tensor-parallel ranks inside a node.", examples=[8])
+    if TYPE_CHECKING:
+        # Each field is a world factor of core.degrees.DEGREES; InsideNode below adds them.
+        def __getattr__(self, name: str) -> int: ...
 
     @model_validator(mode="before")
     @classmethod
@@ -130,6 +123,45 @@ class InsideNode(_Frozen):
     def explicit(self) -> frozenset[str]:
         """The world factors the user placed."""
         return frozenset(self.model_fields_set)
+
+
+# The fields come from the degree table, so that a degree is declared once; the classes above
+# hold what the fields do not.
+if TYPE_CHECKING:
+    Degrees = _DegreeValues
+    InsideNode = _InsideNodeParts
+else:
+    Degrees = create_model(
+        "Degrees",
+        __base__=_DegreeValues,
+        __module__=__name__,
+        __doc__=_DegreeValues.__doc__,
+        **{
+            degree.name: (
+                WorldFactor if degree.world_factor else ExpertDegree,
+                Field(degree.default, description=degree.meaning, examples=list(degree.examples)),
+            )
+            for degree in DEGREES
+        },
+    )
+    InsideNode = create_model(
+        "InsideNode",
+        __base__=_InsideNodeParts,
+        __module__=__name__,
+        __doc__=_InsideNodeParts.__doc__,
+        **{
+            degree.name: (
+                GpusPerNode,
+                Field(
+                    1,
+                    description=degree.inside_node,
+                    examples=[degree.inside_node_example],
+                ),
+            )
+            for degree in DEGREES
+            if degree.world_factor
+        },
+    )
 
 
 class RuntimeOptions(_Frozen):

@@ -9,11 +9,10 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from meshconf.core.degrees import BY_NAME
 from meshconf.core.errors import InvalidArgumentError
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.launch import Launch
-
-_SHORT_NAMES = {"dp_replicate": "dpr", "dp_shard": "dps"}
 
 
 def domain_of(config: MeshConfig, names: list[str]) -> str:
@@ -153,7 +152,7 @@ class RankFacts:
         layout = layouts.get("dense") or next(iter(layouts.values()))
         coordinate = layout.coordinate(self.rank)
         parts = [
-            f"{_SHORT_NAMES.get(dim.name, dim.name)}{coordinate[dim.name]}"
+            f"{BY_NAME[dim.name].short if dim.name in BY_NAME else dim.name}{coordinate[dim.name]}"
             for dim in layout.dims
             if dim.size > 1
         ]

@@ -12,6 +12,7 @@ the source key it came from. Reading the input and printing the YAML are left to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES
@@ -31,24 +32,81 @@ from meshconf.features.convert.torchtitan import from_torchtitan
 
 TORCHTITAN = "torchtitan"
 KEMPNERFORGE = "kempnerforge"
-#: The sources read from a TOML table.
-TOML_SOURCES = (TORCHTITAN, KEMPNERFORGE)
-SOURCES = (*TOML_SOURCES, MEGATRON)
-#: The TOML table each tool keeps its parallelism settings in.
-TABLES = {TORCHTITAN: "parallelism", KEMPNERFORGE: "distributed"}
-#: How the notes name each tool.
-TOOL_NAMES = {TORCHTITAN: "torchtitan", KEMPNERFORGE: "KempnerForge", MEGATRON: "Megatron-LM"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A tool meshconf converts from: one row of :data:`SOURCES`, the table that
+    ``meshconf convert`` reads for its ``--from`` choices, its detection, its reading, its
+    dispatch and its help."""
+
+    #: ``--from NAME``, and :attr:`Conversion.source`.
+    name: str
+    #: How the notes and the help name the tool.
+    tool: str
+    #: What is converted, for the help: "a job TOML ([parallelism])".
+    reads: str
+    #: The TOML table holding the tool's settings: a TOML file with it is this tool's.
+    #: ``None``: not read from TOML (only ``--from`` names it).
+    table: str | None
+    #: From what was read (the table, or the settings of a non-TOML source) to a validated
+    #: config; keyword arguments ``world_size`` and ``gpus_per_node``.
+    convert: Callable[..., Conversion]
+
+
+def _toml_source(
+    name: str,
+    tool: str,
+    reads: str,
+    table: str,
+    build: Callable[[Draft, Mapping[str, Any]], None],
+) -> Source:
+    def convert_table(
+        settings: Any, *, world_size: int | None = None, gpus_per_node: int | None = None
+    ) -> Conversion:
+        draft = Draft(table, world_size, gpus_per_node)
+        return _convert_table(name, tool, build, draft, settings)
+
+    return Source(name, tool, reads, table, convert_table)
+
+
+SOURCES: tuple[Source, ...] = (
+    _toml_source(
+        TORCHTITAN,
+        "torchtitan",
+        "a torchtitan job TOML ([parallelism])",
+        "parallelism",
+        from_torchtitan,
+    ),
+    _toml_source(
+        KEMPNERFORGE,
+        "KempnerForge",
+        "a KempnerForge TOML ([distributed])",
+        "distributed",
+        from_kempnerforge,
+    ),
+    Source(
+        MEGATRON,
+        "Megatron-LM",
+        "Megatron-LM's arguments (a launch script, a command line, or NeMo's YAML)",
+        None,
+        convert_megatron,
+    ),
+)
+BY_NAME: Mapping[str, Source] = {source.name: source for source in SOURCES}
+#: The sources read from a TOML table, which a file's tables tell apart.
+TOML_SOURCES = tuple(source for source in SOURCES if source.table is not None)
 
 __all__ = [
+    "BY_NAME",
     "KEMPNERFORGE",
     "MEGATRON",
     "SOURCES",
-    "TABLES",
     "TOML_SOURCES",
-    "TOOL_NAMES",
     "TORCHTITAN",
     "Conversion",
     "ConversionError",
+    "Source",
     "SourceProblem",
     "convert",
     "convert_megatron",
@@ -62,32 +120,37 @@ def convert(
     world_size: int | None = None,
     gpus_per_node: int | None = None,
 ) -> Conversion:
-    """Convert ``table``, a TOML source's table as read (``None`` when the file has none,
-    which means the tool's defaults), into a validated meshconf config.
+    """Convert ``table``, the table of the TOML source named ``source`` as read (``None``
+    when the file has none, which means the tool's defaults), into a validated meshconf
+    config.
 
     Raises :class:`ConversionError` with every problem, each placed on its TOML key.
     """
-    draft = Draft(TABLES[source], world_size, gpus_per_node)
+    return BY_NAME[source].convert(table, world_size=world_size, gpus_per_node=gpus_per_node)
+
+
+def _convert_table(
+    name: str,
+    tool: str,
+    build: Callable[[Draft, Mapping[str, Any]], None],
+    draft: Draft,
+    table: Any,
+) -> Conversion:
     if table is None:
         table = {}
         draft.notes.append(
-            f"The file has no [{draft.table}] table: every setting is "
-            f"{TOOL_NAMES[source]}'s default."
+            f"The file has no [{draft.table}] table: every setting is {tool}'s default."
         )
     if not isinstance(table, Mapping):
         draft.fail(None, f"expected a table, got {describe_value(table)}")
         draft.check()
     draft.key_order = tuple(table)
-    builders: dict[str, Callable[[Draft, Mapping[str, Any]], None]] = {
-        TORCHTITAN: from_torchtitan,
-        KEMPNERFORGE: from_kempnerforge,
-    }
-    builders[source](draft, table)
+    build(draft, table)
     config = validate(draft)
-    notes = [world_size_note(TOOL_NAMES[source], draft, config), *draft.notes]
+    notes = [world_size_note(tool, draft, config), *draft.notes]
     degrees = DEFAULT_DEGREES | draft.degrees
     return Conversion(
-        source=source,
+        source=name,
         table=draft.table,
         data=draft.config_data({name: degrees[name] for name in DEGREE_NAMES}),
         comments=draft.comments,

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshconf.core.degrees import AUTO, DEGREE_NAMES
+from meshconf.core.degrees import AUTO, DEGREES
 from meshconf.core.errors import ConfigError, KeyPath, MeshconfError, describe_value
 from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
@@ -16,7 +16,7 @@ from meshconf.sources.loading import load_config
 
 #: Every tool defaults every degree to what meshconf does, so a key left out of the source
 #: and a degree left out of the config mean the same.
-DEFAULT_DEGREES = {name: 1 for name in DEGREE_NAMES} | {"dp_shard": AUTO}
+DEFAULT_DEGREES = {degree.name: degree.default for degree in DEGREES}
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _INTEGER_TEXT = re.compile(r"[-+]?[0-9]+")

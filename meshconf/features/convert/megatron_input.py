@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshconf.features.convert.shell import Word, source_error
-from meshconf.features.convert.shell import commands as shell_commands
+from meshconf.features.convert.shell import Word, commands as shell_commands, source_error
 from meshconf.sources.yaml_reader import YamlError, read_yaml
 
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Literal
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
@@ -80,43 +79,55 @@ class Training:
         return self.virtual_stages if self.schedule == "interleaved" else 1
 
 
-@dataclass(frozen=True)
 class Parallelism:
-    """The seven degrees of a layout; ``fsdp``, ``efsdp`` and ``batch`` follow meshconf's
-    default formulas (``meshconf.core.domains.DEFAULT_DERIVED``)."""
+    """Every degree of a layout, as attributes (``parallelism.tp``), 1 where not given;
+    ``fsdp``, ``efsdp`` and ``batch`` follow meshconf's default formulas
+    (``meshconf.core.domains.DEFAULT_DERIVED``). Equal degrees are equal and hash alike,
+    so the estimators' caches key on it.
 
-    pp: int = 1
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-    etp: int = 1
+    Raises:
+        TypeError: a keyword is not a degree of ``meshconf.core.degrees.DEGREES``.
+    """
+
+    __slots__ = ("_degrees", "_key")
+
+    def __init__(self, **degrees: int) -> None:
+        unknown = sorted(set(degrees) - set(DEGREE_NAMES))
+        if unknown:
+            raise TypeError(f"not degrees: {', '.join(unknown)}")
+        self._degrees = {name: degrees.get(name, 1) for name in DEGREE_NAMES}
+        self._key = tuple(self._degrees.values())
 
     @classmethod
     def of(cls, degrees: Mapping[str, int]) -> Parallelism:
-        """From a mapping with (at least) the seven degree names."""
+        """From a mapping with (at least) every degree's name; other keys are left out."""
         return cls(**{name: degrees.get(name, 1) for name in DEGREE_NAMES})
 
-    @cached_property
-    def fsdp(self) -> int:
-        return self._derived("fsdp")
+    def __getattr__(self, name: str) -> int:
+        # Only names that are not slots or methods come here: the degrees, then the dims
+        # derived by the default formulas. A private name is a slot not yet set (copy, pickle).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in DEFAULT_FORMULAS:
+            return evaluate(DEFAULT_FORMULAS[name], self._degrees)
+        try:
+            return self._degrees[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
-    @cached_property
-    def efsdp(self) -> int:
-        return self._derived("efsdp")
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Parallelism) and self._key == other._key
 
-    @cached_property
-    def batch(self) -> int:
-        return self._derived("batch")
+    def __hash__(self) -> int:
+        return hash(self._key)
 
-    def _derived(self, name: str) -> int:
-        """A derived dim of the default domains, by its default formula."""
-        return evaluate(DEFAULT_FORMULAS[name], self.__dict__)
+    def __repr__(self) -> str:
+        written = ", ".join(f"{name}={value}" for name, value in self._degrees.items())
+        return f"Parallelism({written})"
 
     @property
     def world(self) -> int:
-        return world_product(self.__dict__)
+        return world_product(self._degrees)
 
 
 def microbatches(parallelism: Parallelism, training: Training) -> int:
