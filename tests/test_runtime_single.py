@@ -166,7 +166,9 @@ def _simulated_world(world_size: int) -> None:
 
 
 def test_simulate_rejects_a_bad_world_size_with_config_errors() -> None:
-    with pytest.raises(ConfigError, match=r"degrees\.tp: tp\(8\) leaves no whole number of ranks for dp_shard"):
+    with pytest.raises(
+        ConfigError, match=r"degrees\.tp: tp\(8\) leaves no whole number of ranks for dp_shard"
+    ):
         DistributedContext.simulate(load_config({"degrees": {"tp": 8}}), rank=0, world_size=12)
     assert not dist.is_initialized()
 
