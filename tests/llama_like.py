@@ -1,5 +1,5 @@
 """A small Llama-shaped model in torch whose weights are exactly those of
-``meshconf.features.estimate.architecture`` (the same names, shapes and count), and its
+``meshconf.features.plan.estimate.architecture`` (the same names, shapes and count), and its
 tensor-parallel plan (torchtitan's: column-wise q, k, v, w1, w3 and output, row-wise wo and
 w2 and a vocabulary-split embedding; norms replicated)."""
 
@@ -9,7 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshconf.features.estimate.architecture import Architecture, Experts, GroupedQueryAttention
+from meshconf.features.plan.estimate.architecture import (
+    Architecture,
+    Experts,
+    GroupedQueryAttention,
+)
 
 TINY = Architecture("tiny", 2, 64, 128, 256, GroupedQueryAttention(4, 2, 16))
 TINY_MOE = Architecture(

@@ -219,11 +219,60 @@ def test_validate_json_key_and_overrides(run_cli, tmp_path: Path) -> None:  # ty
     assert report == {
         "valid": True,
         "files": [
-            {"path": path, "valid": True, "errors": [], "world_size": 8, "pending_checks": []}
+            {
+                "path": path,
+                "valid": True,
+                "errors": [],
+                "world_size": 8,
+                "pending_checks": [],
+                "warnings": [],
+            }
         ],
     }
     result = run_cli("validate", path, "-o", "degrees.tp")
     assert result.returncode == 2 and "expected key=value" in result.stderr
+
+
+TP16_WARNING = (
+    "degrees.tp: tp groups of 16 ranks are mixed in domain 'dataloading' with 8 GPUs per node; "
+    "tensor parallelism exchanges activations in every layer, so they belong on one node's fast "
+    "links: use a tp that divides 8"
+)
+
+
+def test_validate_reports_the_warnings_of_show(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The gate that pre-commit runs warns of what show warns of, from the same code; --strict
+    fails on it."""
+    path = write(tmp_path, "world_size: 64\ngpus_per_node: 8\ndegrees: {dp_shard: 8, tp: 8}\n")
+    show = run_cli("show", path, "-o", "degrees.tp=16", "-o", "degrees.dp_shard=4")
+    assert f"warning: {TP16_WARNING}" in show.stdout.splitlines()
+    result = run_cli("validate", path, "-o", "degrees.tp=16", "-o", "degrees.dp_shard=4")
+    assert (result.returncode, result.stdout.splitlines()) == (
+        0,
+        [
+            f"{path}: warning: {TP16_WARNING}",
+            f"{path}: ok (world_size 64), 1 warning (--strict fails on it)",
+        ],
+    )
+    strict = ("--strict", "-o", "degrees.tp=16", "-o", "degrees.dp_shard=4")
+    result = run_cli("validate", path, *strict)
+    assert (result.returncode, result.stdout.splitlines()) == (
+        1,
+        [f"{path}: warning: {TP16_WARNING}", f"{path}: fails --strict: 1 warning"],
+    )
+    report = json.loads(run_cli("validate", path, *strict, "--format", "json").stdout)
+    key, message = TP16_WARNING.split(": ", 1)
+    assert report["valid"] is False
+    assert report["files"][0]["warnings"] == [{"key": key, "message": message}]
+    # A config without a warning passes --strict; a world that leaves the last node short
+    # is a warning too.
+    assert run_cli("validate", path, "--strict").stdout == f"{path}: ok (world_size 64)\n"
+    short = write(tmp_path, "world_size: 12\ngpus_per_node: 8\n", "short.yaml")
+    result = run_cli("validate", short, "--strict")
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0].startswith(
+        f"{short}: warning: world_size: world_size 12 is not a multiple of gpus_per_node 8"
+    )
 
 
 @pytest.mark.slow  # starts Python processes

@@ -16,7 +16,7 @@ from meshconf import ConfigError, MeshconfError, SourceError, load_config
 from meshconf.core.errors import MAX_PROBLEMS, Diagnostic
 from meshconf.core.formulas import FormulaError
 from meshconf.core.layout import LayoutError
-from meshconf.features.plan_request import PlanError, Request, assignment_count
+from meshconf.features.plan.request import PlanError, Request, assignment_count
 from meshconf.sources.overrides import InterpolationError
 from meshconf.sources.yaml_reader import YamlError
 

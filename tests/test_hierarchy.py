@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf import ConfigError, load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors
-from meshconf.features.topology import topology_warnings
+from meshconf.features.plan.topology import topology_warnings
 
 DEFAULT_ORDER = list(WORLD_FACTORS)
 

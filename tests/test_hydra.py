@@ -190,6 +190,16 @@ def _run_app(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow  # runs the Hydra app in its own process
+def test_the_app_writes_nothing_where_it_runs(tmp_path: Path) -> None:
+    """No outputs/ folder, log file or .hydra/ folder is left in the folder the app runs in
+    (the repository root, when the docs' commands run)."""
+    result = _run_app("parallelism.degrees.tp=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("hydra-demo: world_size 8, pp=1 dp_replicate=1 dp_shard=4")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # runs the Hydra app in its own process
 def test_app_multirun_over_options_and_overrides(tmp_path: Path) -> None:
     result = _run_app(
         "--multirun",
@@ -206,7 +216,10 @@ def test_app_multirun_over_options_and_overrides(tmp_path: Path) -> None:
         "hydra-demo: world_size 64, pp=8 dp_replicate=1 dp_shard=8 cp=1 tp=1 ep=8 etp=1",
         "hydra-demo: world_size 64, pp=8 dp_replicate=1 dp_shard=4 cp=1 tp=2 ep=8 etp=1",
     ]
-    assert len(list((tmp_path / "multirun").glob("*/.hydra/overrides.yaml"))) == 4
+    # One folder per job under the sweep folder, and nothing else where the app ran.
+    assert [path.name for path in tmp_path.iterdir()] == ["multirun"]
+    jobs = sorted(path.name for path in (tmp_path / "multirun").iterdir())
+    assert jobs == ["0", "1", "2", "3", "multirun.yaml"]
 
 
 @pytest.mark.slow  # runs the Hydra app in its own process

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.layout import DomainLayout
-from meshconf.features.assignments import ValidAssignments
-from meshconf.features.locality import RANKED_DIMS, NodeLocality, home_domain
-from meshconf.features.plan import build_config, make_plan, rationale
-from meshconf.features.plan_request import PlanError, Request
+from meshconf.features.plan.assignments import ValidAssignments
+from meshconf.features.plan.locality import RANKED_DIMS, NodeLocality, home_domain
+from meshconf.features.plan.ranking import build_config, make_plan, rationale
+from meshconf.features.plan.request import PlanError, Request
 from meshconf.model.config import MeshConfig
 
 # --- known answers ------------------------------------------------------------------------

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from llama_like import LlamaLike
 from torch.utils.checkpoint import checkpoint
 
-from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.estimate.memory import estimate_memory
-from meshconf.features.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.memory import estimate_memory
+from meshconf.features.plan.estimate.training import Parallelism, Training
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2

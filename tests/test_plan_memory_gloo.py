@@ -20,8 +20,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from meshconf import DistributedContext, load_config
-from meshconf.features.estimate.memory import estimate_memory
-from meshconf.features.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.memory import estimate_memory
+from meshconf.features.plan.estimate.training import Parallelism, Training
 
 FP32 = Training(param_dtype="fp32", grad_dtype="fp32", seq_len=16, micro_batch=2)
 
@@ -150,8 +150,8 @@ def test_mixture_of_experts_state_per_rank_equals_the_estimate(degrees: dict[str
 def _uneven(rank: int, environ: dict[str, str]) -> None:
     config = load_config({"world_size": 8, "degrees": {"dp_shard": 8}})
     with DistributedContext(config, environ=environ):
-        from meshconf.features.estimate.architecture import Weight
-        from meshconf.features.estimate.memory import local_shard
+        from meshconf.features.plan.estimate.architecture import Weight
+        from meshconf.features.plan.estimate.memory import local_shard
 
         linear = torch.nn.Linear(7, 13, bias=False)  # 13 rows over 8 ranks
         fully_shard(linear)

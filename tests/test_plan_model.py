@@ -9,18 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from meshconf.features.estimate.architecture import Architecture, Experts, GroupedQueryAttention
-from meshconf.features.estimate.memory import (
+from meshconf.features.plan.estimate.architecture import (
+    Architecture,
+    Experts,
+    GroupedQueryAttention,
+)
+from meshconf.features.plan.estimate.memory import (
     estimate_memory,
     rank_memory,
     rank_stage,
     stage_layers,
 )
-from meshconf.features.estimate.model_file import model_schema_text
-from meshconf.features.estimate.presets import PRESETS
-from meshconf.features.estimate.training import GIB, Parallelism, Training
-from meshconf.features.plan import make_plan
-from meshconf.features.plan_request import Request
+from meshconf.features.plan.estimate.model_file import model_schema_text
+from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.training import GIB, Parallelism, Training
+from meshconf.features.plan.ranking import make_plan
+from meshconf.features.plan.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -258,7 +262,7 @@ def test_the_committed_model_schema_is_fresh() -> None:
     committed = (ROOT / "schemas" / "meshconf.model.schema.json").read_text()
     assert committed == model_schema_text(), (
         "schemas/meshconf.model.schema.json is out of date; regenerate it with: python -c "
-        '"from meshconf.features.estimate.model_file import model_schema_text; '
+        '"from meshconf.features.plan.estimate.model_file import model_schema_text; '
         "open('schemas/meshconf.model.schema.json', 'w').write(model_schema_text())\""
     )
 

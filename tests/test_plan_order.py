@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from meshconf import load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors
-from meshconf.features.locality import NodeLocality, home_domain
-from meshconf.features.plan import build_config, make_plan
-from meshconf.features.plan_request import PlanError, Request
+from meshconf.features.plan.locality import NodeLocality, home_domain
+from meshconf.features.plan.ranking import build_config, make_plan
+from meshconf.features.plan.request import PlanError, Request
 from meshconf.model.config import MeshConfig
 
 ORDERS = list(itertools.permutations(WORLD_FACTORS))

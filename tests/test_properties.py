@@ -41,7 +41,7 @@ def configs(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
 
 
 def expected_valid(data: dict[str, Any]) -> bool:
-    """The rules of SPEC §3.1 for the default domains, stated independently."""
+    """The rules of docs/configuration.md#rules for the default domains, stated independently."""
     degrees = {"dp_shard": -1, **data["degrees"]}
     world_size = data["world_size"]
     autos = [name for name in WORLD_FACTORS if degrees[name] == -1]

@@ -426,6 +426,6 @@ def test_cli_png_without_matplotlib(
     assert code == 2
     assert capsys.readouterr().err == (
         "meshconf: error: writing PNG needs matplotlib, which is not installed: "
-        "pip install 'meshconf[png]'\n"
+        f"pip install '{REPO}[png]'\n"
     )
     assert not out.exists()

@@ -1,4 +1,4 @@
-"""Every rule of SPEC §3.1, with the exact message a user sees (mapping input, no file)."""
+"""Every rule of docs/configuration.md#rules, with the exact message a user sees (mapping input, no file)."""
 
 from __future__ import annotations
 

@@ -137,8 +137,9 @@ def test_torch_missing_names_the_extra() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
+    # The command installs the extra from where meshconf came from: this clone (README).
     assert result.stdout == (
-        "MeshconfError meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'\n"
+        f"MeshconfError meshconf's runtime needs torch, which is not installed: pip install '{REPO}[torch]'\n"
     )
 
 

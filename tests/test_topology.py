@@ -11,7 +11,7 @@ from pathlib import Path
 
 from meshconf import load_config
 from meshconf.core.errors import format_key
-from meshconf.features.topology import topology_warnings
+from meshconf.features.plan.topology import topology_warnings
 
 
 def _placements(config_data: dict, domain: str, gpus_per_node: int) -> dict[str, str]:  # type: ignore[type-arg]

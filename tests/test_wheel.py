@@ -87,7 +87,7 @@ def test_the_wheel_installs_and_runs_from_another_folder(wheel: Path, tmp_path: 
     installed = _run(python, "-m", "pip", "list", "--format", "freeze", cwd=elsewhere).stdout
     names = {line.split("==")[0].lower() for line in installed.splitlines()}
     assert not names & {"torch", "hydra-core", "matplotlib", "pytest"}
-    # The runtime says what to install when torch is missing.
+    # The runtime says what to install when torch is missing: the extra of the same wheel.
     simulate = subprocess.run(
         [cli, "simulate", REPO / "examples" / "single_gpu.yaml"],
         cwd=elsewhere,
@@ -96,5 +96,8 @@ def test_the_wheel_installs_and_runs_from_another_folder(wheel: Path, tmp_path: 
         timeout=TOOK_S,
     )
     assert simulate.returncode == 2
-    assert "pip install 'meshconf[torch]'" in simulate.stderr
+    assert simulate.stderr == (
+        "meshconf: error: meshconf's runtime needs torch, which is not installed: "
+        f"pip install '{wheel}[torch]'\n"
+    )
     assert "Traceback" not in simulate.stderr

@@ -11,11 +11,11 @@ from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
 from meshconf.core.errors import ConfigError, SourceError
-from meshconf.features.estimate.architecture import Architecture
-from meshconf.features.estimate.model_file import load_model_file
-from meshconf.features.estimate.presets import PRESETS
-from meshconf.features.estimate.step import Estimate, estimate
-from meshconf.features.estimate.training import (
+from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.model_file import load_model_file
+from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.step import Estimate, estimate
+from meshconf.features.plan.estimate.training import (
     CHECKPOINTING,
     DTYPE_BYTES,
     GIB,
@@ -24,7 +24,7 @@ from meshconf.features.estimate.training import (
     Parallelism,
     Training,
 )
-from meshconf.features.locality import RANKED_DIMS, home_domain
+from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.model.config import MeshConfig
 
 _DEFAULTS = Training()

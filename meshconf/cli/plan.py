@@ -23,7 +23,7 @@ from meshconf.cli.estimate_options import (
 )
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.messages import spoken_list
-from meshconf.features.plan import (
+from meshconf.features.plan.ranking import (
     Assignment,
     DimLocality,
     Plan,
@@ -32,7 +32,7 @@ from meshconf.features.plan import (
     make_plan,
     rationale,
 )
-from meshconf.features.plan_request import PlanError, Request, node_warning, option_flag
+from meshconf.features.plan.request import PlanError, Request, node_warning, option_flag
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.

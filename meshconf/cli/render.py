@@ -17,6 +17,7 @@ from meshconf.cli.common import (
     usage_error,
     write_file,
 )
+from meshconf.core.messages import install_command
 from meshconf.features.render import draw_domain, to_png, to_svg
 from meshconf.model.config import MeshConfig
 
@@ -29,7 +30,7 @@ def _output_problem(out: str) -> str | None:
     if suffix not in _FORMATS:
         return f"--out {out}: the file name must end in .svg or .png"
     if suffix == ".png" and not _has_matplotlib():
-        return "writing PNG needs matplotlib, which is not installed: pip install 'meshconf[png]'"
+        return f"writing PNG needs matplotlib, which is not installed: {install_command('png')}"
     return None
 
 

@@ -21,7 +21,7 @@ from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
-from meshconf.features.topology import topology_warnings
+from meshconf.features.plan.topology import config_warnings
 from meshconf.model.config import MeshConfig
 
 _SHOWN_RANKS = 8
@@ -98,9 +98,7 @@ def build_report(
         "process_groups_per_rank": process_group_count(list(layouts.values()), rank),
         "warnings": [
             {"key": format_key(warning.path), "message": warning.message}
-            for warning in (
-                topology_warnings(config, config.gpus_per_node) if config.gpus_per_node else []
-            )
+            for warning in config_warnings(config)
         ],
     }
 

@@ -80,7 +80,7 @@ def _verdict(mismatched_ranks: list[int], *, several: bool) -> str:
 
 #: torch's DeviceMesh holds every rank of the world: the command line, which may build
 #: several ranks in one process, stays within a few seconds and a few hundred MB (the Python
-#: API allows up to ``meshconf.runtime.context.MAX_SIMULATED_WORLD``).
+#: API allows up to ``meshconf.runtime.inputs.MAX_SIMULATED_WORLD``).
 MAX_SIMULATED_WORLD = 1 << 18
 
 
@@ -140,8 +140,7 @@ def add_parser(subparsers: Any) -> None:
         description="Build every domain's DeviceMesh for each given rank, one after the "
         "other in this process, against torch's fake process group (any world size, no "
         "GPUs), and check every group against the rank arithmetic of the degrees, computed "
-        "apart from the layouts. Needs torch "
-        "(pip install 'meshconf[torch]').",
+        "apart from the layouts. Needs the torch extra.",
     )
     parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options, emit
-from meshconf.core.errors import ConfigError, Diagnostic, SourceError, printable
+from meshconf.core.errors import (
+    ConfigError,
+    Diagnostic,
+    Problem,
+    SourceError,
+    format_key,
+    printable,
+)
+from meshconf.features.plan.topology import config_warnings
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -21,12 +29,17 @@ class FileResult:
     diagnostics: tuple[Diagnostic, ...] = ()
     source_error: str | None = None
     world_size_given: bool = False
+    #: What ``show`` warns of: the layout works, but its groups sit badly on the nodes.
+    warnings: list[Problem] = field(default_factory=list)
+    #: ``--strict``: a warning fails the file as an error does.
+    strict: bool = False
 
     @property
     def exit_code(self) -> int:
         if self.source_error is not None:
             return EXIT_USAGE
-        return EXIT_INVALID if self.diagnostics else EXIT_OK
+        failed = self.diagnostics or (self.strict and self.warnings)
+        return EXIT_INVALID if failed else EXIT_OK
 
 
 @dataclass
@@ -41,9 +54,10 @@ class Results:
 def check(paths: list[str], args: argparse.Namespace) -> Results:
     results = Results()
     for path in paths:
-        result = FileResult(path, world_size_given=args.world_size is not None)
+        result = FileResult(path, world_size_given=args.world_size is not None, strict=args.strict)
         try:
             result.config = load_config(path, args.overrides, args.key, world_size=args.world_size)
+            result.warnings = config_warnings(result.config)
         except ConfigError as error:
             result.diagnostics = error.diagnostics
         except SourceError as error:
@@ -65,6 +79,15 @@ def _world_size_note(result: FileResult) -> str:
     return f"world_size {world_size}"
 
 
+def _warned(result: FileResult) -> str:
+    count = len(result.warnings)
+    if not count:
+        return ""
+    if count == 1:
+        return ", 1 warning (--strict fails on it)"
+    return f", {count} warnings (--strict fails on them)"
+
+
 def report_text(results: Results) -> None:
     for result in results.files:
         if result.source_error is not None:
@@ -74,13 +97,19 @@ def report_text(results: Results) -> None:
                 print(diagnostic.render())
         else:
             assert result.config is not None
+            for warning in result.warnings:
+                print(f"{result.path}: warning: {format_key(warning.path)}: {warning.message}")
             pending = result.config.pending_checks
+            if result.exit_code != EXIT_OK:
+                count = len(result.warnings)
+                print(f"{result.path}: fails --strict: {count} warning{'s' if count > 1 else ''}")
+                continue
             if not pending:
-                print(f"{result.path}: ok ({_world_size_note(result)})")
+                print(f"{result.path}: ok ({_world_size_note(result)}){_warned(result)}")
                 continue
             print(
-                f"{result.path}: ok so far; {len(pending)} checks wait for the world size "
-                "(set world_size or pass --world-size):"
+                f"{result.path}: ok so far{_warned(result)}; {len(pending)} checks wait for "
+                "the world size (set world_size or pass --world-size):"
             )
             for check in pending:
                 print(f"  {check}")
@@ -107,6 +136,10 @@ def report_json(results: Results) -> None:
         if result.config is not None:
             entry["world_size"] = result.config.resolved_world_size
             entry["pending_checks"] = list(result.config.pending_checks)
+            entry["warnings"] = [
+                {"key": format_key(warning.path), "message": warning.message}
+                for warning in result.warnings
+            ]
         files.append(entry)
     print(json.dumps({"valid": results.exit_code == EXIT_OK, "files": files}, indent=2))
 
@@ -122,9 +155,16 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "validate",
         help="check configs against every rule",
-        description="Check each config against every rule. Exit 0 if all are valid, 1 if "
-        "any is invalid, 2 if one cannot be read.",
+        description="Check each config against every rule, and report what `meshconf show` "
+        "warns of (groups of a high-traffic dim that leave a node, a world that does not fill "
+        "whole nodes). Exit 0 if all are valid, 1 if any is invalid (or, with --strict, has "
+        "a warning), 2 if one cannot be read.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="the config files to check")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1) on a warning too, e.g. to forbid tp groups that leave a node",
+    )
     add_source_options(parser)
     parser.set_defaults(run=run)

@@ -1,9 +1,14 @@
-"""Wording shared by error messages: a "did you mean" hint and short lists of names."""
+"""Wording shared by error messages: a "did you mean" hint, short lists of names, and the
+command that installs an extra."""
 
 from __future__ import annotations
 
 import difflib
+import json
+import shlex
 from collections.abc import Sequence
+from importlib import metadata
+from urllib.parse import unquote, urlparse
 
 #: A hint compares the name with at most this many candidates of a similar length, so that
 #: thousands of unknown names against thousands of known ones stay fast.
@@ -48,3 +53,17 @@ def spoken_list(names: Sequence[str]) -> str:
     if len(names) < 2:
         return "".join(names)
     return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def install_command(extra: str) -> str:
+    """The command that adds ``extra`` (``torch``, ``hydra``, ``png``) to this installation:
+    from the clone or wheel meshconf was installed from, where pip recorded one (its
+    ``direct_url.json``), else from the package index."""
+    try:
+        recorded = metadata.distribution("meshconf").read_text("direct_url.json")
+        url = json.loads(recorded or "{}").get("url", "")
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        url = ""
+    if isinstance(url, str) and url.startswith("file://"):
+        return f"pip install {shlex.quote(f'{unquote(urlparse(url).path)}[{extra}]')}"
+    return f"pip install {shlex.quote(f'meshconf[{extra}]')}"

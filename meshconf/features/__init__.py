@@ -1,4 +1,5 @@
-"""What meshconf computes from a validated config: topology warnings, plans, pictures, conversions.
+"""What meshconf computes from a validated config: placement and plans (:mod:`.plan`), pictures
+(:mod:`.render`), conversions from other tools (:mod:`.convert`).
 
 Layer 4. May import ``meshconf.core``, ``meshconf.model`` and ``meshconf.sources``; never
 torch, the command line or the runtime. Each feature is a module or package of its own.

@@ -22,6 +22,7 @@ from typing import (  # noqa: UP035 - OmegaConf 2.3 reads these forms
 
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
+from meshconf.core.messages import install_command
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 from meshconf.sources.overrides import InterpolationError, node_location, resolve
@@ -33,7 +34,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise MeshconfError(
         f"meshconf.integrations.hydra needs hydra-core ({error}); "
-        "install it with: pip install 'meshconf[hydra]'"
+        f"install it with: {install_command('hydra')}"
     ) from None
 
 #: The name the schema node is stored under in its group. Options list it in their defaults;

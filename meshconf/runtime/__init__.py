@@ -1,6 +1,6 @@
 """The torch side of meshconf: DeviceMeshes from a validated MeshConfig.
 
-The only package of meshconf that imports torch. Install it with ``pip install meshconf[torch]``.
+The only package of meshconf that imports torch, from the ``torch`` extra.
 Beside the layers: may import ``core``, ``model``, ``sources`` and ``features``; never the
 command line, ``compat`` or ``integrations``.
 """
@@ -11,9 +11,10 @@ try:
     import torch  # noqa: F401
 except ImportError as error:  # pragma: no cover - exercised in a subprocess test
     from meshconf.core.errors import MeshconfError
+    from meshconf.core.messages import install_command
 
     raise MeshconfError(
-        "meshconf's runtime needs torch, which is not installed: pip install 'meshconf[torch]'"
+        f"meshconf's runtime needs torch, which is not installed: {install_command('torch')}"
     ) from error
 
 from meshconf.runtime.torch_support import UnsupportedTorchError, check_torch

@@ -20,16 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.errors import (
-    InvalidArgumentError,
-    MeshconfError,
-    UnknownDomainError,
-    argument_type_error,
-)
+from meshconf.core.errors import InvalidArgumentError, MeshconfError, UnknownDomainError
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
-from meshconf.runtime.launch import Launch, LaunchError, read_launch
+from meshconf.runtime.inputs import check_config, check_simulated_world, environment, launch_of
+from meshconf.runtime.launch import Launch, LaunchError
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.oracle import expected_groups
 from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
@@ -42,7 +38,6 @@ from meshconf.runtime.rendezvous import (
     StoreGoneError,
     join,
     publish_failure,
-    report_launch_error,
 )
 from meshconf.runtime.setup import (
     check_existing_default_group,
@@ -53,8 +48,6 @@ from meshconf.runtime.setup import (
 )
 from meshconf.sources.loading import at_world_size, load_config
 
-#: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
-MAX_SIMULATED_WORLD = 1 << 22
 #: The closing barrier of every closed context, kept until the interpreter exits. gloo's worker
 #: thread lets go of a finished collective a moment after the caller sees it finish; if its
 #: reference is the last one and the interpreter is already shutting down, freeing the work's
@@ -87,38 +80,6 @@ def _caller_stacklevel() -> int:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         level, frame = level + 1, frame.f_back
     return level
-
-
-def _check_config(config: object) -> None:
-    if not isinstance(config, MeshConfig):
-        raise argument_type_error(
-            "config", "a MeshConfig (from meshconf.load_config or MeshConfig(...))", config
-        )
-
-
-def _environment(environ: object) -> Mapping[str, str]:
-    """The launcher's variables: ``os.environ`` unless a mapping of strings is given."""
-    if environ is None:
-        return os.environ
-    if not isinstance(environ, Mapping) or not all(
-        isinstance(name, str) and isinstance(value, str) for name, value in environ.items()
-    ):
-        raise argument_type_error("environ", "a mapping of strings to strings, or None", environ)
-    return environ
-
-
-def _read_launch(environ: Mapping[str, str]) -> Launch:
-    """The launcher's variables; when they are wrong, the other ranks are told why (if this
-    rank can reach the store) before the error is raised here.
-
-    Raises:
-        LaunchError: as ``read_launch``.
-    """
-    try:
-        return read_launch(environ)
-    except LaunchError as error:
-        report_launch_error(environ, error)
-        raise
 
 
 def _register_fake_backend() -> None:
@@ -154,9 +115,9 @@ class DistributedContext(RankFacts):
                 not arrive within ``runtime.setup_timeout_s`` (they are named).
             ConfigError: the config does not fit the launcher's world size.
         """
-        _check_config(config)
-        environ = _environment(environ)
-        launch = _read_launch(environ)
+        check_config(config)
+        environ = environment(environ)
+        launch = launch_of(environ)
         self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
 
     @classmethod
@@ -177,8 +138,8 @@ class DistributedContext(RankFacts):
             ConfigError: on the rank whose config is invalid.
             LaunchError, RuntimeSetupError: as the constructor.
         """
-        environ = _environment(environ)
-        launch = _read_launch(environ)
+        environ = environment(environ)
+        launch = launch_of(environ)
         try:
             config = load_config(path, overrides, key)
         except MeshconfError as error:
@@ -264,23 +225,13 @@ class DistributedContext(RankFacts):
 
         Raises:
             RuntimeSetupError: a default group exists, ``rank`` is outside the world, or the
-                world is larger than :data:`MAX_SIMULATED_WORLD`.
+                world is larger than :data:`~meshconf.runtime.inputs.MAX_SIMULATED_WORLD`.
             ConfigError: the config does not fit ``world_size``.
         """
-        _check_config(config)
-        for name, value in (("rank", rank), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise argument_type_error(name, "an integer", value)
+        check_config(config)
+        check_simulated_world(rank, world_size)
         if dist.is_initialized():
             raise RuntimeSetupError("simulate needs a process without a default process group")
-        if world_size > MAX_SIMULATED_WORLD:
-            raise RuntimeSetupError(
-                f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
-                f"{world_size}: torch's DeviceMesh holds every rank, about 300 bytes each; "
-                "the config's layouts (MeshConfig.layout) answer for any world size"
-            )
-        if not 0 <= rank < world_size:
-            raise RuntimeSetupError(f"rank {rank} is outside the world [0, {world_size})")
         _register_fake_backend()
         from torch.testing._internal.distributed.fake_pg import FakeStore
 

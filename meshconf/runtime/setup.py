@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import format_key
-from meshconf.features.topology import topology_warnings
+from meshconf.features.plan.topology import topology_warnings
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.launch import Launch, LaunchError
 from meshconf.runtime.rendezvous import RuntimeSetupError

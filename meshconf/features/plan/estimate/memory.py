@@ -10,9 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshconf.features.estimate import activations
-from meshconf.features.estimate.architecture import Architecture, LayerKind, Weight
-from meshconf.features.estimate.training import Checkpointing, Parallelism, Training, microbatches
+from meshconf.features.plan.estimate import activations
+from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
+from meshconf.features.plan.estimate.training import (
+    Checkpointing,
+    Parallelism,
+    Training,
+    microbatches,
+)
 
 #: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
 ADAM_MOMENT_BYTES = 8

@@ -4,15 +4,15 @@
 ``dp_shard``, ``cp``, ``tp``) whose product is the world size, under the degrees the user
 pins (``cp`` stays 1 unless pinned). Without a model it ranks them so that the dims with the
 most traffic keep their groups inside a node; with one, layouts that fit in memory come
-first, by estimated step time (``meshconf.features.estimate``), node locality breaking ties.
+first, by estimated step time (``meshconf.features.plan.estimate``), node locality breaking ties.
 This module is the pure logic: no torch, no command line, no I/O.
 
 Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
 the ranking never builds a config per assignment: :class:`NodeLocality` answers locality
 by arithmetic on the degrees and the order. Only the rows that are shown or emitted are
 built as :class:`MeshConfig` and so checked by every rule of meshconf. The request and its
-checks are in ``meshconf.features.plan_request``, the enumeration in
-``meshconf.features.assignments``.
+checks are in ``meshconf.features.plan.request``, the enumeration in
+``meshconf.features.plan.assignments``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
-from meshconf.features.assignments import ValidAssignments
-from meshconf.features.estimate.step import Estimate, estimate
-from meshconf.features.estimate.training import Parallelism
-from meshconf.features.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
-from meshconf.features.plan_request import PlanError, Request, check_request
+from meshconf.features.plan.assignments import ValidAssignments
+from meshconf.features.plan.estimate.step import Estimate, estimate
+from meshconf.features.plan.estimate.training import Parallelism
+from meshconf.features.plan.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
+from meshconf.features.plan.request import PlanError, Request, check_request
 from meshconf.model.config import MeshConfig
 
 

@@ -17,8 +17,8 @@ from meshconf.core.degrees import (
 )
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import spoken_list
-from meshconf.features.estimate.architecture import Architecture
-from meshconf.features.estimate.training import Training
+from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.training import Training
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.model.numbering import check_order

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.estimate.memory import block_split, rank_stages, unsharded
-from meshconf.features.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.memory import block_split, rank_stages, unsharded
+from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from meshconf.features.estimate.architecture import (
+from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,
     GroupedQueryAttention,

@@ -17,6 +17,14 @@ HIGH_TRAFFIC = {
 }
 
 
+def config_warnings(config: MeshConfig) -> list[Problem]:
+    """The warnings ``show`` and ``validate`` give for a config: its :func:`topology_warnings`
+    for its own ``gpus_per_node``; none when that or the world size is unknown."""
+    if config.gpus_per_node is None or config.resolved_world_size is None:
+        return []
+    return topology_warnings(config, config.gpus_per_node)
+
+
 def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
     """Problems that do not make the config invalid: a high-traffic dim whose groups leave a
     node, and a world that does not fill whole nodes."""

@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from meshconf.features.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.estimate.communication import (
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.communication import (
     OVERLAPPED,
     DimTraffic,
     StageWork,
     busiest_stage,
     traffic,
 )
-from meshconf.features.estimate.memory import Memory, estimate_memory
-from meshconf.features.estimate.training import GIB, Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.memory import Memory, estimate_memory
+from meshconf.features.plan.estimate.training import GIB, Parallelism, Training, microbatches
 
 
 @dataclass(frozen=True)

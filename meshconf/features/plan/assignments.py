@@ -19,7 +19,7 @@ from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE, default_sizes
 from meshconf.core.errors import Problem
 from meshconf.core.hierarchy import rank_numbering
 from meshconf.core.layout import DomainLayout, UnevenSplitError
-from meshconf.features.plan_request import Request, pins_text, rule_inputs
+from meshconf.features.plan.request import Request, pins_text, rule_inputs
 from meshconf.model.analysis import Analysis
 from meshconf.model.rules import check_etp, check_expert_borrow
 

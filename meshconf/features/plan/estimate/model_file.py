@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from meshconf.core.errors import ConfigError, Diagnostic, KeyPath, SourceError, describe_value
-from meshconf.features.estimate.architecture import (
+from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,
     GroupedQueryAttention,

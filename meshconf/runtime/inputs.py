@@ -1,0 +1,69 @@
+"""What a :class:`~meshconf.runtime.context.DistributedContext` is given, checked before
+anything is set up: the config, the launcher's environment, and a simulated rank and world."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from meshconf.core.errors import argument_type_error
+from meshconf.model.config import MeshConfig
+from meshconf.runtime.launch import Launch, LaunchError, read_launch
+from meshconf.runtime.rendezvous import RuntimeSetupError, report_launch_error
+
+#: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
+MAX_SIMULATED_WORLD = 1 << 22
+
+
+def check_config(config: object) -> None:
+    """Raises :class:`ArgumentTypeError` unless ``config`` is a validated MeshConfig."""
+    if not isinstance(config, MeshConfig):
+        raise argument_type_error(
+            "config", "a MeshConfig (from meshconf.load_config or MeshConfig(...))", config
+        )
+
+
+def environment(environ: object) -> Mapping[str, str]:
+    """The launcher's variables: ``os.environ`` unless a mapping of strings is given.
+
+    Raises:
+        ArgumentTypeError: ``environ`` is neither None nor a mapping of strings to strings.
+    """
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in environ.items()
+    ):
+        raise argument_type_error("environ", "a mapping of strings to strings, or None", environ)
+    return environ
+
+
+def launch_of(environ: Mapping[str, str]) -> Launch:
+    """The launcher's variables; when they are wrong, the other ranks are told why (if this
+    rank can reach the store) before the error is raised here.
+
+    Raises:
+        LaunchError: as ``read_launch``.
+    """
+    try:
+        return read_launch(environ)
+    except LaunchError as error:
+        report_launch_error(environ, error)
+        raise
+
+
+def check_simulated_world(rank: int, world_size: int) -> None:
+    """Raises :class:`ArgumentTypeError` unless both are integers, and
+    :class:`RuntimeSetupError` for a world larger than :data:`MAX_SIMULATED_WORLD` or a rank
+    outside it."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise argument_type_error(name, "an integer", value)
+    if world_size > MAX_SIMULATED_WORLD:
+        raise RuntimeSetupError(
+            f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
+            f"{world_size}: torch's DeviceMesh holds every rank, about 300 bytes each; "
+            "the config's layouts (MeshConfig.layout) answer for any world size"
+        )
+    if not 0 <= rank < world_size:
+        raise RuntimeSetupError(f"rank {rank} is outside the world [0, {world_size})")
