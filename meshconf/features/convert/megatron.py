@@ -140,12 +140,13 @@ def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, in
 
 def meshconf_order(order: str) -> tuple[str, ...]:
     """Megatron's order, inner to outer, as meshconf's, outer to inner: ep is dropped (it
-    is 1 in Megatron's dense grid) and dp is dp_replicate outside dp_shard."""
+    is 1 in Megatron's dense grid), dp is dp_replicate outside dp_shard, and a world factor
+    Megatron does not have (of size 1 in the conversion) goes outermost."""
     outer_first = [name for name in reversed(full_order(order)) if name != "ep"]
     result: list[str] = []
     for name in outer_first:
         result += ["dp_replicate", "dp_shard"] if name == "dp" else [name]
-    return tuple(result)
+    return (*(name for name in WORLD_FACTORS if name not in result), *result)
 
 
 def _world(draft: Draft, settings: Mapping[str, Setting]) -> str | None:
