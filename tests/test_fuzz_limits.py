@@ -217,8 +217,9 @@ def test_simulate_and_plan_refuse_what_they_cannot_bound(run_cli, tmp_path: Path
     result = run_cli("simulate", str(tmp_path / "w.yaml"))
     assert result.returncode == 2
     assert result.stderr == (
-        "meshconf: error: simulate builds meshes of up to 262144 ranks, and this world has "
-        "16777216; `meshconf show` checks the layout of any world size\n"
+        "meshconf: error: simulate builds worlds of up to 4194304 ranks, and this one has "
+        "16777216: torch's meshes and groups hold every rank, about 384 bytes each; "
+        "`meshconf show` checks the layout of any world size\n"
     )
     result = run_cli("plan", "--world-size", "2095133040")
     assert result.returncode == 2

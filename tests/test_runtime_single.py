@@ -184,7 +184,7 @@ def _simulate_too_large() -> None:
         DistributedContext.simulate(config, rank=0, world_size=2**31 - 1)
     assert str(caught.value) == (
         "simulate builds worlds of up to 4194304 ranks, and this one has 2147483647: torch's "
-        "DeviceMesh holds every rank, about 300 bytes each; the config's layouts "
+        "meshes and groups hold every rank, about 384 bytes each; the config's layouts "
         "(MeshConfig.layout) answer for any world size"
     )
     assert not dist.is_initialized()

@@ -18,6 +18,11 @@ from meshconf.cli.common import (
     usage_error,
 )
 from meshconf.core.errors import MeshconfError
+from meshconf.features.simulation import (
+    check_simulation_memory,
+    check_simulation_size,
+    mebibytes,
+)
 from meshconf.model.config import MeshConfig
 
 
@@ -78,12 +83,6 @@ def _verdict(mismatched_ranks: list[int], *, several: bool) -> str:
     return f"mismatch on rank{plural} {', '.join(map(str, mismatched_ranks))}"
 
 
-#: torch's DeviceMesh holds every rank of the world: the command line, which may build
-#: several ranks in one process, stays within a few seconds and a few hundred MB (the Python
-#: API allows up to ``meshconf.runtime.inputs.MAX_SIMULATED_WORLD``).
-MAX_SIMULATED_WORLD = 1 << 18
-
-
 def run(args: argparse.Namespace) -> int:
     # Repeated --rank options and comma-separated lists add up; a rank given twice runs once.
     args.rank = list(dict.fromkeys(rank for ranks in args.rank or [[0]] for rank in ranks))
@@ -92,13 +91,14 @@ def run(args: argparse.Namespace) -> int:
         return config
     world_size = config.resolved_world_size
     assert world_size is not None
-    if world_size > MAX_SIMULATED_WORLD:
-        return usage_error(
-            f"simulate builds meshes of up to {MAX_SIMULATED_WORLD} ranks, and this world has "
-            f"{world_size}; `meshconf show` checks the layout of any world size"
-        )
     try:
+        # Size and memory before torch is loaded, so that what cannot fit is refused without
+        # loading it; the memory again once torch holds what it needs for itself.
+        check_simulation_size(world_size, len(args.rank))
+        check_simulation_memory(world_size)
         import meshconf.runtime  # noqa: F401 - only to report a missing torch as a usage error
+
+        need = check_simulation_memory(world_size)
     except MeshconfError as error:
         return usage_error(str(error))
     start = time.perf_counter()
@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
         each = "" if len(results) == 1 else " each,"
         print(
             f"simulated {which} of {world_size} against torch's fake process group: "
-            f"{len(results[0].shapes)} domains{each} built in {built:.3f} s"
+            f"{len(results[0].shapes)} domains{each} built in {built:.3f} s, "
+            f"needing about {mebibytes(need)} for a world of this size"
         )
         for domain, shape in results[0].shapes.items():
             bad = [r.rank for r in results if any(p.startswith(f"{domain}.") for p in r.problems)]

@@ -7,14 +7,31 @@ command line, ``compat`` or ``integrations``.
 
 from __future__ import annotations
 
+# Imported before torch: it reads the memory limit that a failed import of torch reports.
+from meshconf.features.simulation import address_space_limit
+
 try:
     import torch  # noqa: F401
-except ImportError as error:  # pragma: no cover - exercised in a subprocess test
+except (ImportError, OSError, MemoryError) as error:  # pragma: no cover - tested in subprocesses
     from meshconf.core.errors import MeshconfError
     from meshconf.core.messages import install_command
 
+    if isinstance(error, ModuleNotFoundError) and error.name == "torch":
+        raise MeshconfError(
+            f"meshconf's runtime needs torch, which is not installed: {install_command('torch')}"
+        ) from error
+    # Under an address-space limit (ulimit -v) lower than what torch's libraries take to
+    # map, the import stops with a bare MemoryError or a library that fails to load; the
+    # limit is what the user can change.
+    limit = address_space_limit()
+    detail = f": {error}" if str(error) else ""
+    if limit is not None:
+        detail += (
+            f"; this process may use {limit >> 20} MiB of address space (ulimit -v), "
+            "which may be less than torch needs to load"
+        )
     raise MeshconfError(
-        f"meshconf's runtime needs torch, which is not installed: {install_command('torch')}"
+        f"torch is installed but could not be loaded: {type(error).__name__}{detail}"
     ) from error
 
 from meshconf.runtime.torch_support import UnsupportedTorchError, check_torch

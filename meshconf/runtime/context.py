@@ -225,7 +225,7 @@ class DistributedContext(RankFacts):
 
         Raises:
             RuntimeSetupError: a default group exists, ``rank`` is outside the world, or the
-                world is larger than :data:`~meshconf.runtime.inputs.MAX_SIMULATED_WORLD`.
+                world is larger than :data:`~meshconf.features.simulation.MAX_SIMULATED_WORLD`.
             ConfigError: the config does not fit ``world_size``.
         """
         check_config(config)
@@ -384,13 +384,20 @@ class DistributedContext(RankFacts):
         from the layouts the meshes are built from); an empty list is the good answer."""
         problems = []
         meshes = self.build_all()
+        # Dims share process groups; a group of a million ranks is read once.
+        members: dict[str, torch.Tensor] = {}
         for (domain, dim), group in expected_groups(self.config, self.rank).items():
             mesh = meshes[domain]
-            actual = dist.get_process_group_ranks(mesh.get_group(dim))
-            if actual != group or mesh.get_local_rank(dim) != group.index(self.rank):
+            process_group = mesh.get_group(dim)
+            if process_group.group_name not in members:
+                ranks = dist.get_process_group_ranks(process_group)
+                members[process_group.group_name] = torch.tensor(ranks, dtype=torch.int64)
+            actual = members[process_group.group_name]
+            place = (group == self.rank).nonzero().flatten().tolist()
+            if not torch.equal(actual, group) or [mesh.get_local_rank(dim)] != place:
                 problems.append(
-                    f"{domain}.{dim}: process group has ranks {actual[:8]}..., "
-                    f"the arithmetic of the degrees says {group[:8]}..."
+                    f"{domain}.{dim}: process group has ranks {actual[:8].tolist()}..., "
+                    f"the arithmetic of the degrees says {group[:8].tolist()}..."
                 )
         return problems
 

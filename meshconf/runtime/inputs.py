@@ -7,12 +7,10 @@ import os
 from collections.abc import Mapping
 
 from meshconf.core.errors import argument_type_error
+from meshconf.features.simulation import BYTES_PER_SIMULATED_RANK, MAX_SIMULATED_WORLD
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.rendezvous import RuntimeSetupError, report_launch_error
-
-#: The largest world :meth:`DistributedContext.simulate` builds: about 1.3 GB of meshes.
-MAX_SIMULATED_WORLD = 1 << 22
 
 
 def check_config(config: object) -> None:
@@ -54,15 +52,16 @@ def launch_of(environ: Mapping[str, str]) -> Launch:
 
 def check_simulated_world(rank: int, world_size: int) -> None:
     """Raises :class:`ArgumentTypeError` unless both are integers, and
-    :class:`RuntimeSetupError` for a world larger than :data:`MAX_SIMULATED_WORLD` or a rank
-    outside it."""
+    :class:`RuntimeSetupError` for a world larger than
+    :data:`~meshconf.features.simulation.MAX_SIMULATED_WORLD` or a rank outside it."""
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise argument_type_error(name, "an integer", value)
     if world_size > MAX_SIMULATED_WORLD:
         raise RuntimeSetupError(
             f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
-            f"{world_size}: torch's DeviceMesh holds every rank, about 300 bytes each; "
+            f"{world_size}: torch's meshes and groups hold every rank, about "
+            f"{BYTES_PER_SIMULATED_RANK} bytes each; "
             "the config's layouts (MeshConfig.layout) answer for any world size"
         )
     if not 0 <= rank < world_size:
