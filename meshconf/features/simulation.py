@@ -28,8 +28,8 @@ MAX_SIMULATED_WORLD = 1 << 22
 #: Memory one rank of the world costs while a rank's meshes are built and checked, measured as
 #: peak resident memory over that of a world of 16 by ``benchmarks/simulate_scale.py``: 308 to
 #: 329 bytes for the examples at 2**20 and 2**22 on torch 2.13.0 (docs/performance.md). The
-#: figure is the top of that range, rounded up, so that a refusal errs on the side of the
-#: machine.
+#: figure is the top of that range with some 15% to spare, so that a refusal errs on the side
+#: of the machine.
 BYTES_PER_SIMULATED_RANK = 384
 
 #: A simulated rank's set-up (its default group, its groups and meshes, the check) costs at
