@@ -56,6 +56,7 @@ SLOW_MODULES = frozenset(
         "test_runtime_oracle",
         "test_runtime_single",
         "test_runtime_training",
+        "test_simulation_bounds",
         "test_wheel",
     }
 )
