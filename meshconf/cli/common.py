@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import ConfigError, SourceError, printable
+from meshconf.core.messages import shorten
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.sources.loading import load_config
@@ -22,10 +23,6 @@ EXIT_USAGE = 2
 
 _INTEGER = re.compile(r"\s*([0-9]+)\s*")
 _DECIMAL = re.compile(r"\s*(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\s*")
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def bounded_int(
@@ -43,13 +40,13 @@ def bounded_int(
     """
     match = _INTEGER.fullmatch(text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {shorten(text)!r}")
     digits = match[1].lstrip("0") or "0"
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
         shown = digits if len(digits) <= 20 else f"an integer of {len(digits):,} digits"
         raise argparse.ArgumentTypeError(f"{shown} is larger than {maximum}, {beyond}")
     if int(digits) < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {shorten(text)!r}")
     return int(digits)
 
 
@@ -60,7 +57,7 @@ def bounded_number(text: str, *, minimum: float, maximum: float, beyond: str) ->
     Raises:
         argparse.ArgumentTypeError: the message, for argparse's usage line.
     """
-    expected = f"expected a number from {minimum:g} to {maximum:g}, got {_shown(text)}"
+    expected = f"expected a number from {minimum:g} to {maximum:g}, got {shorten(text)!r}"
     if _DECIMAL.fullmatch(text) is None:
         raise argparse.ArgumentTypeError(expected)
     value = float(text)

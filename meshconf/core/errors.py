@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from meshconf.core.messages import shorten
+
 KeyPath = tuple[str | int, ...]
 
 
@@ -60,8 +62,7 @@ def describe_value(value: object) -> str:
     if isinstance(value, float):
         return f"the float {value!r}"
     if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"the string {shown!r}"
+        return f"the string {shorten(value)!r}"
     if value is None:
         return "null"
     if isinstance(value, dict):

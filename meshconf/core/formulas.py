@@ -129,11 +129,6 @@ class _Parser:
         )
 
 
-def shorten(text: str, limit: int = 60) -> str:
-    """A formula as quoted in a message: long ones are cut, so errors stay one line."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def parse(text: str) -> Expr:
     """Parse a formula such as ``dp_shard * cp * tp / (ep * etp)``."""
     if len(text) > MAX_FORMULA_LENGTH:

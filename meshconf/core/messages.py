@@ -48,6 +48,11 @@ def name_list(names: Sequence[str]) -> str:
     return f"{', '.join(names[:MAX_LISTED])} and {len(names) - MAX_LISTED} more"
 
 
+def shorten(text: str, limit: int = 40) -> str:
+    """A text as quoted in a message: a long one is cut, so that the message stays one line."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def spoken_list(names: Sequence[str]) -> str:
     """``pp, cp and tp``: a few names as a sentence lists them."""
     if len(names) < 2:

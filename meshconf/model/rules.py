@@ -24,7 +24,7 @@ from meshconf.core.degrees import (
 )
 from meshconf.core.errors import KeyPath
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
-from meshconf.core.messages import did_you_mean, name_list
+from meshconf.core.messages import did_you_mean, name_list, shorten
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.numbering import (
     check_inside_node,
@@ -169,7 +169,7 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
     all_names = set(ordered_names)
     for name, formula_text in spec.derived.items():
         path: KeyPath = ("derived", name)
-        text = formulas.shorten(formula_text)
+        text = shorten(formula_text, 60)
         is_user = name in spec.user_derived
         if name in DEGREE_NAMES:
             result.fail(path, f"{name!r} is a degree; a derived dim needs a name of its own")
@@ -223,7 +223,7 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
             continue
         if not 1 <= value <= MAX_WORLD_SIZE:
             bound = "must be >= 1" if value < 1 else f"must be <= {MAX_WORLD_SIZE}"
-            rendered = formulas.shorten(formulas.render(expr, known), 200)
+            rendered = shorten(formulas.render(expr, known), 200)
             result.fail(path, f"{rendered} = {value}; a dim size {bound}")
             continue
         known[name] = value

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import MeshconfError
+from meshconf.core.messages import shorten
 from meshconf.runtime.launch import LaunchError
 
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -67,15 +68,11 @@ def store_address(environ: Mapping[str, str], who: str) -> Address:
             "the host and port of rank 0)"
         )
     if _HOST.fullmatch(host) is None:
-        raise LaunchError(f"{who} has MASTER_ADDR={_shown(host)}, which is not a host name")
+        raise LaunchError(f"{who} has MASTER_ADDR={shorten(host)!r}, which is not a host name")
     if _PORT.fullmatch(port) is None or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"{who} has MASTER_PORT={_shown(port)}, not a port (1 to 65535)")
+        raise LaunchError(f"{who} has MASTER_PORT={shorten(port)!r}, not a port (1 to 65535)")
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     return Address(host, int(port), "torchrun's agent" if agent else "rank 0")
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def connect(address: Address, *, hosts: bool, world_size: int | None, timeout_s: float) -> Store:

@@ -8,6 +8,8 @@ import re
 from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.resolver import BaseResolver
 
+from meshconf.core.messages import shorten
+
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
 NULL_TAG = "tag:yaml.org,2002:null"
@@ -71,8 +73,7 @@ def tag_problem(node: Node) -> str | None:
             patterns, wanted = _SCALAR_FORMS[short]
             text = str(node.value)
             if not any(pattern.match(text) for pattern in patterns):
-                shown = text if len(text) <= 40 else text[:37] + "..."
-                return f"!!{short} needs {wanted}, got {shown!r}"
+                return f"!!{short} needs {wanted}, got {shorten(text)!r}"
         elif short not in ("str", "merge"):
             return f"!!{short} cannot tag a scalar"
     elif tag != (_MAP_TAG if isinstance(node, MappingNode) else _SEQ_TAG):
