@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshconf._version import __version__ as __version__
@@ -55,6 +53,11 @@ def _homes() -> dict[str, str]:
     `import meshconf` (and so every `meshconf` command) loads only what it uses: pydantic and
     the models for a config, the JSON Schema generator for a schema, torch for the runtime.
     """
+    # Imported here, on the first public name read: ast and pathlib would double the time of
+    # `import meshconf`, which every command pays.
+    import ast
+    from pathlib import Path
+
     tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
     block = next(node for node in tree.body if isinstance(node, ast.If))
     return {
