@@ -54,6 +54,18 @@ def _integer(environ: Mapping[str, str], name: str, who: str) -> int:
     return value
 
 
+def stated_rank(environ: Mapping[str, str]) -> int | None:
+    """The rank the launcher's variables give (torchrun's, else SLURM's), when it reads as a
+    rank even though another variable is wrong; None otherwise. Names a rank in a message."""
+    for rank_name in (_TORCHRUN[0], _SLURM[0]):
+        if rank_name in environ:
+            try:
+                return _integer(environ, rank_name, "a rank")
+            except LaunchError:
+                return None
+    return None
+
+
 def read_launch(environ: Mapping[str, str]) -> Launch:
     """Rank and sizes from torchrun's variables, else SLURM's, else a world of one.
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from meshconf.core.errors import MeshconfError
-from meshconf.runtime.launch import Launch, LaunchError
+from meshconf.runtime.launch import Launch, LaunchError, stated_rank
 from meshconf.runtime.store import (
     Address,
     GuardedStore,
@@ -322,13 +322,8 @@ def report_launch_error(environ: Mapping[str, str], error: LaunchError) -> None:
     reach the store as a client (torchrun's agent store, or rank 0's when this is another
     rank): they then fail with this message instead of waiting for this rank. A rank that
     cannot say which rank it is writes where the first context of every rank reads."""
-    rank_name = "SLURM_PROCID" if "SLURM_PROCID" in environ and "RANK" not in environ else "RANK"
-    rank_text = environ.get(rank_name, "")
-    rank = (
-        int(rank_text)
-        if rank_text.isascii() and rank_text.isdigit() and len(rank_text) < 11
-        else -1
-    )
+    stated = stated_rank(environ)
+    rank = -1 if stated is None else stated
     try:
         address = store_address(environ, "this rank")
     except LaunchError:
