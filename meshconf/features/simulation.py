@@ -56,6 +56,25 @@ def mebibytes(size: int) -> str:
     return f"{-(-size // (1 << 20))} MiB"
 
 
+#: Where a world too large to simulate is still checked, as the command line says it.
+_INSTEAD = "`meshconf show` checks the layout of any world size"
+
+
+def check_world_size(world_size: int, *, instead: str = _INSTEAD) -> None:
+    """Refuses a world larger than :data:`MAX_SIMULATED_WORLD`; ``instead`` ends the message
+    with what checks such a world.
+
+    Raises:
+        SimulationTooLarge: the message names the limit and the world.
+    """
+    if world_size > MAX_SIMULATED_WORLD:
+        raise SimulationTooLarge(
+            f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
+            f"{world_size}: torch's meshes and groups hold every rank, about "
+            f"{BYTES_PER_SIMULATED_RANK} bytes each; {instead}"
+        )
+
+
 def check_simulation_size(world_size: int, rank_count: int) -> None:
     """Refuses a world larger than :data:`MAX_SIMULATED_WORLD`, or more ranks of it than
     :data:`MAX_SIMULATED_WORK` allows.
@@ -63,16 +82,10 @@ def check_simulation_size(world_size: int, rank_count: int) -> None:
     Raises:
         SimulationTooLarge: the message names the limit and the figures of this request.
     """
-    if world_size > MAX_SIMULATED_WORLD:
-        raise SimulationTooLarge(
-            f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
-            f"{world_size}: torch's meshes and groups hold every rank, about "
-            f"{BYTES_PER_SIMULATED_RANK} bytes each; `meshconf show` checks the layout of any "
-            "world size"
-        )
-    work = rank_count * max(world_size, RANK_SET_UP_COST)
-    if work > MAX_SIMULATED_WORK:
-        most = max(1, MAX_SIMULATED_WORK // max(world_size, RANK_SET_UP_COST))
+    check_world_size(world_size)
+    cost_per_rank = max(world_size, RANK_SET_UP_COST)
+    if rank_count * cost_per_rank > MAX_SIMULATED_WORK:
+        most = max(1, MAX_SIMULATED_WORK // cost_per_rank)
         raise SimulationTooLarge(
             f"{rank_count} ranks of a world of {world_size} are more than one simulate builds: "
             f"each rank builds meshes over the whole world, and one command builds at most "
@@ -160,7 +173,6 @@ def check_simulation_memory(world_size: int) -> int:
     if room is not None and need > room.size:
         raise SimulationTooLarge(
             f"a simulated rank of a world of {world_size} needs about {mebibytes(need)} for "
-            f"its meshes and groups, and {room.bound} {mebibytes(room.size)}; "
-            "`meshconf show` checks the layout of any world size"
+            f"its meshes and groups, and {room.bound} {mebibytes(room.size)}; {_INSTEAD}"
         )
     return need

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 
 from meshconf.core.errors import argument_type_error
-from meshconf.features.simulation import BYTES_PER_SIMULATED_RANK, MAX_SIMULATED_WORLD
+from meshconf.features.simulation import SimulationTooLarge, check_world_size
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.launch import Launch, LaunchError, read_launch
 from meshconf.runtime.rendezvous import RuntimeSetupError, report_launch_error
@@ -57,12 +57,11 @@ def check_simulated_world(rank: int, world_size: int) -> None:
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise argument_type_error(name, "an integer", value)
-    if world_size > MAX_SIMULATED_WORLD:
-        raise RuntimeSetupError(
-            f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
-            f"{world_size}: torch's meshes and groups hold every rank, about "
-            f"{BYTES_PER_SIMULATED_RANK} bytes each; "
-            "the config's layouts (MeshConfig.layout) answer for any world size"
+    try:
+        check_world_size(
+            world_size, instead="the config's layouts (MeshConfig.layout) answer for any world size"
         )
+    except SimulationTooLarge as error:
+        raise RuntimeSetupError(str(error)) from error
     if not 0 <= rank < world_size:
         raise RuntimeSetupError(f"rank {rank} is outside the world [0, {world_size})")
