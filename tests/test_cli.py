@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TEXTBOOK, run_in_process
+from hypothesis import given, strategies as st
 
 import meshconf
 from meshconf.cli import VERBS, build_parser
+from meshconf.cli.simulate import rank_list
+from meshconf.core.degrees import MAX_WORLD_SIZE
 
 TORCHTITAN = """\
 world_size: 8
@@ -360,6 +363,28 @@ def test_simulate_several_ranks_in_one_process(run_cli) -> None:  # type: ignore
         "meshconf simulate: error: argument --rank: expected ranks (integers >= 0) separated "
         "by commas, got '0,,5'\n"
     )
+
+
+@given(
+    st.lists(
+        st.text(alphabet="0123456789²٣ ,+-x", max_size=12) | st.integers(0, 10**40).map(str),
+        min_size=1,
+        max_size=4,
+    ).map(",".join)
+)
+def test_simulate_reads_any_rank_list_as_ranks_or_one_usage_message(text: str) -> None:
+    """Digits other than ASCII, signs and integers of any length: ranks within what torch
+    numbers, or argparse's usage message, never a conversion error."""
+    try:
+        ranks = rank_list(text)
+    except argparse.ArgumentTypeError as error:
+        message = str(error)
+        assert message.startswith("expected ranks (integers >= 0) separated by commas, got ") or (
+            message.endswith(" is larger than 2147483647, the most ranks torch can number")
+        )
+    else:
+        assert ranks == [int(part) for part in text.split(",")]
+        assert all(0 <= rank <= MAX_WORLD_SIZE for rank in ranks)
 
 
 def test_show_leaves_out_trivial_dims_and_domains_unless_all(run_cli) -> None:  # type: ignore[no-untyped-def]

@@ -15,9 +15,11 @@ from meshconf.cli.common import (
     add_source_options,
     emit,
     load_for_rank,
+    non_negative_int,
     usage_error,
 )
 from meshconf.core.errors import MeshconfError
+from meshconf.core.messages import shorten
 from meshconf.features.simulation import (
     check_simulation_memory,
     check_simulation_size,
@@ -37,13 +39,18 @@ class RankResult:
 
 
 def rank_list(text: str) -> list[int]:
-    """``--rank``'s value: one rank or several, separated by commas (``0,77,16383``)."""
+    """``--rank``'s value: one rank or several, separated by commas (``0,77,16383``), each
+    read as ``--rank`` is elsewhere (ASCII digits, bounded before conversion).
+
+    Raises:
+        argparse.ArgumentTypeError: a part is not a rank.
+    """
     parts = text.split(",")
-    if not all(part.strip().isdigit() for part in parts):
+    if not all(part.strip().isascii() and part.strip().isdigit() for part in parts):
         raise argparse.ArgumentTypeError(
-            f"expected ranks (integers >= 0) separated by commas, got {text!r}"
+            f"expected ranks (integers >= 0) separated by commas, got {shorten(text)!r}"
         )
-    return [int(part) for part in parts]
+    return [non_negative_int(part) for part in parts]
 
 
 def _simulate_rank(config: MeshConfig, rank: int, world_size: int) -> RankResult:
