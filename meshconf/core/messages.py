@@ -49,6 +49,13 @@ def shorten(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line, or its type's name when it says nothing: a dependency's error
+    quoted inside one line of meshconf's."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def spoken_list(names: Sequence[str]) -> str:
     """``pp, cp and tp``: a few names as a sentence lists them."""
     if len(names) < 2:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshconf.core.errors import InvalidArgumentError, MeshconfError, UnknownDomainError
+from meshconf.core.messages import first_line
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
@@ -429,7 +430,7 @@ class DistributedContext(RankFacts):
             try:
                 last.wait()
             except (RuntimeError, dist.DistError) as error:
-                stopped = str(error).splitlines()[0] if str(error) else type(error).__name__
+                stopped = first_line(error)
             else:
                 _LAST_BARRIERS.append(last)
                 if self._rendezvous is not None:

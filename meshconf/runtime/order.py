@@ -22,6 +22,7 @@ import itertools
 import time
 
 from meshconf.core.layout import RankGroup
+from meshconf.core.messages import first_line
 from meshconf.runtime.rendezvous import (
     Rendezvous,
     RuntimeSetupError,
@@ -149,7 +150,7 @@ class CreationWatch:
             while time.monotonic() < deadline:
                 rendezvous.check_failures()
                 time.sleep(0.05)
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        first = first_line(error)
         rendezvous.failed = True
         raise SetupTimeoutError(
             f"rank {rank} could not create its process group for {description} within "

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import MeshconfError
-from meshconf.core.messages import shorten
+from meshconf.core.messages import first_line, shorten
 from meshconf.runtime.launch import LaunchError
 
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -121,7 +121,7 @@ def connect(address: Address, *, hosts: bool, world_size: int | None, timeout_s:
     if isinstance(result[0], Exception):
         if not hosts:
             raise unreachable
-        first = str(result[0]).splitlines()[0] if str(result[0]) else type(result[0]).__name__
+        first = first_line(result[0])
         raise RuntimeSetupError(f"rank 0 could not host the rendezvous store at {address}: {first}")
     store: Store = result[0]
     return store
@@ -158,8 +158,7 @@ class GuardedStore:
             try:
                 return operation(*args, **kwargs)
             except dist.DistNetworkError as error:
-                first = str(error).splitlines()[0] if str(error) else type(error).__name__
-                raise StoreGoneError(f"{self._gone} ({first})") from None
+                raise StoreGoneError(f"{self._gone} ({first_line(error)})") from None
 
         return guarded
 

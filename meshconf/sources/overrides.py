@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from meshconf.core.errors import KeyPath, MeshconfError, SourceError, format_key
+from meshconf.core.messages import first_line
 from meshconf.sources.bounds import LimitError, check_interpolation, check_plain
 from meshconf.sources.yaml_reader import MAX_DEPTH, YamlError, parse_value
 
@@ -93,7 +94,7 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
         config = OmegaConf.create(data)
     except OmegaConfBaseException as error:
         raise InterpolationError(
-            "", f"cannot read the config as OmegaConf: {_first_line(error)}"
+            "", f"cannot read the config as OmegaConf: {first_line(error)}"
         ) from None
     for override in overrides:
         key = format_key(override.path)
@@ -109,7 +110,7 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
                 continue
             OmegaConf.update(config, key, override.value, merge=False, force_add=True)
         except OmegaConfBaseException as error:
-            raise SourceError(f"override {override.text!r}: {_first_line(error)}") from None
+            raise SourceError(f"override {override.text!r}: {first_line(error)}") from None
     return resolve(config)
 
 
@@ -126,7 +127,7 @@ def resolve(config: Any) -> Any:
         raise InterpolationError(format_key(error.path), error.message) from None
     except OmegaConfBaseException as error:
         raise InterpolationError(
-            getattr(error, "full_key", None) or "", f"cannot resolve: {_first_line(error)}"
+            getattr(error, "full_key", None) or "", f"cannot resolve: {first_line(error)}"
         ) from None
     except RecursionError:
         raise InterpolationError("", "cannot resolve: interpolations nested too deeply") from None
@@ -160,10 +161,6 @@ def _delete(config: Any, override: Override, is_missing: bool) -> None:
         parent.pop(last)
     else:
         del parent[last]
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def node_location(node: Any) -> KeyPath:
