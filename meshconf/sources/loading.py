@@ -209,9 +209,21 @@ def _read(source: Any) -> _Source:
 
 
 def _unreadable(error: YamlError, name: str) -> ConfigError:
+    return ConfigError([_yaml_diagnostic(error, name)])
+
+
+def _yaml_diagnostic(error: YamlError, name: str | None) -> Diagnostic:
     position = error.position
     line, column = (position.line, position.column) if position else (None, None)
-    return ConfigError([Diagnostic(error.path, error.message, name, line, column)])
+    return Diagnostic(error.path, error.message, name, line, column)
+
+
+def _in_file_order(diagnostics: Sequence[Diagnostic]) -> ConfigError:
+    """One error of every problem, by line and column; those without a place last."""
+    unplaced = float("inf")
+    return ConfigError(
+        sorted(diagnostics, key=lambda d: (d.line or unplaced, d.column or unplaced))
+    )
 
 
 def _safe_key(text: str) -> KeyPath:
@@ -300,12 +312,7 @@ def _validate(source: _Source, world_size: int | None) -> MeshConfig:
                 rules_only.with_world_size(world_size)
         except ValidationError as rules:
             more = _config_error(rules, source).diagnostics
-            unplaced = float("inf")
-            both = sorted(
-                [*found.diagnostics, *more],
-                key=lambda d: (d.line or unplaced, d.column or unplaced),
-            )
-            raise ConfigError(both) from None
+            raise _in_file_order([*found.diagnostics, *more]) from None
     raise found from None
 
 
@@ -399,21 +406,8 @@ def load_config(
 
 
 def _with_duplicates(diagnostics: Sequence[Diagnostic], source: _Source) -> ConfigError:
-    found = [
-        Diagnostic(
-            error.path,
-            error.message,
-            source.name,
-            error.position.line if error.position else None,
-            error.position.column if error.position else None,
-        )
-        for error in source.duplicates
-    ]
-    unplaced = float("inf")
-    ordered = sorted(
-        [*found, *diagnostics], key=lambda d: (d.line or unplaced, d.column or unplaced)
-    )
-    return ConfigError(ordered)
+    found = [_yaml_diagnostic(error, source.name) for error in source.duplicates]
+    return _in_file_order([*found, *diagnostics])
 
 
 def _load(
