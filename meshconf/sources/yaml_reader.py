@@ -48,6 +48,11 @@ MAX_NODES = 100_000
 MAX_INT_DIGITS = 30
 
 
+def _merge_sources(value_node: Node) -> list[Node]:
+    """What a ``<<`` merges: the node after it, or each node of the list after it."""
+    return list(value_node.value) if isinstance(value_node, SequenceNode) else [value_node]
+
+
 class _Constructor(SafeConstructor):
     def flatten_mapping(self, node: MappingNode) -> None:
         """Replace ``<<`` pairs by the pairs they merge, in the order the YAML merge spec
@@ -59,8 +64,7 @@ class _Constructor(SafeConstructor):
             if key_node.tag != MERGE_TAG:
                 own.append((key_node, value_node))
                 continue
-            listed = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
-            for source in listed:
+            for source in _merge_sources(value_node):
                 if not isinstance(source, MappingNode):
                     raise ConstructorError(
                         None,
@@ -284,8 +288,7 @@ class _Walker:
                     )
                 else:
                     merge_key = here
-                sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
-                merged.extend(source for source in sources if isinstance(source, MappingNode))
+                merged.extend(n for n in _merge_sources(value_node) if isinstance(n, MappingNode))
                 continue
             here = _position(key_node.start_mark)
             if not isinstance(key_node, ScalarNode):
@@ -320,8 +323,7 @@ class _Walker:
         nested: list[MappingNode] = []
         for key_node, value_node in source.value:
             if key_node.tag == MERGE_TAG:
-                listed = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
-                nested.extend(node for node in listed if isinstance(node, MappingNode))
+                nested.extend(n for n in _merge_sources(value_node) if isinstance(n, MappingNode))
             elif isinstance(key_node, ScalarNode):
                 child = (*path, _key_value(key_node))
                 if child not in self.positions:
