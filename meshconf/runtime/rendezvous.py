@@ -75,15 +75,13 @@ class RankReasonError(RuntimeSetupError):
     """A set-up failure whose message already names this rank: published as it is."""
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_named(ranks: list[int]) -> str:
+    """``rank 3``, ``ranks 3, 5``, or the first few and how many more."""
     shown = ", ".join(str(rank) for rank in ranks[:_MISSING_SHOWN])
     more = len(ranks) - _MISSING_SHOWN
-    return f"{shown} and {more} more" if more > 0 else shown
-
-
-def ranks_named(ranks: list[int]) -> str:
-    """``rank 3``, or ``ranks 3, 5``."""
-    return f"rank{'s' if len(ranks) > 1 else ''} {_ranks_text(ranks)}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {shown}" + (
+        f" and {more} more" if more > 0 else ""
+    )
 
 
 class Rendezvous:
