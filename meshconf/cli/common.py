@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
-from meshconf.core.errors import ConfigError, SourceError, printable
+from meshconf.core.errors import ConfigError, Problem, SourceError, format_key, printable
 from meshconf.core.messages import shorten
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
@@ -146,6 +146,11 @@ def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def warnings_json(warnings: Sequence[Problem]) -> list[dict[str, str]]:
+    """Warnings as ``validate`` and ``show`` give them in JSON: the key and the message."""
+    return [{"key": format_key(warning.path), "message": warning.message} for warning in warnings]
 
 
 def usage_error(message: str) -> int:

@@ -15,10 +15,10 @@ from meshconf.cli.common import (
     load_for_rank,
     non_negative_int,
     usage_error,
+    warnings_json,
 )
 from meshconf.cli.estimate_options import add_model_options, show_estimate
 from meshconf.core.degrees import WORLD_FACTORS
-from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
 from meshconf.features.plan.topology import config_warnings
@@ -96,10 +96,7 @@ def build_report(
         },
         "coordinates": {domain: layouts[domain].coordinate(rank) for domain in domains},
         "process_groups_per_rank": process_group_count(list(layouts.values()), rank),
-        "warnings": [
-            {"key": format_key(warning.path), "message": warning.message}
-            for warning in config_warnings(config)
-        ],
+        "warnings": warnings_json(config_warnings(config)),
     }
 
 

@@ -8,7 +8,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_source_options, emit
+from meshconf.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_source_options,
+    emit,
+    warnings_json,
+)
 from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
@@ -136,10 +143,7 @@ def report_json(results: Results) -> None:
         if result.config is not None:
             entry["world_size"] = result.config.resolved_world_size
             entry["pending_checks"] = list(result.config.pending_checks)
-            entry["warnings"] = [
-                {"key": format_key(warning.path), "message": warning.message}
-                for warning in result.warnings
-            ]
+            entry["warnings"] = warnings_json(result.warnings)
         files.append(entry)
     print(json.dumps({"valid": results.exit_code == EXIT_OK, "files": files}, indent=2))
 
