@@ -10,10 +10,16 @@ import pytest
 from conftest import REPO
 
 import meshconf
-from meshconf.features.convert import KEMPNERFORGE, TORCHTITAN, convert
+from meshconf.features.convert import BY_NAME, KEMPNERFORGE, TORCHTITAN, Conversion
 
 KEMPNERFORGE_EXAMPLE = "examples/migration/kempnerforge_moe_32gpu.toml"
 TORCHTITAN_EXAMPLE = "examples/migration/torchtitan_llama3_70b.toml"
+
+
+def convert(source: str, table: object, **sizes: int | None) -> Conversion:
+    """The conversion ``meshconf convert --from SOURCE`` makes of a table as read."""
+    return BY_NAME[source].convert(table, **sizes)
+
 
 KEMPNERFORGE_OUTPUT = """\
 # yaml-language-server: $schema=schemas/meshconf.schema.json

@@ -108,25 +108,8 @@ __all__ = [
     "ConversionError",
     "Source",
     "SourceProblem",
-    "convert",
     "convert_megatron",
 ]
-
-
-def convert(
-    source: str,
-    table: Any,
-    *,
-    world_size: int | None = None,
-    gpus_per_node: int | None = None,
-) -> Conversion:
-    """Convert ``table``, the table of the TOML source named ``source`` as read (``None``
-    when the file has none, which means the tool's defaults), into a validated meshconf
-    config.
-
-    Raises :class:`ConversionError` with every problem, each placed on its TOML key.
-    """
-    return BY_NAME[source].convert(table, world_size=world_size, gpus_per_node=gpus_per_node)
 
 
 def _convert_table(
