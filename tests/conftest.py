@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import resource
 import subprocess
 import sys
 import warnings
@@ -144,8 +145,16 @@ def run_in_process(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[
     return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
 
 
-def run_in_subprocess(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m meshconf ARGS`` as a user would."""
+def run_in_subprocess(
+    *args: str, cwd: Path = REPO, address_space: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m meshconf ARGS`` as a user would; ``address_space``: under that limit
+    in bytes (``RLIMIT_AS``, what ``ulimit -v`` sets)."""
+
+    def limit() -> None:
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
     env = {**os.environ, "PYTHONWARNINGS": "error"}
     result = subprocess.run(
         [sys.executable, "-m", "meshconf", *args],
@@ -154,6 +163,7 @@ def run_in_subprocess(*args: str, cwd: Path = REPO) -> subprocess.CompletedProce
         text=True,
         timeout=120,
         env=env,
+        preexec_fn=limit,
     )
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
     return result

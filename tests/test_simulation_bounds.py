@@ -6,7 +6,6 @@ process; the world of 2**20 is torch's fake process group, as ``simulate`` alway
 from __future__ import annotations
 
 import re
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from meshconf.features.simulation import (
     SimulationTooLarge,
     check_simulation_size,
 )
-from tests.conftest import REPO
+from tests.conftest import run_in_subprocess
 
 
 @given(
@@ -133,14 +132,6 @@ def test_torch_that_cannot_load_under_a_memory_limit_is_one_line() -> None:
 
 
 def _simulate_under_limit(limit: int | None, *args: str) -> subprocess.CompletedProcess[str]:
-    def set_limit() -> None:
-        if limit is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    result = subprocess.run(
-        [sys.executable, "-m", "meshconf", "simulate", "examples/world_size_from_launcher.yaml",
-         *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120, preexec_fn=set_limit,
-    )  # fmt: skip
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
+    return run_in_subprocess(
+        "simulate", "examples/world_size_from_launcher.yaml", *args, address_space=limit
+    )
