@@ -54,11 +54,13 @@ def per_call(
     return statistics.median(samples), min(samples)
 
 
-def maxrss_mib() -> float:
-    """The peak resident memory of this process so far, in MiB."""
+def maxrss_mib(usage: resource.struct_rusage | None = None) -> float:
+    """The peak resident memory in ``usage`` (a finished child's, from ``os.wait4``), or of
+    this process so far, in MiB."""
+    usage = usage or resource.getrusage(resource.RUSAGE_SELF)
     # ru_maxrss is in KiB on Linux and in bytes on macOS.
     scale = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    return usage.ru_maxrss * scale / 2**20
 
 
 def version(package: str) -> str:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import preamble, table
+from harness import maxrss_mib, preamble, table
 
 from meshconf.features.simulation import BYTES_PER_SIMULATED_RANK, mesh_bytes
 
@@ -87,9 +87,7 @@ def run(command: list[str]) -> tuple[float, float, float]:
         raise SystemExit(f"{' '.join(command)} failed:\n{output}")
     built = re.search(r"built in (\d+\.\d+) s", output)
     assert built is not None, output
-    # ru_maxrss is in KiB on Linux and in bytes on macOS.
-    peak = usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-    return float(built.group(1)), wall, peak
+    return float(built.group(1)), wall, maxrss_mib(usage)
 
 
 def main() -> None:
