@@ -53,8 +53,7 @@ def _homes() -> dict[str, str]:
     `import meshconf` (and so every `meshconf` command) loads only what it uses: pydantic and
     the models for a config, the JSON Schema generator for a schema, torch for the runtime.
     """
-    # Imported here, on the first public name read: ast and pathlib would double the time of
-    # `import meshconf`, which every command pays.
+    # Imported on the first public name read, not by `import meshconf` itself.
     import ast
     from pathlib import Path
 

@@ -4,7 +4,11 @@ command that installs an extra."""
 from __future__ import annotations
 
 import difflib
+import json
+import shlex
 from collections.abc import Sequence
+from importlib import metadata
+from urllib.parse import unquote, urlparse
 
 #: A hint compares the name with at most this many candidates of a similar length, so that
 #: thousands of unknown names against thousands of known ones stay fast.
@@ -67,13 +71,6 @@ def install_command(extra: str) -> str:
     """The command that adds ``extra`` (``torch``, ``hydra``, ``png``) to this installation:
     from the clone or wheel meshconf was installed from, where pip recorded one (its
     ``direct_url.json``), else from the package index."""
-    # Only a message about a missing extra needs these, and importlib.metadata alone takes
-    # longer to import than the rest of meshconf's command line.
-    import json
-    import shlex
-    from importlib import metadata
-    from urllib.parse import unquote, urlparse
-
     try:
         recorded = metadata.distribution("meshconf").read_text("direct_url.json")
         url = json.loads(recorded or "{}").get("url", "")
