@@ -17,6 +17,7 @@ from meshconf.cli.common import (
     usage_error,
     write_file,
 )
+from meshconf.core.levels import NODE
 from meshconf.core.messages import install_command
 from meshconf.features.render import draw_domain, to_png, to_svg
 from meshconf.model.config import MeshConfig
@@ -61,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return config
     layouts = config.layouts
     domain = _domain(config, args.domain)
-    drawing = draw_domain(layouts[domain], args.rank, config.gpus_per_node)
+    above_node = tuple(level for level in config.topology if level.name != NODE)
+    drawing = draw_domain(layouts[domain], args.rank, config.node_size, above_node)
     out = Path(args.out)
     try:
         write_file(args.out, to_png(drawing) if out.suffix.lower() == ".png" else to_svg(drawing))
@@ -84,8 +86,9 @@ def add_parser(subparsers: Any) -> None:
         "render",
         help="draw a domain's rank grid as SVG or PNG",
         description="Draw one domain's ranks as a grid (the dims unflattened row-major), with "
-        "nodes outlined and one rank's group along each dim coloured. Worlds of more than 4096 "
-        "ranks are summarised, one cell per block of consecutive ranks.",
+        "nodes and the config's other levels outlined and one rank's group along each dim "
+        "coloured. Worlds of more than 4096 ranks are summarised, one cell per block of "
+        "consecutive ranks.",
     )
     parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(

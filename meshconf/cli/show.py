@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from meshconf.cli.estimate_options import add_model_options, show_estimate
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
+from meshconf.core.levels import crossed_levels, unit_article
 from meshconf.features.plan.topology import config_warnings
 from meshconf.model.config import MeshConfig
 
@@ -54,11 +56,17 @@ def _last_rank(group: RankGroup) -> int:
 
 
 def _dim_entry(
-    layout: DomainLayout, name: str, rank: int, gpus_per_node: int | None, listed: int
+    layout: DomainLayout, name: str, rank: int, config: MeshConfig, listed: int
 ) -> dict[str, Any]:
     dim = layout.dim(name)
+    gpus_per_node = config.node_size
     placement = None if gpus_per_node is None else layout.placement(name, gpus_per_node)
     group = layout.group(rank, name)
+    levels = (
+        {}
+        if config.levels is None
+        else {"crosses": list(crossed_levels(layout, name, config.topology))}
+    )
     return {
         "name": dim.name,
         "size": dim.size,
@@ -70,6 +78,7 @@ def _dim_entry(
         "group_last": _last_rank(group),
         "crosses_nodes": None if placement is None else placement != "intra-node",
         "placement": placement,
+        **levels,
     }
 
 
@@ -79,16 +88,26 @@ def build_report(
     """The data of ``show --format json``: each group's first ``listed`` ranks, its size and
     its last rank."""
     layouts = config.layouts
+    levels = (
+        {}
+        if config.levels is None
+        else {
+            "levels": [dataclasses.asdict(level) for level in config.topology],
+            "inside": config.inside,
+            "bands": _bands(config),
+        }
+    )
     return {
         "world_size": config.resolved_world_size,
         "gpus_per_node": config.gpus_per_node,
         "inside_node": None if config.inside_node is None else config.inside_node.model_dump(),
+        **levels,
         "order": list(config.order or WORLD_FACTORS),
         "rank": rank,
         "domains": {
             domain: {
                 "dims": [
-                    _dim_entry(layouts[domain], name, rank, config.gpus_per_node, listed)
+                    _dim_entry(layouts[domain], name, rank, config, listed)
                     for name in layouts[domain].dim_names
                 ]
             }
@@ -98,6 +117,15 @@ def build_report(
         "process_groups_per_rank": process_group_count(list(layouts.values()), rank),
         "warnings": warnings_json(config_warnings(config)),
     }
+
+
+def _bands(config: MeshConfig) -> list[dict[str, Any]] | None:
+    """Where inside puts each world factor's parts, inner band first."""
+    if config.inside is None:
+        return None
+    bands = config.placement_bands
+    assert bands is not None
+    return [{"place": place, "parts": parts} for place, parts in bands]
 
 
 def _ranks_text(dim: dict[str, Any]) -> str:
@@ -142,6 +170,8 @@ def report_text(
     hidden_dims, hidden_domains = hidden
     rank = report["rank"]
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
+    if config.levels is not None:
+        nodes = ", levels " + " ".join(f"{level.name}={level.size}" for level in config.topology)
     print(f"world_size {report['world_size']}{nodes}; showing rank {rank}")
     degrees = config.resolved_degrees
     print("degrees: " + " ".join(f"{name}={value}" for name, value in degrees.items()))
@@ -158,6 +188,12 @@ def report_text(
             + "; across nodes: "
             + (" ".join(f"{name}={size}" for name, size in across.items() if size > 1) or "-")
         )
+    for level, kept in (config.inside or {}).items():
+        print(f"kept inside {unit_article(level)}: {', '.join(kept)}")
+    for band in report.get("bands") or ():
+        placed = " ".join(f"{name}={size}" for name, size in band["parts"].items() if size > 1)
+        if placed:
+            print(f"placed {band['place']}: {placed}")
     for warning in report["warnings"]:
         print(f"warning: {warning['key']}: {warning['message']}")
     if hidden_dims or hidden_domains:
@@ -179,15 +215,24 @@ def report_text(
         # A dim placed partly inside and partly across nodes has one stride per part.
         strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
         stride_width = max(7, *(len(text) for text in strides.values()))
+        # With levels, where a group sits is the levels it crosses, not one word.
+        where = {
+            dim["name"]: ",".join(dim["crosses"]) or "none"
+            if "crosses" in dim
+            else dim["placement"] or "-"
+            for dim in dims
+        }
+        heading = "crosses" if config.levels is not None else "placement"
+        where_width = max(10, *(len(text) for text in where.values()))
         print(
             f"  {'dim':<{width}}  {'size':>7}  {'stride':>{stride_width}}  {'groups':>7}  "
-            f"placement   group of rank {rank}"
+            f"{heading:<{where_width}}  group of rank {rank}"
         )
         for dim in dims:
             stride = strides[dim["name"]]
             print(
                 f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
-                f"{dim['num_groups']:>7}  {dim['placement'] or '-':<10}  "
+                f"{dim['num_groups']:>7}  {where[dim['name']]:<{where_width}}  "
                 f"{_ranks_text(dim)}"
             )
         coordinate = " ".join(

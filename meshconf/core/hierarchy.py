@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.layout import Mode
@@ -30,15 +29,12 @@ from meshconf.core.layout import Mode
 
 @dataclass(frozen=True)
 class NodePart:
-    """One part of a degree: ``mode.size`` of its ranks, placed inside or across nodes."""
+    """One part of a degree: ``mode.size`` of its ranks, and where they are placed
+    (``inside a node``, ``across nodes``)."""
 
     degree: str
-    where: Literal["inside", "across"]
+    place: str
     mode: Mode
-
-    @property
-    def place(self) -> str:
-        return "inside a node" if self.where == "inside" else "across nodes"
 
 
 def describe_parts(parts: Sequence[NodePart]) -> str:
@@ -93,6 +89,6 @@ def node_numbering(
     parts: list[NodePart] = []
     for name in WORLD_FACTORS:
         across = Mode(outer[name], across_strides[name] * gpus_per_node)
-        parts.append(NodePart(name, "across", across))
-        parts.append(NodePart(name, "inside", Mode(inner[name], inside_strides[name])))
+        parts.append(NodePart(name, "across nodes", across))
+        parts.append(NodePart(name, "inside a node", Mode(inner[name], inside_strides[name])))
     return tuple(parts)

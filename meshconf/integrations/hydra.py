@@ -68,6 +68,13 @@ class RuntimeNode:
 
 
 @dataclass
+class LevelNode:
+    name: Optional[str] = None  # noqa: UP045
+    size: Optional[int] = None  # noqa: UP045
+    bandwidth_gb_s: Optional[float] = None  # noqa: UP045
+
+
+@dataclass
 class MeshConfigNode:
     """The Hydra schema of a meshconf block; the same keys as :class:`MeshConfig`."""
 
@@ -79,6 +86,8 @@ class MeshConfigNode:
     # A node rather than None, so that `parallelism.inside_node.tp=8` works on the command
     # line; left all None, it means no inside_node at all.
     inside_node: InsideNodeNode = field(default_factory=InsideNodeNode)
+    levels: Optional[List[LevelNode]] = None  # noqa: UP006, UP045
+    inside: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
     derived: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     domains: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
     runtime: RuntimeNode = field(default_factory=RuntimeNode)
@@ -166,6 +175,8 @@ def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
             value = OmegaConf.to_container(value, resolve=True)
         if isinstance(value, Mapping) and name in ("degrees", "inside_node", "runtime"):
             value = _set_values(value)
+        if name == "levels" and isinstance(value, list):
+            value = [_set_values(level) if isinstance(level, Mapping) else level for level in value]
         if value is not None and not (name == "inside_node" and not value):
             plain[name] = value
     return plain

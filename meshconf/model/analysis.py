@@ -11,6 +11,7 @@ from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
 from meshconf.core.hierarchy import NodePart
 from meshconf.core.layout import DomainLayout
+from meshconf.core.levels import Band, Level
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,10 @@ class MeshSpec:
     domains: Mapping[str, tuple[str, ...]]
     user_domains: bool
     order: tuple[str, ...] | None = None
+    #: The levels above the node, inner to outer (the node itself when gpus_per_node is None).
+    levels: tuple[Level, ...] = ()
+    #: The dims each level keeps inside its units, by level name.
+    inside: Mapping[str, tuple[str, ...]] | None = None
 
 
 @dataclass
@@ -38,7 +43,10 @@ class Analysis:
     degrees: dict[str, int] | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     layouts: dict[str, DomainLayout] = field(default_factory=dict)
+    #: The parts of the world factors that inside_node or inside place, when either does.
     node_parts: tuple[NodePart, ...] | None = None
+    #: The bands of that numbering, inner to outer (:func:`meshconf.core.levels.band_numbering`).
+    bands: tuple[Band, ...] | None = None
     #: The rank order of the world factors; None while the one given is not valid.
     order: tuple[str, ...] | None = WORLD_FACTORS
     problems: list[Problem] = field(default_factory=list)

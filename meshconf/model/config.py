@@ -32,9 +32,11 @@ from meshconf.core.degrees import (
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout
+from meshconf.core.levels import Level
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import (
+    BandwidthGBs,
     DimList,
     ExpertDegree,
     FormulaText,
@@ -45,7 +47,9 @@ from meshconf.model.fields import (
     WorldFactor,
     WorldOrder,
     device_value,
+    level_list,
 )
+from meshconf.model.levels import all_levels, node_size
 from meshconf.model.rules import analyze
 
 
@@ -164,6 +168,26 @@ else:
     )
 
 
+class TopologyLevel(_Frozen):
+    """A unit of GPUs that hold consecutive ranks: a node, an NVLink domain, a pod."""
+
+    name: Name = Field(
+        description="The level's name, used by inside; node is the node, nvlink the NVLink "
+        "domain (both checked on the machine at start-up).",
+        examples=["nvlink"],
+    )
+    size: Positive = Field(
+        description="GPUs (ranks of this job) in one unit, a multiple of the level below.",
+        examples=[72],
+    )
+    bandwidth_gb_s: BandwidthGBs | None = Field(
+        None,
+        description="Bandwidth between two GPUs of one unit, in GB/s per GPU, for plan's "
+        "estimate; by default the hardware's.",
+        examples=[900],
+    )
+
+
 class RuntimeOptions(_Frozen):
     """How DistributedContext picks device, backend and timeouts."""
 
@@ -238,6 +262,18 @@ class MeshConfig(_Frozen):
         "across nodes. Needs gpus_per_node; the parts multiply to it.",
         examples=[{"dp_shard": 2, "tp": 8}],
     )
+    levels: Annotated[tuple[TopologyLevel, ...], BeforeValidator(level_list)] | None = Field(
+        None,
+        description="Levels above the GPU, inner to outer, each holding whole units of the one "
+        "below; gpus_per_node is the node level written short.",
+        examples=[[{"name": "node", "size": 4}, {"name": "nvlink", "size": 72}]],
+    )
+    inside: dict[Name, DimList] | None = Field(
+        None,
+        description="Dims whose every group stays inside one unit of a level, by level name; "
+        "the ranks are numbered so that they do.",
+        examples=[{"nvlink": ["tp", "ep"]}],
+    )
     derived: dict[Name, FormulaText] = Field(
         default_factory=dict,
         description="Extra or redefined derived dims: formulas over degrees and earlier ones.",
@@ -289,6 +325,10 @@ class MeshConfig(_Frozen):
             gpus_per_node=self.gpus_per_node,
             inside_node=None if self.inside_node is None else self.inside_node.model_dump(),
             order=self.order,
+            levels=tuple(
+                Level(level.name, level.size, level.bandwidth_gb_s) for level in self.levels or ()
+            ),
+            inside=self.inside,
             degrees=self.degrees.model_dump(),
             explicit_degrees=self.degrees.explicit,
             derived=self.effective_derived,
@@ -296,6 +336,26 @@ class MeshConfig(_Frozen):
             domains=self.effective_domains,
             user_domains=self.domains is not None,
         )
+
+    @property
+    def node_size(self) -> int | None:
+        """GPUs per node: gpus_per_node, or the size of the level named node."""
+        return node_size(self.spec())
+
+    @property
+    def placement_bands(self) -> tuple[tuple[str, dict[str, int]], ...] | None:
+        """How inside_node or inside split the world factors: the bands of the rank
+        numbering, inner to outer, each with where it is (``inside a node``) and each
+        factor's part in it; None when neither is given. A factor's index numbers its parts
+        outer band first, and so does the rank (``order`` within a band)."""
+        self._require_world()
+        bands = self._analysis.bands
+        return None if bands is None else tuple((place, dict(parts)) for place, parts in bands)
+
+    @property
+    def topology(self) -> tuple[Level, ...]:
+        """Every level inner to outer, the node of gpus_per_node first when it is given."""
+        return all_levels(self.spec())
 
     @property
     def effective_derived(self) -> dict[str, str]:
@@ -389,6 +449,9 @@ class MeshConfig(_Frozen):
         if self.inside_node is not None:
             # Only when set, so that configs without it keep the fingerprints they had.
             resolved["inside_node"] = self.inside_node.model_dump()
+        for key in ("levels", "inside"):
+            if getattr(self, key) is not None:
+                resolved[key] = self.model_dump(mode="json")[key]
         if self.order is not None and self.order != WORLD_FACTORS:
             # The default order written out describes the same meshes as none.
             resolved["order"] = list(self.order)

@@ -146,6 +146,26 @@ def _gpus_per_node(value: Any) -> int:
     )
 
 
+#: Per GPU; NVLink 5 gives 900 GB/s each way, so this is far past any link built.
+MAX_BANDWIDTH_GB_S = 100_000
+
+
+def _bandwidth(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError(
+            "bandwidth_type",
+            "expected a bandwidth in GB/s per GPU such as 900 or 50, got {got}{hint}",
+            {"got": describe_value(value), "hint": _yaml_trap_hint(value)},
+        )
+    if not 0 < value <= MAX_BANDWIDTH_GB_S:  # also refuses nan
+        raise PydanticCustomError(
+            "bandwidth_range",
+            "expected a bandwidth above 0 and at most {maximum} GB/s per GPU, got {value}",
+            {"maximum": MAX_BANDWIDTH_GB_S, "value": describe_value(value)},
+        )
+    return float(value)
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str):
         raise PydanticCustomError(
@@ -182,6 +202,28 @@ def _dim_list(value: Any) -> Any:
             "dims_type",
             "expected a list of dim names, outer to inner, such as [pp, fsdp, tp], got {got}",
             {"got": describe_value(value)},
+        )
+    return value
+
+
+#: Levels a config may list: a node, an NVLink domain, a pod, a building, with room to spare.
+MAX_LEVELS = 16
+
+
+def level_list(value: Any) -> Any:
+    """A list of levels, no longer than :data:`MAX_LEVELS`; the items are checked after."""
+    if not isinstance(value, list | tuple):
+        raise PydanticCustomError(
+            "levels_type",
+            "expected a list of levels, inner to outer, such as [{name: node, size: 4}, "
+            "{name: nvlink, size: 72}], got {got}",
+            {"got": describe_value(value)},
+        )
+    if len(value) > MAX_LEVELS:
+        raise PydanticCustomError(
+            "levels_length",
+            "{count} levels are more than {limit}, more than any cluster is built of",
+            {"count": len(value), "limit": MAX_LEVELS},
         )
     return value
 
@@ -225,6 +267,11 @@ GpusPerNode = Annotated[
 ]
 TimeoutSeconds = Annotated[int, BeforeValidator(_timeout), WithJsonSchema(_integer_schema())]
 Name = Annotated[str, BeforeValidator(_name), WithJsonSchema(_NAME_SCHEMA)]
+BandwidthGBs = Annotated[
+    float,
+    BeforeValidator(_bandwidth),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BANDWIDTH_GB_S}),
+]
 FormulaText = Annotated[
     str,
     BeforeValidator(_formula_text),

@@ -8,10 +8,11 @@ import math
 from typing import TYPE_CHECKING
 
 from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS
-from meshconf.core.hierarchy import describe_parts, node_numbering, rank_numbering
+from meshconf.core.hierarchy import describe_parts, node_numbering, rank_numbering, split_degrees
 from meshconf.core.layout import Mode
 from meshconf.core.messages import did_you_mean
 from meshconf.model.analysis import Analysis, MeshSpec
+from meshconf.model.levels import node_size
 
 if TYPE_CHECKING:
     from meshconf.core.errors import KeyPath
@@ -66,17 +67,18 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
     placed = [name for name in WORLD_FACTORS if inside[name] > 1]
     product = math.prod(inside[name] for name in placed)
     written = " * ".join(f"{name}({inside[name]})" for name in placed) or "no part above 1"
-    if spec.gpus_per_node is None:
+    gpus_per_node = node_size(spec)
+    if gpus_per_node is None:
         result.fail(
             ("inside_node",),
             f"needs gpus_per_node: it places ranks inside nodes of that many GPUs "
             f"({written}: {product} per node)",
         )
         return
-    if product != spec.gpus_per_node:
+    if product != gpus_per_node:
         result.fail(
             ("inside_node",),
-            f"{written}: {product} ranks per node != gpus_per_node {spec.gpus_per_node}; the "
+            f"{written}: {product} ranks per node != gpus_per_node {gpus_per_node}; the "
             "parts inside a node must fill it exactly (a world factor left out has 1 inside)",
         )
     degrees = result.degrees or spec.degrees
@@ -90,14 +92,16 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
                 f"({degrees[name]}), so that the rest go across nodes in whole groups",
             )
     if not result.problems and result.degrees is not None and result.order is not None:
-        result.node_parts = node_numbering(result.degrees, inside, spec.gpus_per_node, result.order)
+        inner, outer = split_degrees(result.degrees, inside)
+        result.bands = (("inside a node", inner), ("across nodes", outer))
+        result.node_parts = node_numbering(result.degrees, inside, gpus_per_node, result.order)
 
 
 def numbering(spec: MeshSpec, result: Analysis) -> tuple[Mode, ...] | None:
     """The map from the logical world to ranks, or None while a rule it needs failed."""
     if result.order is None or result.degrees is None:
         return None
-    if spec.inside_node is None:
+    if spec.inside_node is None and not spec.inside:
         return rank_numbering(result.degrees, result.order)
     if result.node_parts is None:
         return None
@@ -115,6 +119,12 @@ def describe_split(result: Analysis, indices: tuple[int, ...]) -> str:
 
 def placement_keys(spec: MeshSpec) -> str:
     keys = [
-        key for key, value in (("order", spec.order), ("inside_node", spec.inside_node)) if value
+        key
+        for key, value in (
+            ("order", spec.order),
+            ("inside_node", spec.inside_node),
+            ("inside", spec.inside),
+        )
+        if value
     ]
     return " or ".join(keys)

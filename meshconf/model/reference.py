@@ -37,6 +37,8 @@ def reference_markdown(schema: dict[str, Any]) -> str:
     for name, value in schema["properties"].items():
         if "properties" in value:
             lines += _table(f"`{name}`", value)
+        elif (items := _listed_mapping(value)) is not None:
+            lines += _table(f"`{name}`", {**items, **value})
     return "\n".join(lines) + "\n"
 
 
@@ -46,7 +48,13 @@ def _table(title: str, schema: dict[str, Any]) -> list[str]:
         lines += [schema["description"], ""]
     lines += ["| Key | Type | Default | Description | Example |", "|---|---|---|---|---|"]
     for name, value in schema["properties"].items():
-        kind = f"mapping, see [`{name}`](#{name})" if "properties" in value else _type(value)
+        kind = (
+            f"mapping, see [`{name}`](#{name})"
+            if "properties" in value
+            else f"list of mappings, see [`{name}`](#{name}), or null"
+            if _listed_mapping(value) is not None
+            else _type(value)
+        )
         cells = [
             f"`{name}`",
             kind,
@@ -66,6 +74,14 @@ def _table(title: str, schema: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _listed_mapping(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The items of an optional list of mappings (``levels``), or None for another field."""
+    for option in schema.get("anyOf", ()):
+        if option.get("type") == "array" and "properties" in option["items"]:
+            return dict(option["items"])
+    return None
+
+
 def _type(schema: dict[str, Any]) -> str:
     if "title" in schema:
         return str(schema["title"])
@@ -80,6 +96,8 @@ def _type(schema: dict[str, Any]) -> str:
     kind = schema.get("type")
     if kind == "integer":
         return _integer(schema)
+    if kind == "number":
+        return f"number above {schema['exclusiveMinimum']}, at most {schema['maximum']}"
     if kind == "string" or "pattern" in schema:
         return f"string matching `{schema['pattern']}`" if "pattern" in schema else "string"
     if kind == "array":

@@ -26,6 +26,7 @@ from meshconf.core.errors import KeyPath
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 from meshconf.core.messages import did_you_mean, name_list, shorten
 from meshconf.model.analysis import Analysis, MeshSpec
+from meshconf.model.levels import check_inside, check_levels
 from meshconf.model.numbering import (
     check_inside_node,
     check_order,
@@ -283,6 +284,8 @@ def check_domain_products(spec: MeshSpec, result: Analysis) -> None:
                 if spec.user_domains
                 else ("inside_node",)
                 if spec.inside_node is not None
+                else ("inside",)
+                if spec.inside
                 else ("order",),
                 f"{error.dim}({error.dim_size}) in domain {domain!r} would split "
                 f"{describe_split(result, error.mode_indices)} unevenly: it needs "
@@ -327,9 +330,11 @@ RULES = (
     check_etp,
     check_expert_borrow,
     check_order,
+    check_levels,
     check_inside_node,
     check_derived,
     check_domain_dims,
+    check_inside,
     check_domain_products,
     check_cross_domain,
 )

@@ -19,6 +19,7 @@ from pydantic_core import core_schema
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.errors import InvalidArgumentError
 from meshconf.model.config import MeshConfig
+from meshconf.model.fields import MAX_LEVELS
 
 Flavor = Literal["plain", "hydra"]
 FLAVORS: tuple[Flavor, ...] = ("plain", "hydra")
@@ -73,6 +74,9 @@ def build_schema(flavor: Flavor = "plain") -> dict[str, Any]:
     for name in ("degrees", "runtime"):
         properties[name] = _inline(properties[name], definitions)
     properties["inside_node"] = _inline_optional(properties["inside_node"], definitions)
+    levels = properties["levels"]["anyOf"][0]
+    levels["items"] = _inline(levels["items"], definitions)
+    levels["maxItems"] = MAX_LEVELS
     _add_cross_field_rules(properties)
     schema = {
         "$schema": DIALECT,

@@ -5,9 +5,10 @@ builds from; this module never uses them. It numbers ranks as the documentation 
 are numbered: the logical world is the row-major number of the world factors' indices (pp
 outermost, tp innermost), and ranks number those indices in ``order`` (outer to inner; by
 default the same). A domain's coordinates are the digits of the logical index in the radix of
-the domain's dim sizes. With ``inside_node``, each factor's index is ``across * inside +
-inside_index``; the node is the number of the across parts and the local rank the number of
-the inside parts, both in ``order``. Along one dim, a mesh lists a group's ranks in
+the domain's dim sizes. With ``inside_node`` or ``inside``, each factor's index is the
+number of its parts in the bands of the placement (outer band first: ``across * inside +
+inside_index`` for a node), and the rank the number of the bands, each the number of its
+parts in ``order``. Along one dim, a mesh lists a group's ranks in
 increasing order (the order of a torch process group), so this rank's coordinate along a dim
 is its place in the sorted group. ``meshconf simulate`` and the tests check the built process
 groups against this.
@@ -54,11 +55,14 @@ def _numbering(
     degrees = [config.resolved_degrees[name] for name in WORLD_FACTORS]
     # ``order`` lists the world factors outer to inner as ranks number them.
     ranked = [WORLD_FACTORS.index(name) for name in (config.order or WORLD_FACTORS)]
-    inside = [1] * len(WORLD_FACTORS)
-    if config.inside_node is not None:
-        inside = [getattr(config.inside_node, name) for name in WORLD_FACTORS]
-    across = [degree // part for degree, part in zip(degrees, inside, strict=True)]
-    per_node = math.prod(inside)
+    # The bands, outer first: each factor's part in each; without placement, one band.
+    bands = [degrees]
+    if config.placement_bands is not None:
+        bands = [[parts[name] for name in WORLD_FACTORS] for _, parts in config.placement_bands]
+        bands.reverse()
+    # Per factor, the radix of its index: its part in each band, outer band first.
+    factor_radix = [[band[factor] for band in bands] for factor in range(len(WORLD_FACTORS))]
+    band_sizes = [math.prod(band) for band in bands]
 
     def in_order(values: Sequence[Numbers]) -> list[Numbers]:
         return [values[factor] for factor in ranked]
@@ -71,16 +75,23 @@ def _numbering(
 
     def to_rank(index: torch.Tensor) -> torch.Tensor:
         factors = _digits(index, degrees)
-        outer = [f // part for f, part in zip(factors, inside, strict=True)]
-        inner = [f % part for f, part in zip(factors, inside, strict=True)]
-        node = _number(in_order(outer), in_order(across))
-        return node * per_node + _number(in_order(inner), in_order(inside))
+        parts = [_digits(f, radix) for f, radix in zip(factors, factor_radix, strict=True)]
+        numbers = [
+            _number(in_order([part[b] for part in parts]), in_order(band))
+            for b, band in enumerate(bands)
+        ]
+        return _number(numbers, band_sizes)
 
     def to_index(rank: int) -> int:
-        node, local = divmod(rank, per_node)
-        outer = from_order(_digits(node, in_order(across)))
-        inner = from_order(_digits(local, in_order(inside)))
-        factors = [o * part + i for o, i, part in zip(outer, inner, inside, strict=True)]
+        numbers = _digits(rank, band_sizes)
+        parts = [
+            from_order(_digits(number, in_order(band)))
+            for number, band in zip(numbers, bands, strict=True)
+        ]
+        factors = [
+            _number([part[factor] for part in parts], factor_radix[factor])
+            for factor in range(len(WORLD_FACTORS))
+        ]
         return _number(factors, degrees)
 
     return to_rank, to_index

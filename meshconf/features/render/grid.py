@@ -22,6 +22,7 @@ from functools import cached_property
 
 from meshconf.core.degrees import divisors
 from meshconf.core.layout import DomainLayout
+from meshconf.core.levels import Level
 
 FULL_LIMIT = 4096
 SUMMARY_CELLS = 512
@@ -187,6 +188,8 @@ class Grid:
     x: Axis
     y: Axis
     cell: float
+    #: The levels above the node, inner to outer, outlined too.
+    levels: tuple[Level, ...] = ()
 
     @property
     def cells(self) -> int:
@@ -207,9 +210,11 @@ class Grid:
     @property
     def cells_per_node(self) -> int | None:
         """Cells in one node, or None when nodes are unknown or do not fall on cell edges."""
-        if self.gpus_per_node is None or self.gpus_per_node % self.per_cell:
-            return None
-        return self.gpus_per_node // self.per_cell
+        return None if self.gpus_per_node is None else self.cells_per_unit(self.gpus_per_node)
+
+    def cells_per_unit(self, size: int) -> int | None:
+        """Cells in a unit of ``size`` GPUs, or None when its edges do not fall on cells'."""
+        return None if size % self.per_cell else size // self.per_cell
 
     def groups_of(self, cell: int) -> list[str]:
         """The dims along which ``cell`` holds a member of the rank's group."""
@@ -220,8 +225,11 @@ class Grid:
         return list(differing) if len(differing) == 1 else []
 
 
-def make_grid(layout: DomainLayout, rank: int, gpus_per_node: int | None) -> Grid:
-    """The cells of ``layout`` on two axes, sized so the grid fits the picture."""
+def make_grid(
+    layout: DomainLayout, rank: int, gpus_per_node: int | None, levels: tuple[Level, ...] = ()
+) -> Grid:
+    """The cells of ``layout`` on two axes, sized so the grid fits the picture; ``levels``
+    are the levels above the node."""
     per_cell = ranks_per_cell(layout)
     digits = cell_digits(rank_digits(layout), per_cell)
     digits = mark_solo([part for digit in digits for part in fold(digit)])
@@ -238,4 +246,5 @@ def make_grid(layout: DomainLayout, rank: int, gpus_per_node: int | None) -> Gri
         Axis.build(along_x, cell),
         Axis.build(along_y, cell),
         cell,
+        levels,
     )

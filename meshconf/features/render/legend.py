@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshconf.core.layout import DomainLayout
+from meshconf.core.levels import Level
 from meshconf.features.render.grid import FULL_LIMIT, Axis, Grid, rank_digits
 from meshconf.features.render.shapes import (
+    LEVEL_STROKES,
     LINE_PX,
     NODE_STROKE,
     RANK_FILL,
@@ -28,7 +30,7 @@ def _locality(layout: DomainLayout, name: str, gpus_per_node: int | None) -> str
 class _LegendLine:
     text: str
     fill: str | None = None  # the swatch's colour; None for no swatch
-    outline: bool = False  # a swatch drawn as a node outline
+    outline: str | None = None  # a swatch drawn as an outline of this colour
 
 
 def _plural(count: int, noun: str) -> str:
@@ -57,7 +59,17 @@ def _legend_lines(grid: Grid, colours: dict[str, str]) -> list[_LegendLine]:
             text = f"{facts}; coloured: rank {rank}'s group"
             lines.append(_LegendLine(text, colours[dim.name]))
     lines.append(_node_line(grid))
+    for level, stroke in zip(grid.levels, LEVEL_STROKES, strict=False):
+        lines.append(_level_line(grid, level, stroke))
     return lines
+
+
+def _level_line(grid: Grid, level: Level, stroke: str) -> _LegendLine:
+    units = _plural(-(-grid.layout.world_size // level.size), f"{level.name} domain")
+    what = f"{units} of {level.size} GPUs"
+    if grid.cells_per_unit(level.size) is not None:
+        return _LegendLine(f"outlined: {what}", outline=stroke)
+    return _LegendLine(f"{what}; not outlined: cells of {grid.per_cell} ranks cut across them")
 
 
 def _node_line(grid: Grid) -> _LegendLine:
@@ -66,7 +78,7 @@ def _node_line(grid: Grid) -> _LegendLine:
         return _LegendLine("nodes: unknown (set gpus_per_node or pass --gpus-per-node)")
     nodes = f"{_plural(-(-grid.layout.world_size // per_node), 'node')} of {per_node} GPUs"
     if grid.cells_per_node is not None:
-        return _LegendLine(f"outlined: {nodes}", outline=True)
+        return _LegendLine(f"outlined: {nodes}", outline=NODE_STROKE)
     if grid.per_cell % per_node == 0:
         whole = _plural(grid.per_cell // per_node, "whole node")
         return _LegendLine(f"{nodes}; not outlined: each cell is {whole}")
@@ -106,6 +118,7 @@ def title_lines(grid: Grid) -> tuple[str, str]:
     layout = grid.layout
     shape = ", ".join(f"{dim.name}={dim.size}" for dim in layout.dims)
     nodes = "" if grid.gpus_per_node is None else f", {grid.gpus_per_node} GPUs per node"
+    nodes += "".join(f", {level.name} domains of {level.size}" for level in grid.levels)
     return (
         f"domain {layout.name} [{shape}]",
         f"{layout.world_size} ranks{nodes}; coloured: the groups of rank {grid.rank}",
@@ -122,8 +135,8 @@ def legend_shapes(
     lines = _legend_lines(grid, colours)
     for number, line in enumerate(lines):
         y = top + number * LINE_PX
-        if line.outline:
-            shapes.append(Rect(left, y - swatch / 2, swatch, swatch, "none", NODE_STROKE, 2.0))
+        if line.outline is not None:
+            shapes.append(Rect(left, y - swatch / 2, swatch, swatch, "none", line.outline, 2.0))
         elif line.fill is not None:
             shapes.append(Rect(left, y - swatch / 2, swatch, swatch, line.fill))
         shapes.append(Text(left + swatch + 6, y, line.text, TEXT_PX, "start", css_class="legend"))

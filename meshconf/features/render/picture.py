@@ -1,14 +1,16 @@
-"""A domain's picture: the cells, their rank labels, node outlines, headers and legend, laid
-out as shapes in pixels (``Drawing``), ready for either writer."""
+"""A domain's picture: the cells, their rank labels, node and level outlines, headers and
+legend, laid out as shapes in pixels (``Drawing``), ready for either writer."""
 
 from __future__ import annotations
 
 from meshconf.core.errors import InvalidArgumentError
 from meshconf.core.layout import DomainLayout
+from meshconf.core.levels import Level
 from meshconf.features.render.grid import Digit, Grid, make_grid
 from meshconf.features.render.legend import arrangement, legend_shapes, summary_note, title_lines
 from meshconf.features.render.shapes import (
     CELL_FILL,
+    LEVEL_STROKES,
     LINE_PX,
     MIN_LABEL_PX,
     NODE_STROKE,
@@ -86,9 +88,28 @@ def _cell_tooltip(grid: Grid, first: int) -> str:
     return f"rank {first}: {coordinate}"
 
 
-def _node_shapes(grid: Grid, left: float, top: float) -> list[Shape]:
-    """One path per node: the cell edges where the neighbour is another node or a gap."""
-    per_node = grid.cells_per_node
+def _outline_shapes(grid: Grid, left: float, top: float) -> list[Shape]:
+    """The outlines of the nodes, then of each level above them, each wider than the last."""
+    width = min(2.5, max(1.0, grid.cell * 0.1))
+    shapes = _unit_shapes(grid, left, top, grid.cells_per_node, NODE_STROKE, width, "node")
+    for level, stroke in zip(grid.levels, LEVEL_STROKES, strict=False):
+        width += 1.5
+        cells = grid.cells_per_unit(level.size)
+        shapes += _unit_shapes(grid, left, top, cells, stroke, width, f"level-{level.name}")
+    return shapes
+
+
+def _unit_shapes(
+    grid: Grid,
+    left: float,
+    top: float,
+    per_node: int | None,
+    stroke: str,
+    width: float,
+    css_class: str,
+) -> list[Shape]:
+    """One path per unit of ``per_node`` cells: the cell edges where the neighbour is in
+    another unit or across a gap."""
     if per_node is None:
         return []
     cell = grid.cell
@@ -108,9 +129,8 @@ def _node_shapes(grid: Grid, left: float, top: float) -> list[Shape]:
             neighbour = at.get(neighbour_at)
             if neighbour is None or neighbour // per_node != node or _apart(grid, index, neighbour):
                 outlines.setdefault(node, []).append(segment)
-    width = min(2.5, max(1.0, cell * 0.1))
     return [
-        Lines(tuple(segments), NODE_STROKE, width, css_class="node")
+        Lines(tuple(segments), stroke, width, css_class=css_class)
         for _, segments in sorted(outlines.items())
     ]
 
@@ -184,8 +204,14 @@ def _row_headers(grid: Grid, left: float, top: float) -> list[Shape]:
     return shapes
 
 
-def draw_domain(layout: DomainLayout, rank: int = 0, gpus_per_node: int | None = None) -> Drawing:
-    """The picture of ``layout``'s rank grid with ``rank``'s groups coloured.
+def draw_domain(
+    layout: DomainLayout,
+    rank: int = 0,
+    gpus_per_node: int | None = None,
+    levels: tuple[Level, ...] = (),
+) -> Drawing:
+    """The picture of ``layout``'s rank grid with ``rank``'s groups coloured, nodes and each
+    of ``levels`` (the levels above the node, inner to outer) outlined.
 
     Raises ``LayoutError`` for a rank outside the world and ``ValueError`` for a
     ``gpus_per_node`` below 1.
@@ -193,7 +219,7 @@ def draw_domain(layout: DomainLayout, rank: int = 0, gpus_per_node: int | None =
     if gpus_per_node is not None and gpus_per_node < 1:
         raise InvalidArgumentError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
     layout.coordinate(rank)  # checks the rank
-    grid = make_grid(layout, rank, gpus_per_node)
+    grid = make_grid(layout, rank, gpus_per_node, levels)
     title, subtitle = title_lines(grid)
     colours = dim_colours([dim.name for dim in layout.dims if dim.size > 1])
     notes = [subtitle, arrangement(grid)]
@@ -211,7 +237,7 @@ def draw_domain(layout: DomainLayout, rank: int = 0, gpus_per_node: int | None =
     shapes += _column_headers(grid, grid_left, y, header_row)
     shapes += _row_headers(grid, _MARGIN, grid_top)
     shapes += _cell_shapes(grid, colours, grid_left, grid_top)
-    shapes += _node_shapes(grid, grid_left, grid_top)
+    shapes += _outline_shapes(grid, grid_left, grid_top)
     legend_top = grid_top + grid.y.extent + LINE_PX
     legend, legend_width, legend_height = legend_shapes(grid, colours, _MARGIN, legend_top)
     shapes += legend

@@ -16,6 +16,9 @@ FONT = "DejaVu Sans, Verdana, Arial, sans-serif"
 CELL_FILL = "#e6e6e6"
 RANK_FILL = "#222222"
 NODE_STROKE = "#333333"
+#: The outlines of the levels above the node (an NVLink domain, a pod), inner to outer:
+#: colours apart from the dims' fills, and drawn wider than a node's.
+LEVEL_STROKES = ("#d6604d", "#4393c3", "#5aae61", "#8073ac")
 # The usual dims keep one colour in every picture; other dims take the colours left over.
 _DIM_COLOURS = {
     "tp": "#82c07a",
