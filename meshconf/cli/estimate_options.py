@@ -11,7 +11,9 @@ from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
 from meshconf.core.errors import ConfigError, SourceError
+from meshconf.core.levels import crossed_levels
 from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
@@ -271,14 +273,16 @@ def show_estimate(
     model, training = modelled
     if model is None:
         return []
-    gpus = config.gpus_per_node
-    crosses: dict[str, bool] = {}
+    topology = config.topology
+    crosses: dict[str, int] = {}
     for name in RANKED_DIMS:
         # the dim's default domain when the config has it, else the first that holds it
         holders = [layout for layout in config.layouts.values() if name in layout.dim_names]
         home = [layout for layout in holders if layout.name == home_domain(name)]
-        if gpus is not None and holders:
-            crosses[name] = (home or holders)[0].crosses_nodes(name, gpus)
-    found = estimate(model, Parallelism.of(config.resolved_degrees), training, crosses)
+        if topology and holders:
+            crosses[name] = len(crossed_levels((home or holders)[0], name, topology))
+    bandwidths = level_bandwidths(topology, training) if topology else ()
+    degrees = Parallelism.of(config.resolved_degrees)
+    found = estimate(model, degrees, training, crosses, bandwidths)
     report["estimate"] = {"model": model.name, **memory_json(found)}
     return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]

@@ -5,6 +5,7 @@ config."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from meshconf.cli.common import EXIT_OK, emit, positive_int, usage_error
+from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usage_error
 from meshconf.cli.estimate_options import (
     add_model_options,
     gib,
@@ -22,7 +23,9 @@ from meshconf.cli.estimate_options import (
     settings_line,
 )
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
-from meshconf.core.messages import spoken_list
+from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
+from meshconf.core.levels import Level, plural_units, unit_article
+from meshconf.core.messages import shorten, spoken_list
 from meshconf.features.plan.ranking import (
     Assignment,
     DimLocality,
@@ -32,7 +35,14 @@ from meshconf.features.plan.ranking import (
     make_plan,
     rationale,
 )
-from meshconf.features.plan.request import PlanError, Request, node_warning, option_flag
+from meshconf.features.plan.request import (
+    PlanError,
+    Request,
+    level_text,
+    node_warning,
+    option_flag,
+)
+from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
@@ -55,11 +65,44 @@ def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
     return numbers
 
 
+def _levels(args: argparse.Namespace) -> tuple[Level, ...] | str:
+    """The ``--level NAME=SIZE[@GB/S]`` options, or the message of the first bad one."""
+    levels: list[Level] = []
+    for text in args.level or ():
+        name, equals, rest = text.partition("=")
+        size, at, bandwidth = rest.partition("@")
+        if not equals or NAME_PATTERN.fullmatch(name) is None or len(name) > MAX_NAME_LENGTH:
+            return (
+                f"--level {shorten(text)!r}: expected NAME=SIZE or NAME=SIZE@GB/S, such as "
+                "nvlink=72@900 (NAME: letters, digits and '_')"
+            )
+        try:
+            level = Level(
+                name,
+                positive_int(size),
+                bounded_number(
+                    bandwidth,
+                    minimum=0.01,
+                    maximum=MAX_BANDWIDTH_GB_S,
+                    beyond="far past any link built",
+                )
+                if at
+                else None,
+            )
+        except argparse.ArgumentTypeError as error:
+            return f"--level {shorten(text)!r}: {error}"
+        levels.append(level)
+    if len(levels) > MAX_LEVELS:
+        return f"--level: {len(levels)} levels are more than {MAX_LEVELS}"
+    return tuple(levels)
+
+
 def _command_line(request: Request, index: int, model_words: list[str]) -> str:
     """The command that prints this config again, options in a fixed order."""
     words = ["meshconf plan", f"--world-size {request.world_size}"]
     if request.gpus_per_node is not None:
         words.append(f"--gpus-per-node {request.gpus_per_node}")
+    words += [f"--level {level_text(level)}" for level in request.levels]
     if request.order is not None:
         words.append(f"--order {','.join(request.order)}")
     words += [
@@ -74,12 +117,24 @@ def _dims_text(dims: Sequence[DimLocality]) -> str:
     return " ".join(f"{dim.name}({dim.size})" for dim in dims) or "-"
 
 
-def _split(dims: list[DimLocality]) -> tuple[str, str]:
-    """The dims of more than one rank whose groups cross nodes, and those that stay."""
+def _split(dims: list[DimLocality], levels: int = 1) -> list[str]:
+    """The dims of more than one rank by how many of ``levels`` levels their groups cross,
+    the most first: with nodes alone, those that cross nodes and those that stay in one."""
     used = [dim for dim in dims if dim.size > 1]
-    crossing = [dim for dim in used if dim.crosses_nodes]
-    staying = [dim for dim in used if not dim.crosses_nodes]
-    return _dims_text(crossing), _dims_text(staying)
+    return [
+        _dims_text([dim for dim in used if len(dim.crossed) == count])
+        for count in reversed(range(levels + 1))
+    ]
+
+
+def _split_headings(request: Request) -> list[str]:
+    """The headings of :func:`_split`'s columns: ``groups cross nodes``, ``groups stay in a
+    node``, and with levels above the node, where between them the groups sit."""
+    names = [level.name for level in request.topology]
+    headings = [f"groups cross {plural_units(names[-1])}"]
+    for count in reversed(range(1, len(names))):
+        headings.append(f"cross {plural_units(names[count - 1])}, in {unit_article(names[count])}")
+    return [*headings, "groups stay in a node"]
 
 
 class _ConfigDumper(yaml.SafeDumper):
@@ -97,9 +152,14 @@ def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
     request = plan.request
     assignment = plan.best[index - 1]
     config = build_config(request, assignment.degrees)
-    crossing, staying = _split(rationale(request, config))
+    columns = _split(rationale(request, config), len(request.topology))
     locality = (
-        f"# groups cross nodes: {crossing}; stay in a node: {staying}\n"
+        "# groups "
+        + "; ".join(
+            f"{heading.removeprefix('groups ')}: {dims}"
+            for heading, dims in zip(_split_headings(request), columns, strict=True)
+        )
+        + "\n"
         if request.gpus_per_node is not None
         else ""
     )
@@ -167,7 +227,7 @@ def _rows(plan: Plan) -> list[list[str]]:
     estimated = plan.request.model is not None
     header = ["#", *WORLD_FACTORS]
     header += ["GiB", "fits", "step s"] if estimated else []
-    header += ["groups cross nodes", "groups stay in a node"] if located else ["dims (ranks)"]
+    header += _split_headings(plan.request) if located else ["dims (ranks)"]
     rows = [header]
     for index, assignment in enumerate(plan.best, start=1):
         dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
@@ -176,7 +236,8 @@ def _rows(plan: Plan) -> list[list[str]]:
         if found is not None:
             total = f"{found.memory.total / 2**30:.1f}"
             cells += [total, "yes" if found.fits else "no", f"{found.step_seconds:.3g}"]
-        cells += list(_split(dims)) if located else [_dims_text([d for d in dims if d.size > 1])]
+        levels = len(plan.request.topology)
+        cells += _split(dims, levels) if located else [_dims_text([d for d in dims if d.size > 1])]
         rows.append(cells)
     return rows
 
@@ -200,7 +261,9 @@ def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any
         "index": index,
         "degrees": dict(assignment.degrees),
         "dims": [
-            {"name": dim.name, "size": dim.size, "crosses_nodes": dim.crosses_nodes} for dim in dims
+            {"name": dim.name, "size": dim.size, "crosses_nodes": dim.crosses_nodes}
+            | ({"crosses": list(dim.crossed)} if plan.request.levels else {})
+            for dim in dims
         ],
     }
     if assignment.estimate is not None:
@@ -213,6 +276,11 @@ def _json_report(plan: Plan) -> dict[str, Any]:
     report: dict[str, Any] = {
         "world_size": request.world_size,
         "gpus_per_node": request.gpus_per_node,
+        **(
+            {"levels": [dataclasses.asdict(level) for level in request.levels]}
+            if request.levels
+            else {}
+        ),
         "pins": dict(request.pins),
         "order": list(request.rank_order),
         "total": plan.total,
@@ -239,8 +307,12 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(modelled, int):
         return modelled
     model, training = modelled
+    levels = _levels(args)
+    if isinstance(levels, str):
+        return usage_error(levels)
     request = Request(
         world_size=numbers["world_size"],
+        levels=levels,
         gpus_per_node=numbers.get("gpus_per_node"),
         pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
         model=model,
@@ -281,6 +353,15 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--world-size", metavar="N", help="the number of ranks (required)")
     parser.add_argument("--gpus-per-node", metavar="G", help="ranks per node, for locality")
+    parser.add_argument(
+        "--level",
+        action="append",
+        metavar="NAME=SIZE[@GB/S]",
+        help="a level above the node, inner to outer, as a config's levels: GPUs in one unit "
+        "and, optionally, the bandwidth inside it in GB/s per GPU (nvlink=72@900); repeat "
+        "for each level. Groups' traffic is charged at the bandwidth of the smallest level "
+        "that holds them",
+    )
     for name in DEGREE_NAMES:
         parser.add_argument(option_flag(name), dest=name, metavar="D", help=f"pin {name} to D")
     parser.add_argument(

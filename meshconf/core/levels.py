@@ -23,6 +23,8 @@ from meshconf.core.hierarchy import NodePart, order_strides
 from meshconf.core.layout import DomainLayout, Mode, groups_cross_nodes
 
 NODE = "node"
+#: The level of an NVLink domain, which the runtime finds on the machine.
+NVLINK = "nvlink"
 
 
 @dataclass(frozen=True)

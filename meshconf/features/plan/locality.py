@@ -44,7 +44,8 @@ def _inner_dims(name: str) -> tuple[str, ...]:
 
 
 class NodeLocality:
-    """The node locality of assignments of one world and one rank order."""
+    """The locality of assignments of one world and one rank order: which nodes, and which
+    units of the levels above them (``level_sizes``, inner to outer), their groups cross."""
 
     def __init__(
         self,
@@ -52,9 +53,11 @@ class NodeLocality:
         gpus_per_node: int | None,
         experts: bool,
         order: Sequence[str] = WORLD_FACTORS,
+        level_sizes: Sequence[int] = (),
     ) -> None:
         self._world = world_size
         self._gpus = gpus_per_node
+        self._sizes = () if gpus_per_node is None else (gpus_per_node, *level_sizes)
         self._order = tuple(order)
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
         self._inner = {name: _inner_dims(name) for name in self.dims}
@@ -94,15 +97,27 @@ class NodeLocality:
             for name, block in self.blocks(degrees).items()
         }
 
+    def crossings(self, degrees: Mapping[str, int]) -> dict[str, int]:
+        """Per ranked dim, how many levels its groups cross, the node first: 0 inside a
+        node, 1 across nodes (but inside one unit of the next level), and so on. Levels
+        nest, so a group that crosses one crosses every level inside it."""
+        if not self._sizes:
+            return dict.fromkeys(self.dims, 0)
+        return {
+            name: sum(groups_cross_nodes(block, self._world, size) for size in self._sizes)
+            for name, block in self.blocks(degrees).items()
+        }
+
     def key(
-        self, degrees: Mapping[str, int], flags: Mapping[str, bool] | None = None
+        self, degrees: Mapping[str, int], flags: Mapping[str, int] | None = None
     ) -> tuple[int, ...]:
         """Smaller is better: heavy dims inside a node (tp, cp, etp, ep in turn), then fewer
         pipeline stages, then light dims inside a node (fsdp, efsdp, dp_replicate), then
         fewer replicas, then fewer context-parallel ranks, then fewer FSDP shards: what is
-        left goes to tp, the innermost dim. Each flag is 1 when the dim's groups cross;
-        ``flags`` are :meth:`crosses` of ``degrees`` when already known."""
-        flags = self.crosses(degrees) if flags is None else flags
+        left goes to tp, the innermost dim. Each flag is the number of levels the dim's
+        groups cross (1 across nodes, with levels above the node more);
+        ``flags`` are :meth:`crossings` of ``degrees`` when already known."""
+        flags = self.crossings(degrees) if flags is None else flags
         heavy = tuple(int(flags[name]) for name in HEAVY_DIMS if name in flags)
         light = tuple(int(flags[name]) for name in LIGHT_DIMS if name in flags)
         # cp before dp_shard: a sequence split is for long contexts, so one not asked for

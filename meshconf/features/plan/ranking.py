@@ -17,12 +17,15 @@ checks are in ``meshconf.features.plan.request``, the enumeration in
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
+from meshconf.core.levels import crossed_levels
 from meshconf.features.plan.assignments import ValidAssignments
+from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.step import Estimate, estimate
 from meshconf.features.plan.estimate.training import Parallelism
 from meshconf.features.plan.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
@@ -55,11 +58,13 @@ class Plan:
 
 @dataclass(frozen=True)
 class DimLocality:
-    """One dim of a row's rationale: its group size and whether its groups cross nodes."""
+    """One dim of a row's rationale: its group size, whether its groups cross nodes, and
+    the levels they cross (the node first)."""
 
     name: str
     size: int
     crosses_nodes: bool | None
+    crossed: tuple[str, ...] = ()
 
 
 def make_plan(request: Request, count: int) -> Plan:
@@ -69,7 +74,11 @@ def make_plan(request: Request, count: int) -> Plan:
     the pins or ranges admit no assignment."""
     check_request(request)
     locality = NodeLocality(
-        request.world_size, request.gpus_per_node, request.experts, request.rank_order
+        request.world_size,
+        request.gpus_per_node,
+        request.experts,
+        request.rank_order,
+        [level.size for level in request.levels],
     )
     valid = ValidAssignments(request)
     if request.model is None:
@@ -121,8 +130,9 @@ def _estimated(request: Request, locality: NodeLocality, degrees: dict[str, int]
     """With a model: layouts that fit first, then those that reach the global batch without
     overshooting it, then by step time, then by node locality."""
     assert request.model is not None
-    crosses = locality.crosses(degrees)
-    found = estimate(request.model, Parallelism.of(degrees), request.training, crosses)
+    crosses = locality.crossings(degrees)
+    bandwidths = level_bandwidths(request.topology, request.training) if request.topology else ()
+    found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
     key = (int(not found.fits), int(overshoot), found.step_seconds, *locality.key(degrees, crosses))
@@ -140,6 +150,11 @@ def config_data(request: Request, degrees: Mapping[str, int]) -> dict[str, objec
     data: dict[str, object] = {"world_size": request.world_size}
     if request.gpus_per_node is not None:
         data["gpus_per_node"] = request.gpus_per_node
+    if request.levels:
+        data["levels"] = [
+            {key: value for key, value in dataclasses.asdict(level).items() if value is not None}
+            for level in request.levels
+        ]
     if request.order is not None:
         data["order"] = list(request.order)
     names = WORLD_FACTORS + tuple(name for name in EXPERT_DEGREES if name in request.pins)
@@ -156,10 +171,8 @@ def rationale(request: Request, config: MeshConfig) -> list[DimLocality]:
     for name in RANKED_DIMS:
         if name in EXPERT_DIMS and not request.experts:
             continue
-        crosses = (
-            None
-            if request.gpus_per_node is None
-            else layouts[home_domain(name)].crosses_nodes(name, request.gpus_per_node)
-        )
-        shown.append(DimLocality(name, sizes[name], crosses))
+        layout = layouts[home_domain(name)]
+        crossed = crossed_levels(layout, name, config.topology)
+        crosses = None if request.gpus_per_node is None else bool(crossed)
+        shown.append(DimLocality(name, sizes[name], crosses, crossed))
     return shown

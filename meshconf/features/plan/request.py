@@ -16,11 +16,13 @@ from meshconf.core.degrees import (
     prime_factors,
 )
 from meshconf.core.errors import MeshconfError
+from meshconf.core.levels import NODE, Level
 from meshconf.core.messages import spoken_list
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.training import Training
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.fields import MAX_GPUS_PER_NODE
+from meshconf.model.levels import check_levels
 from meshconf.model.numbering import check_order
 
 #: A plan ranks at most this many assignments; past it, a degree must be pinned.
@@ -44,6 +46,15 @@ class Request:
     model: Architecture | None = None
     training: Training = field(default_factory=Training)
     order: tuple[str, ...] | None = None
+    #: The levels above the node, inner to outer (``--level``).
+    levels: tuple[Level, ...] = ()
+
+    @property
+    def topology(self) -> tuple[Level, ...]:
+        """The node (when ``gpus_per_node`` is given) and the levels above it."""
+        if self.gpus_per_node is None:
+            return ()
+        return (Level(NODE, self.gpus_per_node), *self.levels)
 
     @property
     def rank_order(self) -> tuple[str, ...]:
@@ -92,6 +103,7 @@ def check_request(request: Request) -> None:
     permutation of the world factors, the pins do not fit the world, or there are more
     assignments than a plan ranks."""
     _check_ranges(request)
+    _check_levels(request)
     _check_order(request)
     _check_pins_fit(request)
     _check_count(request)
@@ -111,6 +123,28 @@ def rule_inputs(degrees: dict[str, int], order: tuple[str, ...] | None = None) -
         user_domains=False,
         order=order,
     )
+
+
+def level_text(level: Level) -> str:
+    """A level as ``--level`` takes it: ``nvlink=72`` or ``nvlink=72@900``."""
+    bandwidth = "" if level.bandwidth_gb_s is None else f"@{level.bandwidth_gb_s:g}"
+    return f"{level.name}={level.size}{bandwidth}"
+
+
+def _check_levels(request: Request) -> None:
+    """Levels hold whole nodes, and whole units of the level below: a config's rule."""
+    if not request.levels:
+        return
+    if request.gpus_per_node is None:
+        raise PlanError("--level needs --gpus-per-node: a level holds whole nodes")
+    spec = replace(rule_inputs({}), gpus_per_node=request.gpus_per_node, levels=request.levels)
+    result = Analysis()
+    check_levels(spec, result)
+    if result.problems:
+        problem = result.problems[0]
+        index = problem.path[1] if problem.path[0] == "levels" else 0
+        assert isinstance(index, int)
+        raise PlanError(f"--level {level_text(request.levels[index])}: {problem.message}")
 
 
 def _check_order(request: Request) -> None:

@@ -1,5 +1,6 @@
-"""Bytes each dim's collectives send per rank per training step, and their time on a
-two-level network (one bandwidth inside a node, one across nodes).
+"""Bytes each dim's collectives send per rank per training step, and their time on the
+network of the levels a dim's groups cross (a bandwidth inside a node, one inside each
+level above it, one across the outermost).
 
 Pure Python. Ring algorithms: an all-gather or reduce-scatter of ``X`` bytes over ``n``
 ranks sends ``X (n - 1) / n`` per rank, an all-reduce twice that, an all-to-all
@@ -8,10 +9,11 @@ ranks sends ``X (n - 1) / n`` per rank, an all-reduce twice that, an all-to-all
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import block_split, rank_stages, unsharded
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
@@ -32,6 +34,23 @@ class DimTraffic:
     bytes: int
     seconds: float
     crosses_nodes: bool
+    #: Bandwidth the traffic was charged at, Gbit/s per GPU.
+    gbps: float = 0.0
+
+
+def level_bandwidths(levels: Sequence[Level], training: Training) -> tuple[float, ...]:
+    """Gbit/s per GPU inside one unit of each level, then across the outermost: a level's
+    own ``bandwidth_gb_s`` (GB/s), else the node's bandwidth for a node or an NVLink domain
+    (``nvlink``) and the network's for a level above them."""
+    inside = tuple(
+        level.bandwidth_gb_s * 8
+        if level.bandwidth_gb_s is not None
+        else training.intra_node_gbps
+        if level.name in (NODE, NVLINK)
+        else training.inter_node_gbps
+        for level in levels
+    )
+    return (*inside, training.inter_node_gbps)
 
 
 @dataclass(frozen=True)
@@ -73,10 +92,15 @@ def traffic(
     arch: Architecture,
     par: Parallelism,
     training: Training,
-    crosses: Mapping[str, bool],
+    crosses: Mapping[str, int],
     stage: StageWork | None = None,
+    bandwidths: Sequence[float] = (),
 ) -> dict[str, DimTraffic]:
-    """Every dim of more than one rank with the bytes it sends per step per rank."""
+    """Every dim of more than one rank with the bytes it sends per step per rank.
+
+    ``crosses`` is, per dim, how many levels its groups cross (:func:`level_bandwidths`
+    gives ``bandwidths``, one per count); without ``bandwidths``, a dim that crosses is
+    charged the network's bandwidth and one that does not the node's."""
     work = stage or busiest_stage(arch, par, training)
     sent = _bytes(arch, par, training, work)
     found: dict[str, DimTraffic] = {}
@@ -84,9 +108,13 @@ def traffic(
         size = _size(par, name)
         if size == 1 or (arch.experts is None and name in EXPERT_DIMS):
             continue
-        crossing = bool(crosses.get(name, False))
-        gbps = training.inter_node_gbps if crossing else training.intra_node_gbps
-        found[name] = DimTraffic(name, size, sent[name], sent[name] * 8 / (gbps * 1e9), crossing)
+        crossed = int(crosses.get(name, 0))
+        if bandwidths:
+            gbps = bandwidths[min(crossed, len(bandwidths) - 1)]
+        else:
+            gbps = training.inter_node_gbps if crossed else training.intra_node_gbps
+        seconds = sent[name] * 8 / (gbps * 1e9)
+        found[name] = DimTraffic(name, size, sent[name], seconds, crossed > 0, gbps)
     return found
 
 

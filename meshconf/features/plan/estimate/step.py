@@ -3,7 +3,7 @@ time of a training step. Formulas and sources in docs/plan.md ("Step time")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
@@ -38,14 +38,16 @@ def estimate(
     arch: Architecture,
     par: Parallelism,
     training: Training,
-    crosses: Mapping[str, bool],
+    crosses: Mapping[str, int],
+    bandwidths: Sequence[float] = (),
 ) -> Estimate:
-    """Memory, fit, communication and step time of ``par``; ``crosses`` says, per dim,
-    whether its groups cross nodes."""
+    """Memory, fit, communication and step time of ``par``; ``crosses`` says, per dim, how
+    many levels its groups cross, and ``bandwidths`` the bandwidth at each count
+    (:func:`~meshconf.features.plan.estimate.communication.traffic`)."""
     memory = estimate_memory(arch, par, training)
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
-    flows = traffic(arch, par, training, crosses, work)
+    flows = traffic(arch, par, training, crosses, work, bandwidths)
     compute = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12 * training.mfu)
     bubble = (par.pp - 1) / (training.chunks_per_stage * m)
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in OVERLAPPED)
