@@ -53,7 +53,7 @@ def test_every_row_s_level_counts_are_its_layouts(request_: Request) -> None:
         config = build_config(request_, assignment.degrees)
         assert [level.name for level in config.topology] == [
             "node",
-            *(l.name for l in request_.levels),
+            *(level.name for level in request_.levels),
         ]
         counts = locality.crossings(assignment.degrees)
         for name, count in counts.items():
