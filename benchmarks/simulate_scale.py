@@ -1,7 +1,8 @@
-"""``meshconf simulate`` at 2**20 and 2**22 ranks, and a two-level (``inside_node``) config at
-2**20: time and peak memory, from the command line and from Python's
-``DistributedContext.simulate``, each in a fresh process, against meshconf's own estimate of
-the memory (``meshconf.features.simulation``).
+"""``meshconf simulate`` at 2**20 and 2**22 ranks, and at 2**20 a two-level (``inside_node``)
+config and one of three levels (GPU, node, NVLink domain, with ``inside``): time and peak
+memory, from the command line and from Python's ``DistributedContext.simulate``, each in a
+fresh process, against meshconf's own estimate of the memory
+(``meshconf.features.simulation``).
 
 Run from the repository root with the interpreter meshconf and torch are installed in::
 
@@ -36,6 +37,7 @@ from meshconf.features.simulation import BYTES_PER_SIMULATED_RANK, mesh_bytes
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = "examples/world_size_from_launcher.yaml"
 TWO_LEVEL = "examples/hierarchical_fsdp_16gpu_nodes.yaml"
+LEVELS = "examples/gb200_nvl72_moe.yaml"
 
 PYTHON_SIMULATE = """
 import sys, time
@@ -59,7 +61,7 @@ class Cell:
     overrides: tuple[str, ...] = ()
 
     def command(self, via: str, world_size: int) -> list[str]:
-        overrides = [f"world_size={world_size}", *self.overrides] if self.path == TWO_LEVEL else []
+        overrides = [f"world_size={world_size}", *self.overrides] if self.path != LAUNCHER else []
         if via == "python":
             return [sys.executable, "-c", PYTHON_SIMULATE, self.path, str(world_size), *overrides]
         options = [part for override in overrides for part in ("-o", override)]
@@ -98,6 +100,8 @@ def main() -> None:
     cells = [
         Cell("default domains", LAUNCHER, 2**20),
         Cell("two levels: 16-GPU nodes, inside_node", TWO_LEVEL, 2**20, ("degrees.dp_shard=-1",)),
+        # ep 4, so that the same config is valid at 16 ranks too
+        Cell("levels: nodes of 4, NVLink domains of 64, inside", LEVELS, 2**20, ("degrees.ep=4",)),
     ]
     if not args.quick:
         cells.append(Cell("default domains", LAUNCHER, 2**22))

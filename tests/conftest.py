@@ -55,6 +55,7 @@ SLOW_MODULES = frozenset(
         "test_runtime_failures",
         "test_runtime_gloo",
         "test_runtime_oracle",
+        "test_runtime_placement",
         "test_runtime_single",
         "test_runtime_training",
         "test_simulation_bounds",
@@ -77,6 +78,7 @@ RANK_MODULES = frozenset(
         "test_runtime_failures",
         "test_runtime_gloo",
         "test_runtime_oracle",
+        "test_runtime_placement",
         "test_runtime_single",
         "test_runtime_training",
     }

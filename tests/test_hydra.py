@@ -302,3 +302,25 @@ def test_app_reports_an_unset_environment_variable_in_one_line(tmp_path: Path) -
         "",
         "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
     ]
+
+
+def test_levels_and_inside_from_the_command_line(composer) -> None:
+    """Nodes of 2 in NVLink domains of 4; bad levels are meshconf's messages at their key."""
+    cfg = composer(
+        "parallelism.gpus_per_node=2",
+        "parallelism.levels=[{name:nvlink,size:4,bandwidth_gb_s:900}]",
+        "parallelism.degrees.pp=2",
+        "+parallelism.inside.nvlink=[pp]",
+    )
+    config = instantiate(cfg.parallelism)
+    assert [(level.name, level.size) for level in config.topology] == [("node", 2), ("nvlink", 4)]
+    # Two stages are two ranks: kept in the domain, they land in one node of 2.
+    assert config.layout("dense").group(0, "pp").ranks() == [0, 1]
+    assert config.layout("dense").group(0, "fsdp").ranks() == [0, 2, 4, 6]
+    cfg = composer("parallelism.levels=[{name:nvlink,size:12}]")
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert str(raised.value) == (
+        "parallelism.levels[0].size: one nvlink domain of 12 GPUs must hold whole units of the "
+        "level below (one node of 8 GPUs): 12 is not a multiple of 8"
+    )

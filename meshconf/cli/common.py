@@ -201,10 +201,15 @@ def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
         return usage_error(f"unknown domain {domain!r}; domains: {', '.join(layouts)}")
     given = getattr(args, "gpus_per_node", None)
     if given is not None:
-        if config.gpus_per_node not in (None, given):
+        if config.node_size not in (None, given):
             return usage_error(
                 f"--gpus-per-node {given} disagrees with gpus_per_node "
-                f"{config.gpus_per_node} in {args.path}"
+                f"{config.node_size} in {args.path}"
+            )
+        if config.levels is not None and config.node_size is None:
+            return usage_error(
+                f"--gpus-per-node: {args.path} has levels; give the node there "
+                "(levels: [{name: node, size: N}, ...])"
             )
         # The option is range-checked by its argparse type, and no rule depends on it.
         config = config.model_copy(update={"gpus_per_node": given})

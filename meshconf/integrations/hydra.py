@@ -87,7 +87,9 @@ class MeshConfigNode:
     # line; left all None, it means no inside_node at all.
     inside_node: InsideNodeNode = field(default_factory=InsideNodeNode)
     levels: Optional[List[LevelNode]] = None  # noqa: UP006, UP045
-    inside: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
+    # A mapping rather than None, as inside_node: `parallelism.inside.nvlink=[tp]` works;
+    # left empty, it means no inside at all.
+    inside: Dict[str, List[str]] = field(default_factory=dict)  # noqa: UP006
     derived: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     domains: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
     runtime: RuntimeNode = field(default_factory=RuntimeNode)
@@ -177,6 +179,6 @@ def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
             value = _set_values(value)
         if name == "levels" and isinstance(value, list):
             value = [_set_values(level) if isinstance(level, Mapping) else level for level in value]
-        if value is not None and not (name == "inside_node" and not value):
+        if value is not None and not (name in ("inside_node", "inside") and not value):
             plain[name] = value
     return plain

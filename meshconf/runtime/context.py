@@ -30,6 +30,7 @@ from meshconf.runtime.launch import Launch, LaunchError
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.oracle import expected_groups
 from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
+from meshconf.runtime.placement import check_placement, publish_units
 from meshconf.runtime.rendezvous import (
     RankFailedError,
     RankReasonError,
@@ -119,7 +120,7 @@ class DistributedContext(RankFacts):
         check_config(config)
         environ = environment(environ)
         launch = launch_of(environ)
-        self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
+        self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s), environ)
 
     @classmethod
     def from_yaml(
@@ -153,13 +154,20 @@ class DistributedContext(RankFacts):
                 rendezvous.publish(f"rank {launch.rank} could not load the config: {error}")
             raise
         context = cls.__new__(cls)
-        context._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s))
+        rendezvous = join(launch, environ, config.runtime.setup_timeout_s)
+        context._open(config, launch, rendezvous, environ)
         return context
 
-    def _open(self, config: MeshConfig, launch: Launch, rendezvous: Rendezvous | None) -> None:
+    def _open(
+        self,
+        config: MeshConfig,
+        launch: Launch,
+        rendezvous: Rendezvous | None,
+        environ: Mapping[str, str],
+    ) -> None:
         owns_default_group = not dist.is_initialized()
         try:
-            self._start(config, launch, rendezvous, owns_default_group)
+            self._start(config, launch, rendezvous, owns_default_group, environ)
         except BaseException as error:
             try:
                 if rendezvous is not None and not isinstance(error, _ALREADY_KNOWN):
@@ -181,8 +189,10 @@ class DistributedContext(RankFacts):
         launch: Launch,
         rendezvous: Rendezvous | None,
         owns_default_group: bool,
+        environ: Mapping[str, str],
     ) -> None:
-        if config.gpus_per_node is None and launch.local_world_size is not None:
+        # Levels say where nodes are themselves, or leave them out on purpose.
+        if config.levels is None and config.gpus_per_node is None and launch.local_world_size:
             config = config.model_copy(update={"gpus_per_node": launch.local_world_size})
         device = pick_device(config.runtime.device, launch)
         backend = pick_backend(config.runtime.backend, device)
@@ -197,7 +207,7 @@ class DistributedContext(RankFacts):
         self._prepare(config, launch, device, backend, owns_default_group)
         self._rendezvous = rendezvous
         if rendezvous is not None:
-            self._check_same_config(rendezvous)
+            self._check_same_config(rendezvous, environ)
         if owns_default_group:
             store = None if rendezvous is None else rendezvous.root_store
             init_default_group(launch, store, backend, setup_timeout)
@@ -278,10 +288,13 @@ class DistributedContext(RankFacts):
         self.topology_warnings = node_warnings(self.config, launch)
         _register_fake_backend()
 
-    def _check_same_config(self, rendezvous: Rendezvous) -> None:
+    def _check_same_config(self, rendezvous: Rendezvous, environ: Mapping[str, str]) -> None:
         """Every rank must have loaded the same resolved config: each compares its
-        fingerprint with rank 0's, through the store, before any process group exists."""
+        fingerprint with rank 0's, through the store, before any process group exists. With
+        ``inside``, each publishes where it is and checks its kept groups (:mod:`.placement`)."""
         mine = self.config.fingerprint
+        if self.config.inside:
+            self.topology_warnings += publish_units(self.config, rendezvous, environ, self.device)
         rendezvous.phase("joined", mine)
         theirs = rendezvous.value_of("joined/0")
         if theirs != mine:
@@ -290,6 +303,8 @@ class DistributedContext(RankFacts):
                 f"{mine[:12]} and {theirs[:12]}); every rank must read the same file with the "
                 "same overrides"
             )
+        if self.config.inside:
+            check_placement(self.config, rendezvous)
         rendezvous.phase("checked")
 
     def set_timeout(self, seconds: float) -> None:
