@@ -15,6 +15,7 @@ from meshconf import ConfigError, load_config
 from meshconf.core.degrees import WORLD_FACTORS, divisors
 from meshconf.core.layout import DomainLayout
 from meshconf.core.levels import crossed_levels
+from meshconf.features.plan.topology import config_warnings
 
 # efsdp is left out: it can vary only the outer digits of tp, which the numbering keeps
 # inside with the inner ones (docs/topology.md), so its brute-force group is smaller.
@@ -354,3 +355,22 @@ def test_render_outlines_every_level(run_cli, tmp_path) -> None:  # type: ignore
     assert svg.count('class="level-nvlink"') == 16
     assert "outlined: 16 nvlink domains of 64 GPUs" in svg
     assert "1024 ranks, 4 GPUs per node, nvlink domains of 64" in svg
+
+
+def test_a_high_traffic_dim_inside_leaves_out_is_warned_with_the_inside_fix() -> None:
+    data = {
+        "world_size": 16,
+        "levels": [{"name": "node", "size": 4}, {"name": "nvlink", "size": 16}],
+        "degrees": {"dp_shard": 8, "tp": 2},
+        "inside": {"nvlink": ["fsdp"]},
+    }
+    config = load_config(data)
+    assert config.layout("dense").group(0, "tp").ranks() == [0, 8]
+    assert [warning.message for warning in config_warnings(config)] == [
+        "tp groups of 2 ranks are inter-node in domain 'dataloading' with 4 GPUs per node; "
+        "tensor parallelism exchanges activations in every layer, so they belong on one "
+        "node's fast links: keep it in a node with inside: {node: [tp]}, or in a larger level"
+    ]
+    kept = load_config({**data, "inside": {"nvlink": ["fsdp"], "node": ["tp"]}})
+    assert config_warnings(kept) == []
+    assert kept.layout("dense").group(0, "tp").ranks() == [0, 1]

@@ -142,7 +142,7 @@ def check_inside(spec: MeshSpec, result: Analysis) -> None:
     levels = all_levels(spec)
     kept: list[dict[str, int]] = []
     inside = dict.fromkeys(WORLD_FACTORS, 1)
-    for level in levels:
+    for position, level in enumerate(levels):
         names = spec.inside.get(level.name, ())
         if _uneven(spec, result, level.name, names, logical, degrees):
             return
@@ -155,7 +155,7 @@ def check_inside(spec: MeshSpec, result: Analysis) -> None:
         block = math.prod(inside.values())
         if not names or result.world_size <= level.size or level.size % block == 0:
             continue
-        below = levels[: levels.index(level) + 1]
+        below = levels[: position + 1]
         listed = list(dict.fromkeys(n for other in below for n in spec.inside.get(other.name, ())))
         result.fail(
             ("inside", level.name), _misfit_text(listed, result.sizes, inside, block, level)

@@ -86,7 +86,7 @@ def check_existing_default_group(launch: Launch) -> None:
 def node_warnings(config: MeshConfig, launch: Launch) -> list[str]:
     """``show``'s topology warnings for the node size in use, and a launcher that runs
     another number of ranks per node than the config places groups on."""
-    gpus_per_node = config.gpus_per_node
+    gpus_per_node = config.node_size
     if gpus_per_node is None:
         return []
     messages = []

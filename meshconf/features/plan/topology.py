@@ -19,10 +19,11 @@ HIGH_TRAFFIC = {
 
 def config_warnings(config: MeshConfig) -> list[Problem]:
     """The warnings ``show`` and ``validate`` give for a config: its :func:`topology_warnings`
-    for its own ``gpus_per_node``; none when that or the world size is unknown."""
-    if config.gpus_per_node is None or config.resolved_world_size is None:
+    for its own node size (``gpus_per_node``, or the level named node); none when that or
+    the world size is unknown."""
+    if config.node_size is None or config.resolved_world_size is None:
         return []
-    return topology_warnings(config, config.gpus_per_node)
+    return topology_warnings(config, config.node_size)
 
 
 def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
@@ -53,7 +54,10 @@ def _world_factor_of(dim: str) -> str:
 
 
 def _placed_on_purpose(config: MeshConfig, dim: str) -> bool:
-    """A dim whose world factor inside_node names: the user chose its split already."""
+    """A dim whose world factor inside_node names, or that inside keeps in some level: the
+    user chose where it goes already."""
+    if config.inside is not None:
+        return any(dim in kept for kept in config.inside.values())
     if config.inside_node is None:
         return False
     return _world_factor_of(dim) in config.inside_node.explicit
@@ -80,6 +84,8 @@ def _high_traffic_warning(
                 f"puts it inside (shrink another part to keep their product {gpus_per_node}), "
                 f"{degree}: 1 keeps it across nodes on purpose"
             )
+        elif config.inside is not None:
+            fix = f"keep it in a node with inside: {{node: [{dim}]}}, or in a larger level"
         else:
             fix = f"put {dim} innermost in domain {domain!r} (only dims of size 1 after it)"
         return Problem(
