@@ -52,11 +52,20 @@ def block(arch: Architecture, kind: LayerKind, mode: Checkpointing) -> PerToken:
     return _attention(arch, mode) + _feed_forward(arch, kind, mode)
 
 
+#: fp32 copies of the logits alive at the peak of the loss's backward pass, per logit:
+#: log-softmax's saved output, the gradient the negative log-likelihood hands it, and the
+#: gradient it returns, before that is cast back to the compute dtype. The loss is torchtitan's
+#: (``cross_entropy`` on the logits cast to fp32, the logits deleted before ``backward``);
+#: tests/test_plan_loss_memory.py measures 12 bytes per logit with torch's MemTracker under
+#: fake tensors, in bf16 and fp32.
+LOSS_FP32_COPIES = 3
+
+
 def output_head(arch: Architecture) -> PerToken:
-    """The last stage's final norm (input and output) and the fp32 log-probabilities the
-    cross-entropy loss keeps (the logits are cast to fp32 first; log-softmax keeps only its
-    output)."""
-    return PerToken(split=2 * arch.hidden, fp32=arch.vocab)
+    """The last stage's final norm (input and output) and the loss's fp32 copies of the
+    logits at the peak of its backward pass (:data:`LOSS_FP32_COPIES`); loss parallelism
+    splits the vocabulary by tp."""
+    return PerToken(split=2 * arch.hidden, fp32=LOSS_FP32_COPIES * arch.vocab)
 
 
 def _attention(arch: Architecture, mode: Checkpointing) -> PerToken:
