@@ -50,6 +50,7 @@ SLOW_MODULES = frozenset(
         "test_fuzz_surfaces",
         "test_layers",
         "test_order_runtime",
+        "test_plan_fsdp_memory",
         "test_plan_memory_gloo",
         "test_precommit",
         "test_runtime_failures",

@@ -46,4 +46,3 @@ def test_the_loss_term_is_the_measured_peak(tokens: int, vocab: int, dtype: torc
     measured = _measured_loss_peak(tokens, 1024, vocab, dtype)
     estimated = PerToken(fp32=LOSS_FP32_COPIES * vocab).bytes(tokens, 1, 2)
     assert estimated == pytest.approx(measured, rel=0.01), (estimated, measured)
-

@@ -21,6 +21,7 @@ from meshconf.features.plan.estimate.training import (
     CHECKPOINTING,
     DTYPE_BYTES,
     GIB,
+    RESHARDING,
     SCHEDULES,
     TRAINING_BOUNDS,
     Parallelism,
@@ -33,7 +34,7 @@ _DEFAULTS = Training()
 #: The training options, which need a model: integers, positive numbers, and choices.
 _INTEGERS = ("seq_len", "micro_batch", "global_batch_tokens", "virtual_stages")
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
-_CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule")
+_CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule", "reshard_after_forward")
 _MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
@@ -51,6 +52,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "checkpointing": "--activation-checkpointing",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
+        "reshard_after_forward": "--reshard-after-forward",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gbps": "--intra-node-gbps",
         "inter_node_gbps": "--inter-node-gbps",
@@ -95,6 +97,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "virtual_stages",
         metavar="V",
         help="model chunks per pipeline rank, for --pp-schedule interleaved",
+    )
+    option(
+        "reshard_after_forward",
+        choices=RESHARDING,
+        help="whether FSDP frees gathered parameters after each forward pass, as torchtitan's "
+        "policy: default (never with pp > 1, else always), always, never",
     )
     option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})")
     option(
@@ -229,13 +237,18 @@ def settings_line(model: Architecture, training: Training) -> str:
     batch = training.global_batch_tokens
     batch_text = "one micro-batch per GPU" if batch is None else f"{batch} tokens per step"
     schedule: str = training.schedule
+    resharding = (
+        ""
+        if training.reshard_after_forward == "default"
+        else f"; reshard after forward: {training.reshard_after_forward}"
+    )
     if schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
         f"{training.checkpointing} checkpointing, {schedule}; {training.param_dtype} params, "
-        f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU"
+        f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU{resharding}"
     )
 
 

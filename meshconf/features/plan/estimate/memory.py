@@ -27,8 +27,10 @@ MASTER_BYTES = 4
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes on one rank. ``gathers`` is the transient FSDP working set: one block's
-    parameters gathered, the next one prefetched, and one block's unsharded gradient."""
+    """Bytes on one rank. ``gathers`` is FSDP's unsharded working set: when it reshards
+    after the forward pass, one block's parameters gathered, the next one prefetched and one
+    block's unsharded gradient; when it does not, every block of the rank gathered and, under
+    a pipeline, every gradient accumulated unsharded until the last micro-batch."""
 
     params: int
     grads: int
@@ -181,7 +183,7 @@ def rank_memory(
         params=shard.elements * training.param_bytes,
         grads=shard.elements * training.grad_bytes,
         optimizer=optimizer,
-        gathers=_gathers(arch, par, training, layers),
+        gathers=_gathers(arch, par, training, stage),
         activations=_activations(arch, par, training, stage.rank, stage.chunks, stage.last),
         pp_rank=stage.rank,
     )
@@ -218,14 +220,26 @@ def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard
     return local_shard(arch.layer_weights(kind), par)
 
 
-def _gathers(
-    arch: Architecture, par: Parallelism, training: Training, layers: dict[LayerKind, int]
-) -> int:
+def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
     if par.fsdp == 1 and (arch.experts is None or par.efsdp == 1):
         return 0
+    layers = stage.layers
     kinds = [kind for kind, count in layers.items() if count]
     largest = max((block_elements(arch, kind, par) for kind in kinds), default=0)
-    return largest * (2 * training.param_bytes + training.grad_bytes)
+    if training.reshards(par.pp):
+        return largest * (2 * training.param_bytes + training.grad_bytes)
+    # Parameters stay gathered from a block's forward pass to its backward pass. Under a
+    # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
+    # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
+    # rank's gradients accumulate unsharded, in the reduction dtype.
+    held = sum(layers[kind] * block_elements(arch, kind, par) for kind in kinds)
+    ends = (arch.embedding_weights() if stage.first else ()) + (
+        arch.output_weights() if stage.last else ()
+    )
+    held += unsharded(ends, par)
+    accumulated = par.pp > 1 and microbatches(par, training) > 1
+    grads = held if accumulated else largest
+    return held * training.param_bytes + grads * training.grad_bytes
 
 
 def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:

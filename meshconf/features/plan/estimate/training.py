@@ -13,8 +13,12 @@ from meshconf.core.formulas import evaluate
 
 Checkpointing = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved"]
+Resharding = Literal["default", "always", "never"]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
+#: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
+#: with pipeline parallelism and ``always`` without.
+RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 GIB = 2**30
@@ -59,6 +63,7 @@ class Training:
     checkpointing: Checkpointing = "full"
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
+    reshard_after_forward: Resharding = "default"
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0
@@ -72,6 +77,12 @@ class Training:
     @property
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
+
+    def reshards(self, pp: int) -> bool:
+        """Whether FSDP frees a block's gathered parameters after its forward pass."""
+        if self.reshard_after_forward == "default":
+            return pp == 1
+        return self.reshard_after_forward == "always"
 
     @property
     def chunks_per_stage(self) -> int:
