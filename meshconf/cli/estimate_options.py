@@ -24,6 +24,7 @@ from meshconf.features.plan.estimate.training import (
     RESHARDING,
     SCHEDULES,
     TRAINING_BOUNDS,
+    ZERO_STAGES,
     Parallelism,
     Training,
 )
@@ -34,7 +35,14 @@ _DEFAULTS = Training()
 #: The training options, which need a model: integers, positive numbers, and choices.
 _INTEGERS = ("seq_len", "micro_batch", "global_batch_tokens", "virtual_stages")
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
-_CHOICES = ("param_dtype", "grad_dtype", "checkpointing", "schedule", "reshard_after_forward")
+_CHOICES = (
+    "param_dtype",
+    "grad_dtype",
+    "checkpointing",
+    "schedule",
+    "reshard_after_forward",
+    "zero_stage",
+)
 _MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
@@ -53,6 +61,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
         "reshard_after_forward": "--reshard-after-forward",
+        "zero_stage": "--zero-stage",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gbps": "--intra-node-gbps",
         "inter_node_gbps": "--inter-node-gbps",
@@ -104,6 +113,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="whether FSDP frees gathered parameters after each forward pass, as torchtitan's "
         "policy: default (never with pp > 1, else always), always, never",
     )
+    option(
+        "zero_stage",
+        choices=[str(stage) for stage in ZERO_STAGES],
+        help="what data parallelism over fsdp shards: 1 the optimizer state (Megatron's "
+        "distributed optimizer), 2 also gradients, 3 also parameters "
+        f"(FSDP; {_DEFAULTS.zero_stage})",
+    )
     option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})")
     option(
         "intra_node_gbps",
@@ -151,7 +167,7 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
     settings: dict[str, Any] = {}
     for name, text in given.items():
         if name in _CHOICES:
-            settings[name] = text
+            settings[name] = int(text) if name == "zero_stage" else text
             continue
         value = _value(name, text)
         if isinstance(value, str):
@@ -242,6 +258,8 @@ def settings_line(model: Architecture, training: Training) -> str:
         if training.reshard_after_forward == "default"
         else f"; reshard after forward: {training.reshard_after_forward}"
     )
+    if training.zero_stage != 3:
+        resharding += f"; ZeRO stage {training.zero_stage}"
     if schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
     return (

@@ -318,6 +318,11 @@ def _notes(
             "--use-distributed-optimizer is not set: Megatron keeps a full copy of the "
             "optimizer state on every data-parallel rank. The groups are the same either way."
         )
+    else:
+        notes.append(
+            "--use-distributed-optimizer shards the optimizer state alone (ZeRO stage 1): "
+            "estimate the memory with show --model M --zero-stage 1."
+        )
     if meshconf_order(order) != WORLD_FACTORS:
         converted = ", ".join(meshconf_order(order))
         notes.append(

@@ -138,10 +138,12 @@ def _bytes(
     hidden = arch.hidden
     top_k = arch.experts.top_k if arch.experts else 0
     dense, expert = work.dense_elements, work.expert_elements
+    gathers = 2 * m if training.zero_stage == 3 else 1
     sent = {
-        # all-gather in forward and again in backward per micro-batch; one reduce-scatter
-        "fsdp": (2 * m * dense * p + dense * g) * _ring(par.fsdp),
-        "efsdp": (2 * m * expert * p + expert * g) * _ring(par.efsdp),
+        # ZeRO 3: all-gather in forward and again in backward per micro-batch; ZeRO 1 and 2:
+        # once a step, after the optimizer; one reduce-scatter of the gradients
+        "fsdp": (gathers * dense * p + dense * g) * _ring(par.fsdp),
+        "efsdp": (gathers * expert * p + expert * g) * _ring(par.efsdp),
         # all-reduce of the gradient shards, once per step
         "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),
         # sequence parallelism: per block 2 all-gathers + 2 reduce-scatters per pass

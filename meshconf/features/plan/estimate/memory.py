@@ -179,9 +179,13 @@ def rank_memory(
     optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
         optimizer += shard.elements * MASTER_BYTES
+    # ZeRO 1 and 2 keep the parameters whole (after tp/ep/etp), and 1 the gradients too.
+    whole = rank_unsharded(arch, par, stage)
+    params = shard.elements if training.zero_stage == 3 else whole
+    grads = whole if training.zero_stage == 1 else shard.elements
     return Memory(
-        params=shard.elements * training.param_bytes,
-        grads=shard.elements * training.grad_bytes,
+        params=params * training.param_bytes,
+        grads=grads * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, stage),
         activations=_activations(arch, par, training, stage.rank, stage.chunks, stage.last),
@@ -220,23 +224,31 @@ def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard
     return local_shard(arch.layer_weights(kind), par)
 
 
-def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
-    if par.fsdp == 1 and (arch.experts is None or par.efsdp == 1):
-        return 0
+def rank_unsharded(arch: Architecture, par: Parallelism, stage: RankStage) -> int:
+    """Elements of the rank's weights after tp/ep/etp, before any data-parallel sharding."""
     layers = stage.layers
-    kinds = [kind for kind, count in layers.items() if count]
+    held = sum(count * block_elements(arch, kind, par) for kind, count in layers.items() if count)
+    ends = (arch.embedding_weights() if stage.first else ()) + (
+        arch.output_weights() if stage.last else ()
+    )
+    return held + unsharded(ends, par)
+
+
+def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
+    if training.zero_stage == 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
+        return 0
+    kinds = [kind for kind, count in stage.layers.items() if count]
     largest = max((block_elements(arch, kind, par) for kind in kinds), default=0)
+    if training.zero_stage == 2:
+        # whole parameters; one block's gradient before its reduce-scatter
+        return largest * training.grad_bytes
     if training.reshards(par.pp):
         return largest * (2 * training.param_bytes + training.grad_bytes)
     # Parameters stay gathered from a block's forward pass to its backward pass. Under a
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
     # rank's gradients accumulate unsharded, in the reduction dtype.
-    held = sum(layers[kind] * block_elements(arch, kind, par) for kind in kinds)
-    ends = (arch.embedding_weights() if stage.first else ()) + (
-        arch.output_weights() if stage.last else ()
-    )
-    held += unsharded(ends, par)
+    held = rank_unsharded(arch, par, stage)
     accumulated = par.pp > 1 and microbatches(par, training) > 1
     grads = held if accumulated else largest
     return held * training.param_bytes + grads * training.grad_bytes

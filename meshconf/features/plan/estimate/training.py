@@ -14,11 +14,16 @@ from meshconf.core.formulas import evaluate
 Checkpointing = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved"]
 Resharding = Literal["default", "always", "never"]
+ZeroStage = Literal[1, 2, 3]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
 #: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
 #: with pipeline parallelism and ``always`` without.
 RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
+#: What data parallelism over ``fsdp`` (``efsdp`` for experts) shards, after Rajbhandari et
+#: al., "ZeRO" (SC 2020), figure 1: 1 the optimizer state (Megatron-LM's distributed
+#: optimizer), 2 also the gradients, 3 also the parameters (FSDP).
+ZERO_STAGES: tuple[ZeroStage, ...] = (1, 2, 3)
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 GIB = 2**30
@@ -64,6 +69,7 @@ class Training:
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     reshard_after_forward: Resharding = "default"
+    zero_stage: ZeroStage = 3
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0

@@ -1,0 +1,56 @@
+"""ZeRO stages in the estimate against the ZeRO paper's model-state memory.
+
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
+(SC 2020), figure 1: with ``Psi`` parameters, fp16 parameters and gradients and ``K = 12``
+bytes of optimizer state per parameter (fp32 master copy and two Adam moments) over ``Nd``
+data-parallel ranks, a rank holds ``(2 + 2 + K) Psi / Nd`` under stage 3,
+``2 Psi + (2 + K) Psi / Nd`` under stage 2 and ``2 Psi + 2 Psi + K Psi / Nd`` under stage 1.
+meshconf counts torch's 4-byte Adam step per tensor on top, which the paper leaves out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.communication import traffic
+from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory
+from meshconf.features.plan.estimate.training import Parallelism, Training, ZeroStage
+
+# Every dim divides by 4, so FSDP's shards need no padding.
+ARCH = Architecture("small", 4, 256, 704, 512, GroupedQueryAttention(4, 2, 64))
+RANKS = 4
+PSI = ARCH.parameter_count()
+TENSORS = sum(len(ARCH.layer_weights("dense")) for _ in range(ARCH.layers)) + len(
+    ARCH.embedding_weights() + ARCH.output_weights()
+)
+
+
+@pytest.mark.parametrize(
+    ("stage", "paper"),
+    [
+        (3, (2 + 2 + 12) * PSI // RANKS),
+        (2, 2 * PSI + (2 + 12) * PSI // RANKS),
+        (1, 2 * PSI + 2 * PSI + 12 * PSI // RANKS),
+    ],
+)
+def test_model_state_is_the_paper_s(stage: ZeroStage, paper: int) -> None:
+    training = Training(param_dtype="bf16", grad_dtype="bf16", zero_stage=stage)
+    memory = estimate_memory(ARCH, Parallelism(dp_shard=RANKS), training)
+    steps = TENSORS * ADAM_STEP_BYTES
+    assert memory.params + memory.grads + memory.optimizer - steps == paper
+
+
+def test_stages_1_and_2_gather_parameters_once_a_step() -> None:
+    """ZeRO 3 gathers the weights for every forward and backward pass of every micro-batch;
+    1 and 2 once a step, after the optimizer. Both reduce-scatter the gradients once."""
+    par = Parallelism(dp_shard=RANKS)
+    sent = {
+        stage: traffic(ARCH, par, Training(zero_stage=stage, global_batch_tokens=8 * 8192 * 4), {})
+        for stage in (1, 3)
+    }
+    micro_batches = 8
+    ring = (RANKS - 1) / RANKS
+    weights = PSI
+    assert sent[1]["fsdp"].bytes == int((weights * 2 + weights * 4) * ring)
+    assert sent[3]["fsdp"].bytes == int((2 * micro_batches * weights * 2 + weights * 4) * ring)
