@@ -170,7 +170,22 @@ def test_plan_text_marks_rows_that_do_not_fit(run_cli) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[2] == "1 valid assignment; 0 fit in 80 GiB"
-    assert lines[4].split()[6:8] == ["1204.7", "no"]
+    assert lines[4].split()[6:8] == ["1204.7", "-1124.7"]
+
+
+def test_a_layout_that_does_not_fit_names_its_largest_term_and_the_remedy(run_cli) -> None:  # type: ignore[no-untyped-def]
+    overrides = ["-o", "degrees.dp_shard=1", "-o", "degrees.dp_replicate=512"]
+    overrides += ["-o", "degrees.pp=1", "-o", "degrees.tp=1"]
+    path = "examples/llama3_70b_512gpu.yaml"
+    text = run_cli("show", path, "--model", "llama3-70b", *overrides).stdout
+    assert text.splitlines()[-3].endswith(
+        "does NOT fit in 80 GiB, 1124.74 GiB over; the largest term is optimizer (788.5): "
+        "shard the optimizer state over more ranks (a larger dp_shard) or split it with tp or pp"
+    )
+    found = json.loads(
+        run_cli("show", path, "--model", "llama3-70b", *overrides, "--format", "json").stdout
+    )["estimate"]
+    assert (found["headroom_gib"], found["largest_term"]) == (-1124.74, "optimizer")
 
 
 def test_show_model_prints_the_memory_breakdown(run_cli) -> None:

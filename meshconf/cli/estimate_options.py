@@ -221,7 +221,33 @@ def gib(value: float) -> float:
     return round(value / GIB, 2)
 
 
-def memory_json(found: Estimate) -> dict[str, Any]:
+#: What lowers each memory term, for a layout that does not fit.
+_REMEDIES: Mapping[str, str] = MappingProxyType(
+    {
+        "params": "shard the weights over more ranks (a larger dp_shard with --zero-stage 3) "
+        "or split them with tp or pp",
+        "grads": "shard the gradients over more ranks (a larger dp_shard with --zero-stage 2 "
+        "or 3) or split them with tp or pp",
+        "optimizer": "shard the optimizer state over more ranks (a larger dp_shard) or split "
+        "it with tp or pp",
+        "gathers": "reshard after each forward pass (--reshard-after-forward always), or hold "
+        "fewer layers per rank (a larger pp)",
+        "activations": "recompute more (--activation-checkpointing full), run shorter "
+        "micro-batches, or split the sequence with tp or cp",
+    }
+)
+
+
+def headroom_gib(found: Estimate, gpu_memory_gib: float) -> float:
+    """GiB left on the GPU; negative for a layout that does not fit."""
+    return round(gpu_memory_gib - found.memory.total / GIB, 2)
+
+
+def largest_term(found: Estimate) -> str:
+    return max(_MEMORY_PARTS, key=lambda part: int(getattr(found.memory, part)))
+
+
+def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
     """The estimate of one layout as ``--format json`` gives it."""
     memory = found.memory
     return {
@@ -230,6 +256,8 @@ def memory_json(found: Estimate) -> dict[str, Any]:
             "total": gib(memory.total),
         },
         "memory_pp_rank": memory.pp_rank,
+        "headroom_gib": headroom_gib(found, gpu_memory_gib),
+        "largest_term": largest_term(found),
         "fits": found.fits,
         "problem": found.problem,
         "microbatches": found.microbatches,
@@ -244,6 +272,7 @@ def memory_json(found: Estimate) -> dict[str, Any]:
             }
             for name, flow in found.traffic.items()
         },
+        "exposed_communication_seconds": round(found.exposed_seconds, 4),
         "step_seconds": round(found.step_seconds, 4),
     }
 
@@ -274,14 +303,23 @@ def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
     """The memory breakdown, communication and step time of one layout, as text."""
     memory = found.memory
     parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in _MEMORY_PARTS)
-    verdict = "fits" if found.fits else "does NOT fit"
+    headroom = headroom_gib(found, gpu_memory_gib)
     if found.problem:
-        verdict += f" ({found.problem})"
+        verdict = f"does NOT fit in {gpu_memory_gib:g} GiB ({found.problem})"
+    elif found.fits:
+        verdict = f"fits in {gpu_memory_gib:g} GiB, {headroom:g} GiB to spare"
+    else:
+        term = largest_term(found)
+        verdict = (
+            f"does NOT fit in {gpu_memory_gib:g} GiB, {-headroom:g} GiB over; the largest "
+            f"term is {term} ({gib(getattr(memory, term)):g}): {_REMEDIES[term]}"
+        )
     lines = [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
-        f"{gib(memory.total):g}: {verdict} in {gpu_memory_gib:g} GiB",
+        f"{gib(memory.total):g}: {verdict}",
         f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s, "
-        f"pipeline bubble {found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
+        f"communication not hidden {found.exposed_seconds:.3g} s, pipeline bubble "
+        f"{found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
     ]
     if found.traffic:
         flows = ", ".join(
@@ -315,5 +353,5 @@ def show_estimate(
     bandwidths = level_bandwidths(topology, training) if topology else ()
     degrees = Parallelism.of(config.resolved_degrees)
     found = estimate(model, degrees, training, crosses, bandwidths)
-    report["estimate"] = {"model": model.name, **memory_json(found)}
+    report["estimate"] = {"model": model.name, **memory_json(found, training.gpu_memory_gib)}
     return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]

@@ -17,6 +17,7 @@ from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usa
 from meshconf.cli.estimate_options import (
     add_model_options,
     gib,
+    headroom_gib,
     memory_json,
     model_request,
     model_words,
@@ -179,7 +180,8 @@ def _estimate_comment(assignment: Assignment) -> str:
     verdict = "fits" if found.fits else "does NOT fit"
     return (
         f"# estimated: {gib(found.memory.total):g} GiB per GPU ({verdict}), "
-        f"step {found.step_seconds:.3g} s\n"
+        f"step {found.step_seconds:.3g} s, {found.exposed_seconds:.3g} s of it communication "
+        "not hidden\n"
     )
 
 
@@ -226,7 +228,7 @@ def _rows(plan: Plan) -> list[list[str]]:
     located = plan.request.gpus_per_node is not None
     estimated = plan.request.model is not None
     header = ["#", *WORLD_FACTORS]
-    header += ["GiB", "fits", "step s"] if estimated else []
+    header += ["GiB", "headroom", "step s", "compute s", "exposed s"] if estimated else []
     header += _split_headings(plan.request) if located else ["dims (ranks)"]
     rows = [header]
     for index, assignment in enumerate(plan.best, start=1):
@@ -234,8 +236,15 @@ def _rows(plan: Plan) -> list[list[str]]:
         cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
         found = assignment.estimate
         if found is not None:
-            total = f"{found.memory.total / 2**30:.1f}"
-            cells += [total, "yes" if found.fits else "no", f"{found.step_seconds:.3g}"]
+            gpu = plan.request.training.gpu_memory_gib
+            headroom = "-" if found.problem else f"{headroom_gib(found, gpu):.1f}"
+            cells += [
+                f"{found.memory.total / 2**30:.1f}",
+                headroom,
+                f"{found.step_seconds:.3g}",
+                f"{found.compute_seconds:.3g}",
+                f"{found.exposed_seconds:.3g}",
+            ]
         levels = len(plan.request.topology)
         cells += _split(dims, levels) if located else [_dims_text([d for d in dims if d.size > 1])]
         rows.append(cells)
@@ -245,7 +254,7 @@ def _rows(plan: Plan) -> list[list[str]]:
 def _print_table(plan: Plan) -> None:
     print("\n".join(_header(plan)))
     rows = _rows(plan)
-    numeric = 1 + len(WORLD_FACTORS) + (3 if plan.request.model is not None else 0)
+    numeric = 1 + len(WORLD_FACTORS) + (5 if plan.request.model is not None else 0)
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         cells = [
@@ -267,7 +276,7 @@ def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any
         ],
     }
     if assignment.estimate is not None:
-        entry.update(memory_json(assignment.estimate))
+        entry.update(memory_json(assignment.estimate, plan.request.training.gpu_memory_gib))
     return entry
 
 

@@ -32,6 +32,9 @@ class Estimate:
     step_seconds: float
     batch_tokens: int
     problem: str | None = None
+    #: Communication not hidden behind compute: the dims that wait for it (tp, cp, ep, etp,
+    #: pp), and what FSDP and replica traffic take beyond the compute they overlap.
+    exposed_seconds: float = 0.0
 
 
 def estimate(
@@ -69,6 +72,7 @@ def estimate(
         traffic=flows,
         step_seconds=step,
         batch_tokens=m * par.batch * training.seq_len * training.micro_batch,
+        exposed_seconds=exposed + max(0.0, overlapped - compute),
     )
 
 
