@@ -33,7 +33,14 @@ from meshconf.model.config import MeshConfig
 
 _DEFAULTS = Training()
 #: The training options, which need a model: integers, positive numbers, and choices.
-_INTEGERS = ("seq_len", "micro_batch", "global_batch_tokens", "virtual_stages")
+_INTEGERS = (
+    "seq_len",
+    "micro_batch",
+    "global_batch_tokens",
+    "virtual_stages",
+    "first_stage_layers",
+    "last_stage_layers",
+)
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
 _CHOICES = (
     "param_dtype",
@@ -60,6 +67,8 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "checkpointing": "--activation-checkpointing",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
+        "first_stage_layers": "--first-stage-layers",
+        "last_stage_layers": "--last-stage-layers",
         "reshard_after_forward": "--reshard-after-forward",
         "zero_stage": "--zero-stage",
         "gpu_memory_gib": "--gpu-memory-gib",
@@ -106,6 +115,17 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "virtual_stages",
         metavar="V",
         help="model chunks per pipeline rank, for --pp-schedule interleaved",
+    )
+    option(
+        "first_stage_layers",
+        metavar="N",
+        help="layers of the first pipeline chunk (0: the embedding alone); by default the "
+        "layers are shared evenly",
+    )
+    option(
+        "last_stage_layers",
+        metavar="N",
+        help="layers of the last pipeline chunk (0: the output and loss alone)",
     )
     option(
         "reshard_after_forward",

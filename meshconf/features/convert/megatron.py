@@ -34,7 +34,7 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
-from meshconf.features.convert.megatron_input import Setting
+from meshconf.features.convert.megatron_input import SPLIT_SETTINGS, Setting
 from meshconf.features.convert.shell import unexpanded
 from meshconf.model.config import MeshConfig
 
@@ -94,6 +94,20 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
     ):
         sizes["expert_tensor_parallel_size"] = sizes["tensor_model_parallel_size"]
     return sizes
+
+
+def _stage_split(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
+    """The estimate's options for Megatron's first and last stage layers, where given."""
+    found = {}
+    for name, option in zip(
+        SPLIT_SETTINGS, ("--first-stage-layers", "--last-stage-layers"), strict=True
+    ):
+        setting = settings.get(name)
+        if setting is not None:
+            value = _integer(draft, setting)
+            if value is not None:
+                found[option] = value
+    return found
 
 
 def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> str:
@@ -194,6 +208,7 @@ def convert_megatron(
     if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
         keys["order"] = keys["use_tp_pp_dp_mapping"]
     sizes = _sizes(draft, settings)
+    split = _stage_split(draft, settings)
     order = _order(draft, settings, sizes)
     launch_note = _world(draft, settings)
     draft.check()
@@ -241,7 +256,7 @@ def convert_megatron(
         config = _match_groups(draft, config, keys, grids, sizes, order)
     notes = [
         launch_note or world_size_note("Megatron-LM", draft, config, "the arguments"),
-        *_notes(sizes, order, settings, grids),
+        *_notes(sizes, order, settings, grids, split),
         *draft.notes,
     ]
     degrees = DEFAULT_DEGREES | draft.degrees
@@ -305,6 +320,7 @@ def _notes(
     order: str,
     settings: Mapping[str, Setting],
     grids: tuple[Grid, Grid] | None,
+    split: Mapping[str, int],
 ) -> list[str]:
     instances = sizes["num_distributed_optimizer_instances"]
     notes = [
@@ -322,6 +338,12 @@ def _notes(
         notes.append(
             "--use-distributed-optimizer shards the optimizer state alone (ZeRO stage 1): "
             "estimate the memory with show --model M --zero-stage 1."
+        )
+    if split:
+        words = " ".join(f"{option} {value}" for option, value in split.items())
+        notes.append(
+            f"The pipeline's first and last stages hold their own numbers of layers: estimate "
+            f"the memory with show --model M {words}."
         )
     if meshconf_order(order) != WORLD_FACTORS:
         converted = ", ".join(meshconf_order(order))

@@ -27,6 +27,9 @@ SIZE_SETTINGS = (
     "expert_tensor_parallel_size",
     "num_distributed_optimizer_instances",
 )
+#: Megatron's arguments that give the first and last pipeline stage their own layers, which
+#: the estimate takes as --first-stage-layers and --last-stage-layers.
+SPLIT_SETTINGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 #: Switches: present means true.
 FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer")
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
@@ -39,7 +42,7 @@ NEMO_WORLD: dict[tuple[str | int, ...], str] = {
     ("trainer", "num_nodes"): "nnodes",
 }
 
-_VALUED = (*SIZE_SETTINGS, ORDER_SETTING)
+_VALUED = (*SIZE_SETTINGS, *SPLIT_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 

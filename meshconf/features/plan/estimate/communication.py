@@ -16,7 +16,7 @@ from functools import lru_cache
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import block_split, rank_stages, unsharded
-from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.training import Ends, Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
@@ -69,12 +69,14 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
     """The pipeline rank with the most layers (the first such rank)."""
     # only tp, ep and etp split the weights before FSDP: rows share the answer
     split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
-    return _busiest_stage(arch, split, training.chunks_per_stage)
+    return _busiest_stage(arch, split, training.chunks_per_stage, training.stage_ends)
 
 
 @lru_cache(maxsize=4096)
-def _busiest_stage(arch: Architecture, par: Parallelism, chunks_per_stage: int) -> StageWork:
-    stages = rank_stages(arch, par.pp, chunks_per_stage)
+def _busiest_stage(
+    arch: Architecture, par: Parallelism, chunks_per_stage: int, ends: Ends
+) -> StageWork:
+    stages = rank_stages(arch, par.pp, chunks_per_stage, ends)
     stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
     layers = stage.layers
     dense = expert = 0

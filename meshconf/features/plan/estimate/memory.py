@@ -14,6 +14,7 @@ from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.training import (
     Checkpointing,
+    Ends,
     Parallelism,
     Training,
     microbatches,
@@ -52,19 +53,30 @@ class Shard:
     tensors: int
 
 
-def stage_layers(layers: int, pp: int, chunks_per_stage: int) -> list[list[list[int]]]:
+def stage_layers(
+    layers: int, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> list[list[list[int]]]:
     """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
-    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank) for rank in range(pp))
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends) for rank in range(pp))
     return [[list(chunk) for chunk in chunks] for chunks in ranks]
 
 
-def rank_chunks(layers: int, pp: int, chunks_per_stage: int, rank: int) -> list[range]:
+def rank_chunks(
+    layers: int, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+) -> list[range]:
     """The layers of one pipeline rank, chunk by chunk. The model is cut into
     ``pp * chunks_per_stage`` chunks of consecutive layers; chunk ``c`` runs on rank
     ``c % pp``. Sizes differ by at most one, and the larger ones go to the middle chunks
     first, so the first chunk (with the embedding) and the last (with the output) are the
-    smaller ones when the layers do not divide evenly."""
+    smaller ones when the layers do not divide evenly. ``ends`` gives the first and the last
+    chunk's layers instead, as Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+    ``--decoder-last-pipeline-num-layers`` do (0 leaves a chunk the embedding or the output
+    alone); the other chunks then share the rest, the earlier ones taking one more."""
     count = pp * chunks_per_stage
+    if ends != (None, None):
+        sizes = explicit_sizes(layers, count, ends)
+        starts = [sum(sizes[:chunk]) for chunk in range(count)]
+        return [range(starts[c], starts[c] + sizes[c]) for c in range(rank, count, pp)]
     base, extra = divmod(layers, count)
     found = []
     for chunk in range(rank, count, pp):
@@ -72,6 +84,41 @@ def rank_chunks(layers: int, pp: int, chunks_per_stage: int, rank: int) -> list[
         size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
         found.append(range(start, start + size))
     return found
+
+
+def explicit_sizes(layers: int, count: int, ends: Ends) -> list[int]:
+    """Chunk sizes with the first and last chunk's given (:func:`split_problem` says when
+    the rest cannot be shared; a size is then never below 0)."""
+    first, last = ends
+    fixed = {0: first, count - 1: last}
+    given = {chunk: size for chunk, size in fixed.items() if size is not None}
+    free = [chunk for chunk in range(count) if chunk not in given]
+    rest = max(0, layers - sum(given.values()))
+    base, extra = divmod(rest, len(free)) if free else (0, 0)
+    sizes = [given.get(chunk, 0) for chunk in range(count)]
+    for index, chunk in enumerate(free):
+        sizes[chunk] = base + (1 if index < extra else 0)
+    return sizes
+
+
+def split_problem(layers: int, count: int, ends: Ends) -> str | None:
+    """Why ``layers`` cannot be cut into ``count`` chunks (with ``ends``), or None."""
+    if ends == (None, None):
+        if count > layers:
+            return f"{count} pipeline chunks for {layers} layers: some chunk holds none"
+        return None
+    if count < 2:
+        return "--first-stage-layers and --last-stage-layers need at least 2 pipeline chunks"
+    given = [size for size in ends if size is not None]
+    rest = layers - sum(given)
+    middle = count - len(given)
+    if rest < 0 or rest < middle or (middle == 0 and rest != 0):
+        first, last = ("-" if size is None else str(size) for size in ends)
+        return (
+            f"first and last chunks of {first} and {last} layers leave {rest} of {layers} "
+            f"layers for the other {middle} pipeline chunks: each needs at least one"
+        )
+    return None
 
 
 def _extras_before(chunk: int, extra: int, count: int) -> int:
@@ -84,13 +131,17 @@ def _extras_before(chunk: int, extra: int, count: int) -> int:
     return inside + zero + last
 
 
-def candidate_ranks(arch: Architecture, pp: int, chunks_per_stage: int) -> list[int]:
+def candidate_ranks(
+    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> list[int]:
     """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
     numbers and kinds of layers differ only in the micro-batches in flight, which fall with
     the rank, so the first rank of each run of equal ranks is enough, with the last rank
     (the output). Runs end where a round of chunks crosses the chunks with one layer more
-    (chunks 1 to ``extra``) or the first layer with experts."""
+    (chunks 1 to ``extra``) or the first layer with experts. With ``ends``, every rank."""
     count = pp * chunks_per_stage
+    if ends != (None, None):
+        return list(range(pp))
     middle = min(arch.layers % count, max(0, count - 2))
     edges = {0, pp - 1}
     for round_ in range(chunks_per_stage):
@@ -133,7 +184,7 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
     """The memory of the pipeline rank with the largest total."""
-    stages = rank_stages(arch, par.pp, training.chunks_per_stage)
+    stages = rank_stages(arch, par.pp, training.chunks_per_stage, training.stage_ends)
     return max(
         (rank_memory(arch, par, training, stage) for stage in stages),
         key=lambda memory: memory.total,
@@ -156,15 +207,19 @@ class RankStage:
 
 
 @lru_cache(maxsize=1024)
-def rank_stages(arch: Architecture, pp: int, chunks_per_stage: int) -> tuple[RankStage, ...]:
+def rank_stages(
+    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> tuple[RankStage, ...]:
     """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
-    ranks = candidate_ranks(arch, pp, chunks_per_stage)
-    return tuple(rank_stage(arch, pp, chunks_per_stage, rank) for rank in ranks)
+    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends) for rank in ranks)
 
 
-def rank_stage(arch: Architecture, pp: int, chunks_per_stage: int, rank: int) -> RankStage:
+def rank_stage(
+    arch: Architecture, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+) -> RankStage:
     """What pipeline rank ``rank`` holds."""
-    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank)
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends)
     last_rank = (pp * chunks_per_stage - 1) % pp
     kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
     return RankStage(rank, kinds, rank == 0, rank == last_rank)

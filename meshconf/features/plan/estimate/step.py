@@ -14,7 +14,7 @@ from meshconf.features.plan.estimate.communication import (
     busiest_stage,
     traffic,
 )
-from meshconf.features.plan.estimate.memory import Memory, estimate_memory
+from meshconf.features.plan.estimate.memory import Memory, estimate_memory, split_problem
 from meshconf.features.plan.estimate.training import GIB, Parallelism, Training, microbatches
 
 
@@ -57,11 +57,7 @@ def estimate(
     overlapped = sum(flow.seconds for flow in flows.values() if flow.name in OVERLAPPED)
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
-    problem = (
-        f"{chunks} pipeline chunks for {arch.layers} layers: some chunk holds none"
-        if chunks > arch.layers
-        else None
-    )
+    problem = split_problem(arch.layers, chunks, training.stage_ends)
     return Estimate(
         memory=memory,
         fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,

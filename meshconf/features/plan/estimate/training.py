@@ -15,6 +15,8 @@ Checkpointing = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[1, 2, 3]
+#: Layers of the first and the last pipeline chunk, None where the split decides.
+Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
 #: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
@@ -47,6 +49,8 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
+    "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
+    "last_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
     "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
     "inter_node_gbps": Bound(0.01, 100_000, "faster than any network between nodes"),
@@ -70,6 +74,8 @@ class Training:
     virtual_stages: int = 1
     reshard_after_forward: Resharding = "default"
     zero_stage: ZeroStage = 3
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0
@@ -83,6 +89,11 @@ class Training:
     @property
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def stage_ends(self) -> Ends:
+        """Layers of the first and the last pipeline chunk, where given."""
+        return (self.first_stage_layers, self.last_stage_layers)
 
     def reshards(self, pp: int) -> bool:
         """Whether FSDP frees a block's gathered parameters after its forward pass."""
