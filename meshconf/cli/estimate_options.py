@@ -19,6 +19,7 @@ from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
 from meshconf.features.plan.estimate.training import (
     CHECKPOINTING,
+    DISPATCH_BYTES,
     DTYPE_BYTES,
     GIB,
     RESHARDING,
@@ -40,6 +41,7 @@ _INTEGERS = (
     "virtual_stages",
     "first_stage_layers",
     "last_stage_layers",
+    "moe_max_nodes",
 )
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
 _CHOICES = (
@@ -49,6 +51,7 @@ _CHOICES = (
     "schedule",
     "reshard_after_forward",
     "zero_stage",
+    "dispatch_dtype",
 )
 _MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
@@ -71,6 +74,8 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "last_stage_layers": "--last-stage-layers",
         "reshard_after_forward": "--reshard-after-forward",
         "zero_stage": "--zero-stage",
+        "moe_max_nodes": "--moe-max-nodes",
+        "dispatch_dtype": "--dispatch-dtype",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gbps": "--intra-node-gbps",
         "inter_node_gbps": "--inter-node-gbps",
@@ -139,6 +144,18 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="what data parallelism over fsdp shards: 1 the optimizer state (Megatron's "
         "distributed optimizer), 2 also gradients, 3 also parameters "
         f"(FSDP; {_DEFAULTS.zero_stage})",
+    )
+    option(
+        "moe_max_nodes",
+        metavar="M",
+        help="node-limited routing: each token goes to experts on at most M units of the level "
+        "its expert group crosses, one copy each (DeepSeek-V3: 4)",
+    )
+    option(
+        "dispatch_dtype",
+        choices=tuple(DISPATCH_BYTES),
+        help="the dtype tokens are dispatched to their experts in (default: --param-dtype); "
+        "the combine stays in --param-dtype",
     )
     option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})")
     option(

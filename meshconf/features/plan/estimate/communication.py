@@ -111,13 +111,27 @@ def traffic(
         if size == 1 or (arch.experts is None and name in EXPERT_DIMS):
             continue
         crossed = int(crosses.get(name, 0))
-        if bandwidths:
-            gbps = bandwidths[min(crossed, len(bandwidths) - 1)]
-        else:
-            gbps = training.inter_node_gbps if crossed else training.intra_node_gbps
+        gbps = _gbps(training, bandwidths, crossed)
         seconds = sent[name] * 8 / (gbps * 1e9)
+        limit = training.moe_max_nodes
+        if name == "ep" and limit is not None and crossed and arch.experts is not None:
+            # Node-limited routing (DeepSeek-V3, section 2.1.2; its dispatch kernels, 3.2.2):
+            # a token crosses to at most ``limit`` units, one copy per unit, and is forwarded
+            # there to its top-k experts over the unit's own links.
+            remote = sent[name] * min(limit, arch.experts.top_k) / arch.experts.top_k
+            local = _gbps(training, bandwidths, crossed - 1)
+            seconds = remote * 8 / (gbps * 1e9) + sent[name] * 8 / (local * 1e9)
         found[name] = DimTraffic(name, size, sent[name], seconds, crossed > 0, gbps)
     return found
+
+
+def _gbps(training: Training, bandwidths: Sequence[float], crossed: int) -> float:
+    """Gbit/s for groups that cross ``crossed`` levels: the level's own bandwidth, or with
+    no levels given, the network's for a group that crosses and the node's for one that
+    does not."""
+    if bandwidths:
+        return bandwidths[min(crossed, len(bandwidths) - 1)]
+    return training.inter_node_gbps if crossed else training.intra_node_gbps
 
 
 def _size(par: Parallelism, name: str) -> int:
@@ -153,8 +167,9 @@ def _bytes(
         # ring attention: every rank receives the other cp-1 key/value chunks per pass,
         # and in backward also their gradients
         "cp": (passes + 1) * work.layers * m * tokens * _kv_per_token(arch, par) * p * (par.cp - 1),
-        # dispatch and combine all-to-all per pass, tokens split by tp
-        "ep": 2
+        # dispatch (in the dispatch dtype) and combine all-to-all per pass, tokens split by tp
+        "ep": (training.dispatch_bytes + p)
+        / p
         * passes
         * work.moe_layers
         * m

@@ -28,6 +28,8 @@ RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
 ZERO_STAGES: tuple[ZeroStage, ...] = (1, 2, 3)
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
+DISPATCH_BYTES: Mapping[str, int] = {"fp8": 1, **DTYPE_BYTES}
 GIB = 2**30
 
 
@@ -50,6 +52,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
     "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
+    "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
     "last_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
     "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
@@ -76,6 +79,11 @@ class Training:
     zero_stage: ZeroStage = 3
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    #: Node-limited routing: each token goes to experts on at most this many units of the
+    #: level its expert group crosses (DeepSeek-V3: 4 nodes); None, no limit.
+    moe_max_nodes: int | None = None
+    #: The dtype tokens are dispatched to their experts in; None, the parameters'.
+    dispatch_dtype: str | None = None
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0
@@ -85,6 +93,10 @@ class Training:
     @property
     def param_bytes(self) -> int:
         return DTYPE_BYTES[self.param_dtype]
+
+    @property
+    def dispatch_bytes(self) -> int:
+        return DISPATCH_BYTES[self.dispatch_dtype or self.param_dtype]
 
     @property
     def grad_bytes(self) -> int:
