@@ -22,6 +22,7 @@ from meshconf.features.plan.estimate.training import (
     DISPATCH_BYTES,
     DTYPE_BYTES,
     GIB,
+    MFU_COUNTS,
     RESHARDING,
     SCHEDULES,
     TRAINING_BOUNDS,
@@ -52,6 +53,7 @@ _CHOICES = (
     "reshard_after_forward",
     "zero_stage",
     "dispatch_dtype",
+    "mfu_counts",
 )
 _MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
@@ -81,6 +83,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "inter_node_gbps": "--inter-node-gbps",
         "peak_tflops": "--peak-tflops",
         "mfu": "--mfu",
+        "mfu_counts": "--mfu-counts",
     }
 )
 
@@ -174,6 +177,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help=f"peak dense TFLOP/s of one GPU ({_DEFAULTS.peak_tflops:g})",
     )
     option("mfu", metavar="F", help=f"fraction of peak reached ({_DEFAULTS.mfu:g})")
+    option(
+        "mfu_counts",
+        choices=MFU_COUNTS,
+        help="what --mfu is a fraction of: model FLOPs (6N plus attention, as published MFU "
+        "counts them; recomputation not counted) or hardware FLOPs (recomputation counted) "
+        f"({_DEFAULTS.mfu_counts})",
+    )
 
 
 def model_words(args: argparse.Namespace) -> list[str]:

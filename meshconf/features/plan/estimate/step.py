@@ -76,10 +76,13 @@ def _flops(
     arch: Architecture, par: Parallelism, training: Training, work: StageWork, m: int
 ) -> float:
     """FLOPs of one rank per step: ``6 N`` per token for the weights it applies (Kaplan et
-    al. 2020; 8 N with full recomputation) and ``6 s`` per token per attention dim for the
-    scores and their use (PaLM, Chowdhery et al. 2022, appendix B), split by tp."""
+    al. 2020) and ``6 s`` per token per attention dim for the scores and their use (PaLM,
+    Chowdhery et al. 2022, appendix B), split by tp. These are the model's FLOPs, which
+    published MFU counts; with ``mfu_counts`` "hardware", full recomputation's extra forward
+    pass is counted too (8 N), as hardware FLOPs utilization is (PaLM, appendix B)."""
     tokens = m * training.micro_batch * training.seq_len // par.cp
-    passes = 4 if training.checkpointing == "full" else 3
+    recomputes = training.checkpointing == "full" and training.mfu_counts == "hardware"
+    passes = 4 if recomputes else 3
     # the embedding is a look-up, not a matrix product
     active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
     attention = arch.attention

@@ -15,6 +15,10 @@ Checkpointing = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[1, 2, 3]
+#: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
+#: MFU counts them), or the hardware's (recomputation included: HFU).
+MfuCounts = Literal["model", "hardware"]
+MFU_COUNTS: tuple[MfuCounts, ...] = ("model", "hardware")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
@@ -89,6 +93,7 @@ class Training:
     inter_node_gbps: float = 400.0
     peak_tflops: float = 989.0
     mfu: float = 0.4
+    mfu_counts: MfuCounts = "model"
 
     @property
     def param_bytes(self) -> int:

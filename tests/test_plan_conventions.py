@@ -1,4 +1,5 @@
-"""ZeRO stages in the estimate against the ZeRO paper's model-state memory.
+"""Conventions of the estimate against their sources: ZeRO stages against the ZeRO paper's
+model-state memory, and what --mfu counts against PaLM's definitions.
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
 (SC 2020), figure 1: with ``Psi`` parameters, fp16 parameters and gradients and ``K = 12``
@@ -15,6 +16,7 @@ import pytest
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory
+from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training, ZeroStage
 
 # Every dim divides by 4, so FSDP's shards need no padding.
@@ -54,3 +56,13 @@ def test_stages_1_and_2_gather_parameters_once_a_step() -> None:
     weights = PSI
     assert sent[1]["fsdp"].bytes == int((weights * 2 + weights * 4) * ring)
     assert sent[3]["fsdp"].bytes == int((2 * micro_batches * weights * 2 + weights * 4) * ring)
+
+
+@pytest.mark.parametrize(("checkpointing", "ratio"), [("full", 4 / 3), ("none", 1.0)])
+def test_hardware_flops_count_the_recomputed_forward_pass(checkpointing: str, ratio: float) -> None:
+    """A published MFU counts the model's FLOPs (three passes a step); hardware FLOPs count
+    full recomputation's fourth pass too (PaLM, appendix B)."""
+    settings = {"checkpointing": checkpointing}
+    model = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="model"), {})  # type: ignore[arg-type]
+    hardware = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="hardware"), {})  # type: ignore[arg-type]
+    assert hardware.compute_seconds == pytest.approx(model.compute_seconds * ratio)
