@@ -9,12 +9,12 @@ logical index to ranks, as modes for :meth:`DomainLayout.unflatten`, one per wor
 ``order`` names the world factors outer to inner as the ranks number them: the rank is the
 row-major number of the factors' indices in that order (:func:`rank_numbering`).
 
-Hierarchical placement splits each world factor into a part inside a node and a part across
-nodes, as MaxText's ICI and DCN axes split a JAX mesh. Nodes hold consecutive ranks,
-``gpus_per_node`` each. Inside a node, the local rank is the row-major number of the inside
-parts; the node's index is the row-major number of the across parts; both in ``order``. A
-degree's index is ``across * inside_size + inside``: its across part is the outer digit
-(:func:`node_numbering`).
+Hierarchical placement splits each world factor into parts, one per *band* of the ranks, as
+MaxText's ICI and DCN axes split a JAX mesh: with ``inside_node``, a part inside a node and
+a part across nodes; with ``inside``, one part per level (:mod:`meshconf.core.levels`). The
+ranks number the bands inner band first, each band the row-major number of its parts in
+``order``; a degree's index numbers its parts the same way, so ``across * inside_size +
+inside`` for a node (:func:`band_numbering`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.layout import Mode
+
+#: A band of the rank numbering: where its parts are placed, and each world factor's part.
+Band = tuple[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -71,24 +74,21 @@ def rank_numbering(degrees: Mapping[str, int], order: Sequence[str]) -> tuple[Mo
     return tuple(Mode(degrees[name], strides[name]) for name in WORLD_FACTORS)
 
 
-def node_numbering(
-    degrees: Mapping[str, int],
-    inside: Mapping[str, int],
-    gpus_per_node: int,
-    order: Sequence[str] = WORLD_FACTORS,
+def band_numbering(
+    bands: Sequence[Band], order: Sequence[str] = WORLD_FACTORS
 ) -> tuple[NodePart, ...]:
-    """The parts of every world factor, outer to inner in the logical index.
-
-    ``inside`` must be valid for ``degrees`` (the rules check it first): each part divides
-    its degree, and together they multiply to ``gpus_per_node``. ``order`` numbers the inside
-    parts within a node and the across parts across nodes.
+    """The parts of every world factor, outer to inner in the logical index, when ranks are
+    numbered in ``bands`` (inner to outer): a factor's index is the mixed-radix number of its
+    parts, outer band first; the rank numbers the bands the same way, and ``order`` numbers
+    the parts within a band. Each band's block is the product of the parts so far; when it
+    divides a level's size (the rules check it), no group of those parts crosses its units.
     """
-    inner, outer = split_degrees(degrees, inside)
-    inside_strides = order_strides(inner, order)
-    across_strides = order_strides(outer, order)
-    parts: list[NodePart] = []
-    for name in WORLD_FACTORS:
-        across = Mode(outer[name], across_strides[name] * gpus_per_node)
-        parts.append(NodePart(name, "across nodes", across))
-        parts.append(NodePart(name, "inside a node", Mode(inner[name], inside_strides[name])))
-    return tuple(parts)
+    modes: dict[str, list[NodePart]] = {name: [] for name in WORLD_FACTORS}
+    block = 1
+    for place, sizes in bands:
+        strides = order_strides(sizes, order)
+        for name in WORLD_FACTORS:
+            part = NodePart(name, place, Mode(sizes[name], strides[name] * block))
+            modes[name].insert(0, part)
+        block *= math.prod(sizes.values())
+    return tuple(part for name in WORLD_FACTORS for part in modes[name])

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meshconf.core.degrees import WORLD_FACTORS
-from meshconf.core.hierarchy import NodePart, order_strides
+from meshconf.core.hierarchy import Band, order_strides
 from meshconf.core.layout import DomainLayout, Mode, groups_cross_nodes
 
 NODE = "node"
@@ -97,10 +97,6 @@ def parts_text(parts: Mapping[str, int]) -> str:
     return " * ".join(placed) or "no ranks"
 
 
-#: A band of the rank numbering: where its parts are placed, and each world factor's part.
-Band = tuple[str, dict[str, int]]
-
-
 def level_bands(
     degrees: Mapping[str, int], inside: Sequence[Mapping[str, int]], levels: Sequence[Level]
 ) -> tuple[Band, ...]:
@@ -126,26 +122,6 @@ def unit_article(level: str) -> str:
 
 def plural_units(level: str) -> str:
     return "nodes" if level == NODE else f"{level} domains"
-
-
-def band_numbering(
-    bands: Sequence[Band], order: Sequence[str] = WORLD_FACTORS
-) -> tuple[NodePart, ...]:
-    """The parts of every world factor, outer to inner in the logical index, when ranks are
-    numbered in ``bands`` (inner to outer): a factor's index is the mixed-radix number of its
-    parts, outer band first; the rank numbers the bands the same way, and ``order`` numbers
-    the parts within a band. Each band's block is the product of the parts so far; when it
-    divides a level's size (the rules check it), no group of those parts crosses its units.
-    """
-    modes: dict[str, list[NodePart]] = {name: [] for name in WORLD_FACTORS}
-    block = 1
-    for place, sizes in bands:
-        strides = order_strides(sizes, order)
-        for name in WORLD_FACTORS:
-            part = NodePart(name, place, Mode(sizes[name], strides[name] * block))
-            modes[name].insert(0, part)
-        block *= math.prod(sizes.values())
-    return tuple(part for name in WORLD_FACTORS for part in modes[name])
 
 
 def crossed_levels(

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
-from meshconf.core.hierarchy import NodePart
+from meshconf.core.hierarchy import Band, NodePart
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Band, Level
+from meshconf.core.levels import Level
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ import math
 from typing import TYPE_CHECKING
 
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.hierarchy import band_numbering
 from meshconf.core.layout import DomainLayout, LayoutError
 from meshconf.core.levels import (
     NODE,
     Level,
-    band_numbering,
     kept_parts,
     level_bands,
     parts_text,

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS
-from meshconf.core.hierarchy import describe_parts, node_numbering, rank_numbering, split_degrees
+from meshconf.core.hierarchy import band_numbering, describe_parts, rank_numbering, split_degrees
 from meshconf.core.layout import Mode
 from meshconf.core.messages import did_you_mean
 from meshconf.model.analysis import Analysis, MeshSpec
@@ -94,7 +94,7 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
     if not result.problems and result.degrees is not None and result.order is not None:
         inner, outer = split_degrees(result.degrees, inside)
         result.bands = (("inside a node", inner), ("across nodes", outer))
-        result.node_parts = node_numbering(result.degrees, inside, gpus_per_node, result.order)
+        result.node_parts = band_numbering(result.bands, result.order)
 
 
 def numbering(spec: MeshSpec, result: Analysis) -> tuple[Mode, ...] | None:
