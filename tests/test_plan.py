@@ -186,7 +186,7 @@ def test_every_assignment_validates_and_its_flags_are_the_layouts(request_: Requ
         assert config.resolved_degrees == dict(assignment.degrees)
         if request_.gpus_per_node is None:
             continue
-        flags = locality.crosses(assignment.degrees)
+        flags = locality.crossings(assignment.degrees)
         for name, block in locality.blocks(assignment.degrees).items():
             modes = config.layout(home_domain(name)).dim(name).modes
             assert block == max(

@@ -61,16 +61,6 @@ def test_every_row_s_level_counts_are_its_layouts(request_: Request) -> None:
             assert count == len(crossed_levels(layout, name, config.topology)), (assignment, name)
 
 
-def test_two_level_counts_are_the_node_flags() -> None:
-    locality = NodeLocality(64, 8, True)
-    for degrees in (
-        {"pp": 2, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 4, "ep": 4, "etp": 1},
-    ):
-        assert locality.crossings(degrees) == {
-            name: int(flag) for name, flag in locality.crosses(degrees).items()
-        }
-
-
 def test_traffic_is_charged_at_the_smallest_level_that_holds_the_group() -> None:
     """ep inside an NVLink domain of 64 rides NVLink (900 GB/s); fsdp across domains the
     network; tp inside a node the node's links."""

@@ -74,7 +74,7 @@ def test_under_any_order_the_rows_are_the_valid_configs_and_their_flags_the_layo
     locality = NodeLocality(request_.world_size, request_.gpus_per_node, True, request_.order)
     for assignment in plan.best:
         config = build_config(request_, assignment.degrees)
-        flags = locality.crosses(assignment.degrees)
+        flags = locality.crossings(assignment.degrees)
         for name, crosses in flags.items():
             layout = config.layout(home_domain(name))
             assert crosses == layout.crosses_nodes(name, request_.gpus_per_node), (
@@ -103,7 +103,7 @@ def test_every_order_of_a_mixture_of_experts_reads_each_expert_dim_from_its_layo
 def test_without_nodes_no_group_crosses_one() -> None:
     locality = NodeLocality(64, None, True, tuple(reversed(WORLD_FACTORS)))
     degrees = {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 4, "ep": 2, "etp": 1}
-    assert locality.crosses(degrees) == dict.fromkeys(locality.dims, False)
+    assert locality.crossings(degrees) == dict.fromkeys(locality.dims, 0)
 
 
 def test_an_order_changes_which_groups_stay_in_a_node(run_cli) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.hierarchy import Band, order_strides
-from meshconf.core.layout import DomainLayout, Mode, groups_cross_nodes
+from meshconf.core.layout import DomainLayout, Mode
 
 NODE = "node"
 #: The level of an NVLink domain, which the runtime finds on the machine.
@@ -115,29 +115,22 @@ def level_bands(
     return tuple(bands)
 
 
+def unit_name(level: str) -> str:
+    """What one unit of a level is called: ``node``, ``nvlink domain``."""
+    return NODE if level == NODE else f"{level} domain"
+
+
 def unit_article(level: str) -> str:
     """``a node``, ``one nvlink domain``."""
-    return "a node" if level == NODE else f"one {level} domain"
+    return f"{'a' if level == NODE else 'one'} {unit_name(level)}"
 
 
 def plural_units(level: str) -> str:
-    return "nodes" if level == NODE else f"{level} domains"
+    return f"{unit_name(level)}s"
 
 
 def crossed_levels(
     layout: DomainLayout, dims: str | Sequence[str], levels: Sequence[Level]
 ) -> tuple[str, ...]:
     """The levels some group along ``dims`` crosses: it holds ranks of two of their units."""
-    names = [dims] if isinstance(dims, str) else list(dims)
-    block = max(
-        (
-            mode.size * mode.stride
-            for name in names
-            for mode in layout.dim(name).modes
-            if mode.size > 1
-        ),
-        default=1,
-    )
-    return tuple(
-        level.name for level in levels if groups_cross_nodes(block, layout.world_size, level.size)
-    )
+    return tuple(level.name for level in levels if layout.crosses_nodes(dims, level.size))

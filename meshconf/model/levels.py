@@ -17,7 +17,7 @@ from meshconf.core.levels import (
     level_bands,
     parts_text,
     uneven_factor,
-    unit_article,
+    unit_name,
 )
 from meshconf.core.messages import did_you_mean, name_list
 from meshconf.model.analysis import Analysis, MeshSpec
@@ -28,8 +28,7 @@ if TYPE_CHECKING:
 
 def unit_text(level: str, size: int) -> str:
     """``one node of 8 GPUs``, ``one nvlink domain of 72 GPUs``."""
-    unit = unit_article(level).replace("a node", "one node")
-    return f"{unit} of {size} GPU{'s' if size != 1 else ''}"
+    return f"one {unit_name(level)} of {size} GPU{'s' if size != 1 else ''}"
 
 
 def all_levels(spec: MeshSpec) -> tuple[Level, ...]:

@@ -87,16 +87,6 @@ class NodeLocality:
             found[name] = block
         return found
 
-    def crosses(self, degrees: Mapping[str, int]) -> dict[str, bool]:
-        """Per ranked dim, whether its groups cross nodes (never, without nodes)."""
-        gpus = self._gpus
-        if gpus is None:
-            return dict.fromkeys(self.dims, False)
-        return {
-            name: groups_cross_nodes(block, self._world, gpus)
-            for name, block in self.blocks(degrees).items()
-        }
-
     def crossings(self, degrees: Mapping[str, int]) -> dict[str, int]:
         """Per ranked dim, how many levels its groups cross, the node first: 0 inside a
         node, 1 across nodes (but inside one unit of the next level), and so on. Levels
