@@ -143,7 +143,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "zero_stage",
-        choices=[str(stage) for stage in ZERO_STAGES],
+        type=int,
+        choices=ZERO_STAGES,
         help="what data parallelism over fsdp shards: 1 the optimizer state (Megatron's "
         "distributed optimizer), 2 also gradients, 3 also parameters "
         f"(FSDP; {_DEFAULTS.zero_stage})",
@@ -214,7 +215,7 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
     settings: dict[str, Any] = {}
     for name, text in given.items():
         if name in _CHOICES:
-            settings[name] = int(text) if name == "zero_stage" else text
+            settings[name] = text
             continue
         value = _value(name, text)
         if isinstance(value, str):
@@ -397,7 +398,7 @@ def show_estimate(
         home = [layout for layout in holders if layout.name == home_domain(name)]
         if topology and holders:
             crosses[name] = len(crossed_levels((home or holders)[0], name, topology))
-    bandwidths = level_bandwidths(topology, training) if topology else ()
+    bandwidths = level_bandwidths(topology, training)
     degrees = Parallelism.of(config.resolved_degrees)
     found = estimate(model, degrees, training, crosses, bandwidths)
     report["estimate"] = {"model": model.name, **memory_json(found, training.gpu_memory_gib)}

@@ -37,6 +37,17 @@ class Level:
     bandwidth_gb_s: float | None = None
 
 
+def all_levels(gpus_per_node: int | None, levels: Sequence[Level]) -> tuple[Level, ...]:
+    """The levels inner to outer: the node of ``gpus_per_node`` first, when given."""
+    node = () if gpus_per_node is None else (Level(NODE, gpus_per_node),)
+    return (*node, *levels)
+
+
+def node_size(levels: Sequence[Level]) -> int | None:
+    """GPUs per node: the size of the level named node, if there is one."""
+    return next((level.size for level in levels if level.name == NODE), None)
+
+
 def logical_strides(degrees: Mapping[str, int]) -> dict[str, int]:
     """The stride of each world factor in the logical index (pp outermost, tp innermost)."""
     return order_strides(degrees, WORLD_FACTORS)

@@ -11,7 +11,7 @@ from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import MAX_PROBLEMS, KeyPath, Problem
 from meshconf.core.hierarchy import Band, NodePart
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Level
+from meshconf.core.levels import Level, all_levels
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,11 @@ class MeshSpec:
     levels: tuple[Level, ...] = ()
     #: The dims each level keeps inside its units, by level name.
     inside: Mapping[str, tuple[str, ...]] | None = None
+
+    @property
+    def topology(self) -> tuple[Level, ...]:
+        """Every level inner to outer, the node of gpus_per_node first when it is given."""
+        return all_levels(self.gpus_per_node, self.levels)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from meshconf.core.degrees import (
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Level
+from meshconf.core.levels import Level, all_levels, node_size
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import (
@@ -49,7 +49,6 @@ from meshconf.model.fields import (
     device_value,
     level_list,
 )
-from meshconf.model.levels import all_levels, node_size
 from meshconf.model.rules import analyze
 
 
@@ -325,9 +324,7 @@ class MeshConfig(_Frozen):
             gpus_per_node=self.gpus_per_node,
             inside_node=None if self.inside_node is None else self.inside_node.model_dump(),
             order=self.order,
-            levels=tuple(
-                Level(level.name, level.size, level.bandwidth_gb_s) for level in self.levels or ()
-            ),
+            levels=self._own_levels(),
             inside=self.inside,
             degrees=self.degrees.model_dump(),
             explicit_degrees=self.degrees.explicit,
@@ -340,7 +337,7 @@ class MeshConfig(_Frozen):
     @property
     def node_size(self) -> int | None:
         """GPUs per node: gpus_per_node, or the size of the level named node."""
-        return node_size(self.spec())
+        return node_size(self.topology)
 
     @property
     def placement_bands(self) -> tuple[tuple[str, dict[str, int]], ...] | None:
@@ -355,7 +352,12 @@ class MeshConfig(_Frozen):
     @property
     def topology(self) -> tuple[Level, ...]:
         """Every level inner to outer, the node of gpus_per_node first when it is given."""
-        return all_levels(self.spec())
+        return all_levels(self.gpus_per_node, self._own_levels())
+
+    def _own_levels(self) -> tuple[Level, ...]:
+        return tuple(
+            Level(level.name, level.size, level.bandwidth_gb_s) for level in self.levels or ()
+        )
 
     @property
     def effective_derived(self) -> dict[str, str]:

@@ -31,14 +31,8 @@ def unit_text(level: str, size: int) -> str:
     return f"one {unit_name(level)} of {size} GPU{'s' if size != 1 else ''}"
 
 
-def all_levels(spec: MeshSpec) -> tuple[Level, ...]:
-    """The levels inner to outer: the node of ``gpus_per_node`` first, when given."""
-    node = () if spec.gpus_per_node is None else (Level(NODE, spec.gpus_per_node),)
-    return (*node, *spec.levels)
-
-
 def _level_path(spec: MeshSpec, index: int, key: str) -> KeyPath:
-    """Where the level at ``index`` of :func:`all_levels` was written."""
+    """Where the level at ``index`` of ``spec.topology`` was written."""
     if spec.gpus_per_node is not None:
         if index == 0:
             return ("gpus_per_node",)
@@ -46,15 +40,9 @@ def _level_path(spec: MeshSpec, index: int, key: str) -> KeyPath:
     return ("levels", index, key)
 
 
-def node_size(spec: MeshSpec) -> int | None:
-    """GPUs per node: gpus_per_node, or the size of the level named node."""
-    sizes = [level.size for level in all_levels(spec) if level.name == NODE]
-    return sizes[0] if sizes else None
-
-
 def check_levels(spec: MeshSpec, result: Analysis) -> None:
     """Level names are distinct; each level holds whole units of the one below."""
-    levels = all_levels(spec)
+    levels = spec.topology
     seen: set[str] = set()
     for index, level in enumerate(levels):
         if level.name in seen:
@@ -81,7 +69,7 @@ def _check_inside_names(spec: MeshSpec, result: Analysis) -> bool:
     """``inside`` names known levels and dims that some domain has; False if it does not."""
     assert spec.inside is not None
     before = len(result.problems)
-    levels = list(dict.fromkeys(level.name for level in all_levels(spec)))
+    levels = list(dict.fromkeys(level.name for level in spec.topology))
     if spec.inside_node is not None:
         result.fail(
             ("inside",),
@@ -138,7 +126,7 @@ def check_inside(spec: MeshSpec, result: Analysis) -> None:
             )
         except LayoutError:
             return  # reported by check_domain_products
-    levels = all_levels(spec)
+    levels = spec.topology
     kept: list[dict[str, int]] = []
     inside = dict.fromkeys(WORLD_FACTORS, 1)
     for position, level in enumerate(levels):

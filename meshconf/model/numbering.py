@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from meshconf.core.degrees import AUTO, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.hierarchy import band_numbering, describe_parts, rank_numbering, split_degrees
 from meshconf.core.layout import Mode
+from meshconf.core.levels import node_size
 from meshconf.core.messages import did_you_mean
 from meshconf.model.analysis import Analysis, MeshSpec
-from meshconf.model.levels import node_size
 
 if TYPE_CHECKING:
     from meshconf.core.errors import KeyPath
@@ -67,7 +67,7 @@ def check_inside_node(spec: MeshSpec, result: Analysis) -> None:
     placed = [name for name in WORLD_FACTORS if inside[name] > 1]
     product = math.prod(inside[name] for name in placed)
     written = " * ".join(f"{name}({inside[name]})" for name in placed) or "no part above 1"
-    gpus_per_node = node_size(spec)
+    gpus_per_node = node_size(spec.topology)
     if gpus_per_node is None:
         result.fail(
             ("inside_node",),

@@ -88,7 +88,10 @@ def make_plan(request: Request, count: int) -> Plan:
         fitting = None
     else:
         fits = _FitCounter()
-        estimated = (fits.count(_estimated(request, locality, degrees)) for degrees in valid)
+        bandwidths = level_bandwidths(request.topology, request.training)
+        estimated = (
+            fits.count(_estimated(request, locality, bandwidths, degrees)) for degrees in valid
+        )
         best = heapq.nsmallest(count, estimated)
         fitting = fits.fitting
     if valid.seen == 0:
@@ -126,12 +129,16 @@ def _locality_key(
     return (int(replicas_only), *locality.key(degrees))
 
 
-def _estimated(request: Request, locality: NodeLocality, degrees: dict[str, int]) -> _Ranked:
+def _estimated(
+    request: Request,
+    locality: NodeLocality,
+    bandwidths: tuple[float, ...],
+    degrees: dict[str, int],
+) -> _Ranked:
     """With a model: layouts that fit first, then those that reach the global batch without
     overshooting it, then by step time, then by node locality."""
     assert request.model is not None
     crosses = locality.crossings(degrees)
-    bandwidths = level_bandwidths(request.topology, request.training) if request.topology else ()
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted

@@ -41,7 +41,10 @@ class DimTraffic:
 def level_bandwidths(levels: Sequence[Level], training: Training) -> tuple[float, ...]:
     """Gbit/s per GPU inside one unit of each level, then across the outermost: a level's
     own ``bandwidth_gb_s`` (GB/s), else the node's bandwidth for a node or an NVLink domain
-    (``nvlink``) and the network's for a level above them."""
+    (``nvlink``) and the network's for a level above them. Empty without levels: then
+    :func:`traffic` tells only inside a node from across nodes."""
+    if not levels:
+        return ()
     inside = tuple(
         level.bandwidth_gb_s * 8
         if level.bandwidth_gb_s is not None

@@ -6,6 +6,7 @@ Pure Python. Formulas and sources in docs/plan.md ("Memory per rank").
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -75,8 +76,8 @@ def rank_chunks(
     count = pp * chunks_per_stage
     if ends != (None, None):
         sizes = explicit_sizes(layers, count, ends)
-        starts = [sum(sizes[:chunk]) for chunk in range(count)]
-        return [range(starts[c], starts[c] + sizes[c]) for c in range(rank, count, pp)]
+        starts = [0, *itertools.accumulate(sizes)]
+        return [range(starts[c], starts[c + 1]) for c in range(rank, count, pp)]
     base, extra = divmod(layers, count)
     found = []
     for chunk in range(rank, count, pp):
