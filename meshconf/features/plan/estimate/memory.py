@@ -235,10 +235,13 @@ def rank_memory(
     optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
         optimizer += shard.elements * MASTER_BYTES
-    # ZeRO 1 and 2 keep the parameters whole (after tp/ep/etp), and 1 the gradients too.
-    whole = rank_unsharded(arch, par, stage)
-    params = shard.elements if training.zero_stage == 3 else whole
-    grads = whole if training.zero_stage == 1 else shard.elements
+    # ZeRO 3 (FSDP) keeps a shard of everything; 2 the parameters whole (after tp/ep/etp),
+    # and 1 the gradients too.
+    params = grads = shard.elements
+    if training.zero_stage != 3:
+        params = rank_unsharded(arch, par, stage)
+        if training.zero_stage == 1:
+            grads = params
     return Memory(
         params=params * training.param_bytes,
         grads=grads * training.grad_bytes,
