@@ -90,14 +90,13 @@ def kept_groups(config: MeshConfig, rank: int) -> list[tuple[str, str, str, list
     below too, since units nest."""
     groups = []
     kept: list[str] = []
+    layouts, sizes = config.layouts, config.dim_sizes
     for level in config.topology:
         kept += (config.inside or {}).get(level.name, ())
         for dim in dict.fromkeys(kept):
-            domain = next(
-                (d for d, layout in config.layouts.items() if dim in layout.dim_names), None
-            )
-            if domain is not None and config.dim_sizes[dim] > 1:
-                ranks = config.layout(domain).group(rank, dim).ranks()
+            domain = next((d for d, layout in layouts.items() if dim in layout.dim_names), None)
+            if domain is not None and sizes[dim] > 1:
+                ranks = layouts[domain].group(rank, dim).ranks()
                 groups.append((level.name, dim, domain, ranks))
     return groups
 
