@@ -94,7 +94,8 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
         config = OmegaConf.create(data)
     except OmegaConfBaseException as error:
         raise InterpolationError(
-            "", f"cannot read the config as OmegaConf: {first_line(error)}"
+            getattr(error, "full_key", None) or "",
+            f"cannot read the config as OmegaConf: {first_line(error)}",
         ) from None
     for override in overrides:
         key = format_key(override.path)
