@@ -49,6 +49,7 @@ SLOW_MODULES = frozenset(
         "test_fuzz",
         "test_fuzz_surfaces",
         "test_layers",
+        "test_measure",
         "test_order_runtime",
         "test_plan_fsdp_memory",
         "test_plan_memory_gloo",

@@ -7,6 +7,12 @@ bytes of optimizer state per parameter (fp32 master copy and two Adam moments) o
 data-parallel ranks, a rank holds ``(2 + 2 + K) Psi / Nd`` under stage 3,
 ``2 Psi + (2 + K) Psi / Nd`` under stage 2 and ``2 Psi + 2 Psi + K Psi / Nd`` under stage 1.
 meshconf counts torch's 4-byte Adam step per tensor on top, which the paper leaves out.
+
+Megatron-LM's ``theoretical_memory_usage.compute_weight_and_optimizer_memory`` counts 18
+bytes per parameter of the most loaded shard (bf16 weight, fp32 main gradient, fp32 master
+weight and two Adam moments), or ``6 + 12 / dp`` with its distributed optimizer; these are
+meshconf's ZeRO stage 1 with fp32 gradients, without and with the data-parallel ranks
+sharding the optimizer.
 """
 
 from __future__ import annotations
@@ -41,6 +47,20 @@ def test_model_state_is_the_paper_s(stage: ZeroStage, paper: int) -> None:
     memory = estimate_memory(ARCH, Parallelism(dp_shard=RANKS), training)
     steps = TENSORS * ADAM_STEP_BYTES
     assert memory.params + memory.grads + memory.optimizer - steps == paper
+
+
+@pytest.mark.parametrize(
+    ("degrees", "megatron_bytes_per_parameter"),
+    [({"dp_replicate": RANKS}, 18), ({"dp_shard": RANKS}, 6 + 12 / RANKS)],
+)
+def test_weights_and_optimizer_are_megatron_s_theoretical_memory(
+    degrees: dict[str, int], megatron_bytes_per_parameter: float
+) -> None:
+    training = Training(param_dtype="bf16", grad_dtype="fp32", zero_stage=1)
+    memory = estimate_memory(ARCH, Parallelism(**degrees), training)
+    sharded_steps = TENSORS * ADAM_STEP_BYTES
+    state = memory.params + memory.grads + memory.optimizer - sharded_steps
+    assert state == megatron_bytes_per_parameter * PSI
 
 
 def test_stages_1_and_2_gather_parameters_once_a_step() -> None:

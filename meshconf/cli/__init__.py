@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from meshconf._version import __version__
 
 #: Each verb, in the order ``meshconf --help`` lists them, is the module of the same name.
-VERBS = ("validate", "show", "simulate", "schema", "render", "plan", "convert")
+VERBS = ("validate", "show", "simulate", "measure", "schema", "render", "plan", "convert")
 
 
 def build_parser(verbs: Sequence[str] = VERBS) -> argparse.ArgumentParser:

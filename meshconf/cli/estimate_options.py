@@ -55,7 +55,7 @@ _CHOICES = (
     "dispatch_dtype",
     "mfu_counts",
 )
-_MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
+MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
 #: The option of each model and training setting, by attribute, in the order an emitted
@@ -292,7 +292,7 @@ def headroom_gib(found: Estimate, gpu_memory_gib: float) -> float:
 
 
 def largest_term(found: Estimate) -> str:
-    return max(_MEMORY_PARTS, key=lambda part: int(getattr(found.memory, part)))
+    return max(MEMORY_PARTS, key=lambda part: int(getattr(found.memory, part)))
 
 
 def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
     memory = found.memory
     return {
         "memory_gib": {
-            **{part: gib(getattr(memory, part)) for part in _MEMORY_PARTS},
+            **{part: gib(getattr(memory, part)) for part in MEMORY_PARTS},
             "total": gib(memory.total),
         },
         "memory_pp_rank": memory.pp_rank,
@@ -350,7 +350,7 @@ def settings_line(model: Architecture, training: Training) -> str:
 def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
     """The memory breakdown, communication and step time of one layout, as text."""
     memory = found.memory
-    parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in _MEMORY_PARTS)
+    parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in MEMORY_PARTS)
     headroom = headroom_gib(found, gpu_memory_gib)
     if found.problem:
         verdict = f"does NOT fit in {gpu_memory_gib:g} GiB ({found.problem})"
@@ -378,18 +378,17 @@ def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
     return lines
 
 
-def show_estimate(
-    args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
-) -> list[str] | int:
-    """For ``show --model``: the estimate of the config's layout, added to ``report`` under
-    ``estimate`` and returned as text lines (none without a model); an exit code after a
-    usage error or an invalid model file."""
+def config_estimate(
+    args: argparse.Namespace, config: MeshConfig
+) -> tuple[Architecture, Training, Estimate] | int | None:
+    """The estimate of the config's layout under the model options; None without a model;
+    an exit code after a usage error or an invalid model file."""
     modelled = model_request(args)
     if isinstance(modelled, int):
         return modelled
     model, training = modelled
     if model is None:
-        return []
+        return None
     topology = config.topology
     crosses: dict[str, int] = {}
     for name in RANKED_DIMS:
@@ -400,6 +399,18 @@ def show_estimate(
             crosses[name] = len(crossed_levels((home or holders)[0], name, topology))
     bandwidths = level_bandwidths(topology, training)
     degrees = Parallelism.of(config.resolved_degrees)
-    found = estimate(model, degrees, training, crosses, bandwidths)
-    report["estimate"] = {"model": model.name, **memory_json(found, training.gpu_memory_gib)}
-    return ["", settings_line(model, training), *memory_lines(found, training.gpu_memory_gib)]
+    return model, training, estimate(model, degrees, training, crosses, bandwidths)
+
+
+def show_estimate(
+    args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
+) -> list[str] | int:
+    """For ``show --model``: the estimate of the config's layout, added to ``report`` under
+    ``estimate`` and returned as text lines (none without a model); an exit code after a
+    usage error or an invalid model file."""
+    found = config_estimate(args, config)
+    if found is None or isinstance(found, int):
+        return [] if found is None else found
+    model, training, result = found
+    report["estimate"] = {"model": model.name, **memory_json(result, training.gpu_memory_gib)}
+    return ["", settings_line(model, training), *memory_lines(result, training.gpu_memory_gib)]

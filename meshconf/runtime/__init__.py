@@ -41,6 +41,12 @@ check_torch()
 from meshconf.runtime.context import DistributedContext, TopologyWarning  # noqa: E402
 from meshconf.runtime.groups import GroupCounters  # noqa: E402
 from meshconf.runtime.launch import Launch, LaunchError, read_launch  # noqa: E402
+from meshconf.runtime.measure import (  # noqa: E402
+    BuildError,
+    MeasuredMemory,
+    TrainingStep,
+    measure_memory,
+)
 from meshconf.runtime.order import CreationOrderError  # noqa: E402
 from meshconf.runtime.reductions import all_reduce  # noqa: E402
 from meshconf.runtime.rendezvous import (  # noqa: E402
@@ -50,16 +56,20 @@ from meshconf.runtime.rendezvous import (  # noqa: E402
 )
 
 __all__ = [
+    "BuildError",
     "CreationOrderError",
     "DistributedContext",
     "GroupCounters",
     "Launch",
     "LaunchError",
+    "MeasuredMemory",
     "RankFailedError",
     "RuntimeSetupError",
     "SetupTimeoutError",
     "TopologyWarning",
+    "TrainingStep",
     "UnsupportedTorchError",
     "all_reduce",
+    "measure_memory",
     "read_launch",
 ]

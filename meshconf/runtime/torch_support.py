@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import torch
@@ -87,13 +87,25 @@ PROBES: dict[str, Callable[[], bool]] = {
 }
 
 
-def check_torch() -> None:
-    """Probe every private name in :data:`PROBES`.
+#: What ``meshconf measure`` uses besides (its memory trackers), probed when it runs: importing
+#: them costs more than every other probe together.
+MEASURE_PROBES: dict[str, Callable[[], bool]] = {
+    "torch.distributed._tools.mem_tracker.MemTracker": _module_attribute(
+        "torch.distributed._tools.mem_tracker", "MemTracker"
+    ),
+    "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker": _module_attribute(
+        "torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"
+    ),
+}
+
+
+def check_torch(probes: Mapping[str, Callable[[], bool]] = PROBES) -> None:
+    """Probe every private name in ``probes``.
 
     Raises:
         UnsupportedTorchError: one line naming the torch version and the first missing name.
     """
-    for name, probe in PROBES.items():
+    for name, probe in probes.items():
         if not probe():
             raise UnsupportedTorchError(
                 f"meshconf's runtime needs {name}, which torch {torch.__version__} does not "

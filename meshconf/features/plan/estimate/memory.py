@@ -296,8 +296,9 @@ def rank_unsharded(arch: Architecture, par: Parallelism, stage: RankStage) -> in
 def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
     if training.zero_stage == 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
         return 0
-    kinds = [kind for kind, count in stage.layers.items() if count]
-    largest = max((block_elements(arch, kind, par) for kind in kinds), default=0)
+    layers = stage.layers
+    kinds = [kind for kind, count in layers.items() if count]
+    largest = max((_gathered_block(arch, kind, par) for kind in kinds), default=0)
     if training.zero_stage == 2:
         # whole parameters; one block's gradient before its reduce-scatter
         return largest * training.grad_bytes
@@ -307,10 +308,29 @@ def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: Ra
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
     # rank's gradients accumulate unsharded, in the reduction dtype.
-    held = rank_unsharded(arch, par, stage)
+    ends = (arch.embedding_weights() if stage.first else ()) + (
+        arch.output_weights() if stage.last else ()
+    )
+    held = sum(count * _gathered_block(arch, kind, par) for kind, count in layers.items() if count)
+    held += gathered(ends, par)
     accumulated = par.pp > 1 and microbatches(par, training) > 1
     grads = held if accumulated else largest
     return held * training.param_bytes + grads * training.grad_bytes
+
+
+def gathered(weights: Sequence[Weight], par: Parallelism) -> int:
+    """Elements an FSDP all-gather of the weights rebuilds. FSDP2 pads each weight's dim 0
+    to a multiple of the group's size, gathers the padded shards, and the unsharded
+    parameter is a view of that padded output (``FSDPParam.init_all_gather_outputs``), so
+    a small weight in a large group costs the group's size in rows."""
+    return sum(
+        _sharded(weight, par) * (par.efsdp if weight.experts else par.fsdp) for weight in weights
+    )
+
+
+@lru_cache(maxsize=4096)
+def _gathered_block(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
+    return gathered(arch.layer_weights(kind), par)
 
 
 def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:

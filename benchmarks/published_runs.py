@@ -1,0 +1,169 @@
+"""The estimate against published training runs: ``meshconf plan`` with each run's layout,
+model, hardware and options, as a user would type it.
+
+Run from the repository root with the interpreter meshconf is installed in::
+
+    python benchmarks/published_runs.py
+
+For each run it prints whether the published layout fits, its headroom, its rank among the
+layouts of ``plan`` at the same world size (with only the run's tensor and expert
+parallelism pinned, as a user who knows those two would ask), and the step time at the run's
+own MFU against the published step. Only figures the cited source states are used; where the
+source gives no memory, the table has none. A published step comes from the source's
+throughput: tokens per step over the world's tokens per second. The results go into
+docs/estimate.md ("Published runs"). Nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from harness import table
+
+#: H100 SXM and H800: dense bf16 peak 989 TFLOPs, NVLink 450 GB/s per direction on H100,
+#: 200 GB/s on H800, and 400 Gb/s of InfiniBand per GPU on both.
+H100 = ("--gpus-per-node", "8", "--peak-tflops", "989", "--inter-node-gbps", "400")
+H800 = (*H100, "--intra-node-gbps", "1600")
+LLAMA3_405B = (
+    "--model", "llama3-405b", "--global-batch-tokens", "16777216", "--pp-schedule",
+    "interleaved", "--virtual-stages", "8", "--first-stage-layers", "0", "--last-stage-layers",
+    "0",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    source: str
+    world_size: int
+    layout: dict[str, int]
+    pinned: tuple[str, ...]
+    options: tuple[str, ...]
+    published_step_s: float
+    published_mfu: float | None
+
+
+RUNS = (
+    Run(
+        "Llama 3.1 405B, 8,192 H100",
+        "Dubey et al., The Llama 3 Herd of Models (2024), table 4: TP 8, CP 1, PP 16, DP 64, "
+        "seq 8,192, 16M tokens a step, 430 TFLOPs per GPU, 43% MFU",
+        8192,
+        {"pp": 16, "dp_replicate": 1, "dp_shard": 64, "cp": 1, "tp": 8},
+        ("tp",),
+        (*H100, *LLAMA3_405B, "--seq-len", "8192"),
+        0.0,
+        0.43,
+    ),
+    Run(
+        "Llama 3.1 405B, 16,384 H100",
+        "same, table 4: TP 8, CP 1, PP 16, DP 128, seq 8,192, 16M tokens, 400 TFLOPs, 41% MFU",
+        16384,
+        {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8},
+        ("tp",),
+        (*H100, *LLAMA3_405B, "--seq-len", "8192"),
+        0.0,
+        0.41,
+    ),
+    Run(
+        "Llama 3.1 405B, 16,384 H100, long context",
+        "same, table 4: TP 8, CP 16, PP 16, DP 8, seq 131,072, 16M tokens, 380 TFLOPs, 38% MFU",
+        16384,
+        {"pp": 16, "dp_replicate": 1, "dp_shard": 8, "cp": 16, "tp": 8},
+        ("tp", "cp"),
+        (*H100, *LLAMA3_405B, "--seq-len", "131072"),
+        0.0,
+        0.38,
+    ),
+    Run(
+        "DeepSeek-V3, 2,048 H800",
+        "DeepSeek-V3 technical report (2024), sections 3.2 and 4.2: PP 16, EP 64, ZeRO-1 data "
+        "parallelism, no TP, seq 4,096, 15,360 sequences a step, routing to at most 4 nodes, "
+        "fp8 dispatch; 180K H800 GPU hours per trillion tokens (no MFU published)",
+        2048,
+        {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
+        ("tp", "ep"),
+        (
+            *H800,
+            "--model",
+            "deepseek-v3",
+            "--seq-len",
+            "4096",
+            "--global-batch-tokens",
+            "62914560",
+            "--zero-stage",
+            "1",
+            "--moe-max-nodes",
+            "4",
+            "--dispatch-dtype",
+            "fp8",
+        ),
+        # tokens per step over tokens per second: 2,048 GPUs take 180,000 GPU hours a 1e12
+        62914560 / (1e12 / (180_000 * 3600 / 2048)),
+        None,
+    ),
+)
+
+
+def _plan(run: Run, pins: dict[str, int], mfu: float | None) -> list[dict[str, object]]:
+    command = [sys.executable, "-m", "meshconf", "plan", "--world-size", str(run.world_size)]
+    for name, value in pins.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    command += [*run.options, "--format", "json", "--limit", "100000"]
+    if mfu is not None:
+        command += ["--mfu", str(mfu)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    rows: list[dict[str, object]] = json.loads(done.stdout)["assignments"]
+    return rows
+
+
+def main() -> None:
+    print("# The estimate against published runs\n")
+    print("Command: `python benchmarks/published_runs.py`\n")
+    rows = []
+    for run in RUNS:
+        (row,) = _plan(run, run.layout, run.published_mfu)
+        ranked = _plan(run, {name: run.layout[name] for name in run.pinned}, run.published_mfu)
+        degrees = {name: run.layout.get(name, 1) for name in row["degrees"]}  # type: ignore[attr-defined]
+        rank = next(index for index, other in enumerate(ranked, 1) if other["degrees"] == degrees)
+        estimated = float(row["step_seconds"])  # type: ignore[arg-type]
+        # Llama 3 states TFLOPs per GPU: its step is the estimate's compute at that MFU.
+        published = run.published_step_s or float(row["compute_seconds"])  # type: ignore[arg-type]
+        rows.append(
+            [
+                run.name,
+                "yes" if row["fits"] else f"no ({row['problem'] or row['largest_term']})",
+                f"{row['headroom_gib']}",
+                f"{rank} of {len(ranked)} ({', '.join(run.pinned)} pinned)",
+                "-" if run.published_mfu is None else f"{run.published_mfu:g}",
+                f"{estimated:.2f}",
+                f"{published:.2f}",
+                f"{estimated / published:.2f}",
+            ]
+        )
+    print(
+        table(
+            [
+                "run",
+                "fits",
+                "headroom GiB",
+                "rank in plan",
+                "MFU",
+                "step s (estimate)",
+                "step s (published)",
+                "ratio",
+            ],
+            rows,
+            right=(2, 4, 5, 6, 7),
+        )
+    )
+    print("\nSources:\n")
+    for run in RUNS:
+        print(f"- {run.name}: {run.source}.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""``meshconf measure PATH --build MODULE:FUNCTION``: run the user's own model-building and
+parallelizing function for one rank of the real world size, under fake tensors and torch's
+fake process group, and report the rank's memory by term at its peak, beside the estimate
+when a model is given (meshconf.runtime.measure)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from meshconf.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    add_source_options,
+    emit,
+    load_for_rank,
+    non_negative_int,
+    usage_error,
+)
+from meshconf.cli.estimate_options import (
+    MEMORY_PARTS,
+    add_model_options,
+    config_estimate,
+    memory_json,
+    settings_line,
+)
+from meshconf.core.errors import MeshconfError, printable
+from meshconf.features.plan.estimate.training import GIB
+from meshconf.features.simulation import check_simulation_memory, check_simulation_size
+
+_MIB = 2**20
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_for_rank(args)
+    if isinstance(config, int):
+        return config
+    world_size = config.resolved_world_size
+    assert world_size is not None
+    found = config_estimate(args, config)
+    if isinstance(found, int):
+        return found
+    try:
+        check_simulation_size(world_size, 1)
+        check_simulation_memory(world_size)
+        from meshconf.runtime.measure import load_build, measure_memory
+    except MeshconfError as error:
+        return usage_error(str(error))
+    try:
+        build = load_build(args.build)
+    except MeshconfError as error:
+        return usage_error(str(error))
+    try:
+        measured = measure_memory(config, build, rank=args.rank, world_size=world_size)
+    except MeshconfError as error:
+        print(f"meshconf: error: {printable(str(error))}", file=sys.stderr)
+        return EXIT_INVALID
+    estimate = None if found is None else found[2]
+    shown = [term for term in MEMORY_PARTS if measured.terms[term] or estimate is not None]
+    if measured.terms["other"]:
+        shown.append("other")
+    report: dict[str, Any] = {
+        "rank": measured.rank,
+        "world_size": measured.world_size,
+        "tracker": measured.tracker,
+        "torch": measured.torch_version,
+        "measured_bytes": {**measured.terms, "peak": measured.peak},
+    }
+    if found is not None:
+        model, training, _ = found
+        memory = found[2].memory
+        report["estimate_bytes"] = {
+            **{term: getattr(memory, term) for term in MEMORY_PARTS},
+            "total": memory.total,
+        }
+        report["estimate"] = {"model": model.name, **memory_json(found[2], training.gpu_memory_gib)}
+
+    # GiB for a real model; MiB for a small one, whose terms would round to nothing
+    largest = max(measured.peak, 0 if estimate is None else estimate.memory.total)
+    unit, unit_name = (GIB, "GiB") if largest >= GIB else (_MIB, "MiB")
+
+    def amount(size: int) -> str:
+        return f"{size / unit:.3f}"
+
+    def text() -> None:
+        print(
+            f"rank {measured.rank} of {measured.world_size}: {args.build}, 2 training steps "
+            f"under fake tensors and torch's fake process group, measured by torch "
+            f"{measured.torch_version}'s {measured.tracker}"
+        )
+        if found is not None:
+            print(settings_line(found[0], found[1]))
+        header = f"{unit_name} at the peak" + ("   estimate" if estimate is not None else "")
+        print(f"{'term':<12} {header}")
+        for term in shown:
+            cells = f"{amount(measured.terms[term]):>15}"
+            if estimate is not None:
+                value = getattr(estimate.memory, term, None)
+                cells += f"   {'-' if value is None else amount(value):>8}"
+            print(f"{term:<12} {cells}")
+        total = f"{amount(measured.peak):>15}"
+        if estimate is not None:
+            total += f"   {amount(estimate.memory.total):>8}"
+        print(f"{'peak':<12} {total}")
+
+    emit(text if args.format == "text" else lambda: print(json.dumps(report)))
+    return EXIT_OK
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "measure",
+        help="measure one rank's memory in a training step of your own model",
+        description="Run your function MODULE:FUNCTION, which takes the rank's "
+        "DistributedContext and returns a meshconf.runtime.TrainingStep (the parallelized "
+        "model, its optimizer and a callable that runs one step's forward and backward "
+        "passes), for one rank of the config's world, under fake tensors and torch's fake "
+        "process group, on CPU. torch's memory tracker follows two training steps; the "
+        "memory at the peak is split into the estimate's terms, beside the estimate when a "
+        "model is given (docs/estimate.md). Needs the torch extra.",
+    )
+    parser.add_argument("path", metavar="PATH", help="the config file")
+    parser.add_argument(
+        "--build",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="your build function (the current directory is searched first)",
+    )
+    parser.add_argument(
+        "--rank",
+        type=non_negative_int,
+        default=0,
+        metavar="R",
+        help="the rank to measure (default: 0)",
+    )
+    add_source_options(parser)
+    add_model_options(parser)
+    parser.set_defaults(run=run)

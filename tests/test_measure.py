@@ -1,0 +1,144 @@
+"""``meshconf measure``: the user's own build function, run for one rank under fake tensors
+and torch's fake process group (which simulates the world: nothing communicates), measured
+by torch's memory trackers, beside the estimate for the same shapes.
+
+Each run is a subprocess, as a user runs it, from the tests folder so that
+``--build measure_builds:...`` imports tests/measure_builds.py. The tolerances are those
+docs/estimate.md states: the model state (parameters, optimizer) exactly; FSDP's gathered
+working set within 15%, the activations within 10% and the peak within 5% of the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from measure_builds import MODEL_FILE
+
+HERE = Path(__file__).parent
+TRAINING = [
+    "--seq-len", "64", "--micro-batch", "2", "--param-dtype", "fp32", "--grad-dtype", "fp32",
+    "--activation-checkpointing", "none",
+]  # fmt: skip
+
+
+def _measure(
+    tmp_path: Path, config: str, build: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "mesh.yaml").write_text(config)
+    (tmp_path / "small.yaml").write_text(MODEL_FILE)
+    command = [sys.executable, "-m", "meshconf", "measure", str(tmp_path / "mesh.yaml")]
+    command += ["--build", f"measure_builds:{build}", *options]
+    return subprocess.run(command, cwd=HERE, capture_output=True, text=True, timeout=120)
+
+
+def _report(tmp_path: Path, config: str, build: str, *options: str) -> dict[str, Any]:
+    done = _measure(
+        tmp_path, config, build, "--model-file", str(tmp_path / "small.yaml"), *TRAINING,
+        "--format", "json", *options,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def _close(measured: int, estimated: int, tolerance: float) -> bool:
+    return abs(measured - estimated) <= tolerance * estimated
+
+
+def test_fsdp_at_a_large_world_matches_the_estimate_term_by_term(tmp_path: Path) -> None:
+    report = _report(tmp_path, "world_size: 512\ndegrees: {dp_shard: -1}\n", "fsdp", "--rank", "77")
+    measured, estimate = report["measured_bytes"], report["estimate_bytes"]
+    assert (report["rank"], report["world_size"], report["tracker"]) == (77, 512, "FSDPMemTracker")
+    assert measured["params"] == estimate["params"]
+    assert measured["optimizer"] == estimate["optimizer"]
+    # at the peak (the backward pass) the sharded gradients are only partly there
+    assert 0 < measured["grads"] <= estimate["grads"]
+    assert _close(measured["gathers"], estimate["gathers"], 0.15)
+    assert _close(measured["activations"], estimate["activations"], 0.10)
+    assert _close(measured["peak"], estimate["total"], 0.05)
+    assert measured["other"] == 0
+
+
+def test_tensor_parallel_model_state_matches_the_estimate(tmp_path: Path) -> None:
+    report = _report(tmp_path, "world_size: 2\ndegrees: {tp: 2}\n", "tensor_parallel")
+    measured, estimate = report["measured_bytes"], report["estimate_bytes"]
+    assert report["tracker"] == "MemTracker"
+    assert measured["params"] == estimate["params"]
+    assert _close(measured["grads"], estimate["grads"], 0.05)
+    assert measured["gathers"] == estimate["gathers"] == 0
+
+
+def test_the_text_report_sets_each_term_beside_its_estimate(tmp_path: Path) -> None:
+    done = _measure(
+        tmp_path, "world_size: 8\ndegrees: {dp_shard: 8}\n", "fsdp",
+        "--model-file", str(tmp_path / "small.yaml"), *TRAINING,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("rank 0 of 8: measure_builds:fsdp, 2 training steps under fake")
+    assert lines[0].endswith("'s FSDPMemTracker")
+    assert lines[2].split() == ["term", "MiB", "at", "the", "peak", "estimate"]
+    assert [line.split()[0] for line in lines[3:]] == [
+        "params", "grads", "optimizer", "gathers", "activations", "peak",
+    ]  # fmt: skip
+    assert lines[3].split()[1:] == ["1.532", "1.532"]
+
+
+@pytest.mark.parametrize(
+    ("build", "code", "message"),
+    [
+        (
+            "raises",
+            1,
+            "the build function raised ValueError: no checkpoint at /data/ckpt "
+            "(measure_builds.py:62)",
+        ),
+        (
+            "returns_a_model",
+            1,
+            "the build function returned LlamaLike, not a "
+            "meshconf.runtime.TrainingStep(model, optimizer, forward_backward)",
+        ),
+        ("no_such_function", 2, "--build: module 'measure_builds' has no function "
+         "'no_such_function'"),
+    ],
+)  # fmt: skip
+def test_a_failing_build_is_one_located_line(
+    tmp_path: Path, build: str, code: int, message: str
+) -> None:
+    done = _measure(tmp_path, "world_size: 8\ndegrees: {dp_shard: 8}\n", build)
+    assert (done.returncode, done.stdout) == (code, "")
+    assert done.stderr == f"meshconf: error: {message}\n"
+
+
+def test_a_step_that_raises_names_the_line_of_the_users_code(tmp_path: Path) -> None:
+    done = _measure(tmp_path, "world_size: 8\ndegrees: {dp_shard: 8}\n", "step_raises")
+    assert done.returncode == 1
+    assert done.stderr.startswith("meshconf: error: forward_backward raised RuntimeError: ")
+    assert done.stderr.endswith("(llama_like.py:112)\n")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("measure_builds", "--build: expected MODULE:FUNCTION (mypackage.train:build), got "
+         "'measure_builds'"),
+        ("no_such_module:build", "--build: module 'no_such_module' could not be imported: "
+         "ModuleNotFoundError: No module named 'no_such_module'"),
+    ],
+)  # fmt: skip
+def test_a_build_that_cannot_be_loaded_is_a_usage_error(
+    tmp_path: Path, spec: str, message: str
+) -> None:
+    (tmp_path / "mesh.yaml").write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
+    command = [sys.executable, "-m", "meshconf", "measure", str(tmp_path / "mesh.yaml")]
+    done = subprocess.run(
+        [*command, "--build", spec], cwd=HERE, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"meshconf: error: {message}")
