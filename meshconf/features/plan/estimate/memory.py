@@ -273,7 +273,7 @@ def _rank_shard(
             shard = _block_shard(arch, kind, par)
             elements += count * shard.elements
             tensors += count * shard.tensors
-    ends = (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
+    ends = end_weights(arch, first, last)
     shard = local_shard(ends, par)
     return Shard(elements + shard.elements, tensors + shard.tensors)
 
@@ -287,10 +287,7 @@ def rank_unsharded(arch: Architecture, par: Parallelism, stage: RankStage) -> in
     """Elements of the rank's weights after tp/ep/etp, before any data-parallel sharding."""
     layers = stage.layers
     held = sum(count * block_elements(arch, kind, par) for kind, count in layers.items() if count)
-    ends = (arch.embedding_weights() if stage.first else ()) + (
-        arch.output_weights() if stage.last else ()
-    )
-    return held + unsharded(ends, par)
+    return held + unsharded(end_weights(arch, stage.first, stage.last), par)
 
 
 def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
@@ -308,11 +305,8 @@ def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: Ra
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
     # rank's gradients accumulate unsharded, in the reduction dtype.
-    ends = (arch.embedding_weights() if stage.first else ()) + (
-        arch.output_weights() if stage.last else ()
-    )
     held = sum(count * _gathered_block(arch, kind, par) for kind, count in layers.items() if count)
-    held += gathered(ends, par)
+    held += gathered(end_weights(arch, stage.first, stage.last), par)
     accumulated = par.pp > 1 and microbatches(par, training) > 1
     grads = held if accumulated else largest
     return held * training.param_bytes + grads * training.grad_bytes
@@ -333,8 +327,14 @@ def _gathered_block(arch: Architecture, kind: LayerKind, par: Parallelism) -> in
     return gathered(arch.layer_weights(kind), par)
 
 
+def end_weights(arch: Architecture, first: bool, last: bool) -> tuple[Weight, ...]:
+    """The weights the first pipeline rank (the embedding) and the last (the final norm and
+    the output) hold besides their blocks."""
+    return (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
+
+
 def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
-    """Elements of one block after tp/ep/etp, as an FSDP all-gather rebuilds it."""
+    """Elements of one block after tp/ep/etp, before any data-parallel sharding."""
     dense, experts = block_split(arch, kind, Parallelism(tp=par.tp, ep=par.ep, etp=par.etp))
     return dense + experts
 
