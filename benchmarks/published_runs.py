@@ -7,11 +7,13 @@ Run from the repository root with the interpreter meshconf is installed in::
 
 For each run it prints whether the published layout fits, its headroom, its rank among the
 layouts of ``plan`` at the same world size (with only the run's tensor and expert
-parallelism pinned, as a user who knows those two would ask), and the step time at the run's
-own MFU against the published step. Only figures the cited source states are used; where the
-source gives no memory, the table has none. A published step comes from the source's
-throughput: tokens per step over the world's tokens per second. The results go into
-docs/estimate.md ("Published runs"). Nothing here is asserted.
+parallelism pinned, as a user who knows those two would ask), the step time at the run's own
+MFU taken over the compute (``--mfu``) against the published step, and, taking the MFU over
+the whole step as it was measured (``--mfu-over step``), the share of the peak the compute
+needs. Only figures the cited source states are used; where the source gives no memory, the
+table has none, and where it gives no MFU, the MFU is the one its step gives. A published
+step comes from the source's throughput: tokens per step over the world's tokens per
+second. The results go into docs/estimate.md ("Published runs"). Nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -108,16 +110,20 @@ RUNS = (
 )
 
 
-def _plan(run: Run, pins: dict[str, int], mfu: float | None) -> list[dict[str, object]]:
+def _plan(run: Run, pins: dict[str, int], *options: str) -> list[dict[str, object]]:
     command = [sys.executable, "-m", "meshconf", "plan", "--world-size", str(run.world_size)]
     for name, value in pins.items():
         command += [f"--{name.replace('_', '-')}", str(value)]
-    command += [*run.options, "--format", "json", "--limit", "100000"]
-    if mfu is not None:
-        command += ["--mfu", str(mfu)]
+    command += [*run.options, *options, "--format", "json", "--limit", "100000"]
     done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
     rows: list[dict[str, object]] = json.loads(done.stdout)["assignments"]
     return rows
+
+
+def _number(row: dict[str, object], key: str) -> float:
+    value = row[key]
+    assert isinstance(value, (int, float))
+    return float(value)
 
 
 def main() -> None:
@@ -125,41 +131,41 @@ def main() -> None:
     print("Command: `python benchmarks/published_runs.py`\n")
     rows = []
     for run in RUNS:
-        (row,) = _plan(run, run.layout, run.published_mfu)
-        ranked = _plan(run, {name: run.layout[name] for name in run.pinned}, run.published_mfu)
-        degrees = {name: run.layout.get(name, 1) for name in row["degrees"]}  # type: ignore[attr-defined]
+        if run.published_mfu is None:
+            # the MFU the published step gives, with meshconf's count of the model's FLOPs
+            (reference,) = _plan(run, run.layout, "--mfu", "0.4")
+            mfu = 0.4 * _number(reference, "compute_seconds") / run.published_step_s
+        else:
+            mfu = run.published_mfu
+        at_mfu = ("--mfu", f"{mfu:.4f}")
+        (row,) = _plan(run, run.layout, *at_mfu)
+        (over_step,) = _plan(run, run.layout, *at_mfu, "--mfu-over", "step")
+        ranked = _plan(run, {name: run.layout[name] for name in run.pinned}, *at_mfu)
+        degrees = {name: run.layout.get(name, 1) for name in ranked[0]["degrees"]}  # type: ignore[attr-defined]
         rank = next(index for index, other in enumerate(ranked, 1) if other["degrees"] == degrees)
-        estimated = float(row["step_seconds"])  # type: ignore[arg-type]
+        estimated = _number(row, "step_seconds")
         # Llama 3 states TFLOPs per GPU: its step is the estimate's compute at that MFU.
-        published = run.published_step_s or float(row["compute_seconds"])  # type: ignore[arg-type]
+        published = run.published_step_s or _number(row, "compute_seconds")
+        needed = over_step["compute_mfu"]
+        mfu_text = f"{mfu:.2f}" + (" (from the step)" if run.published_mfu is None else "")
         rows.append(
             [
                 run.name,
                 "yes" if row["fits"] else f"no ({row['problem'] or row['largest_term']})",
                 f"{row['headroom_gib']}",
                 f"{rank} of {len(ranked)} ({', '.join(run.pinned)} pinned)",
-                "-" if run.published_mfu is None else f"{run.published_mfu:g}",
+                mfu_text,
                 f"{estimated:.2f}",
                 f"{published:.2f}",
                 f"{estimated / published:.2f}",
+                "cannot reach it" if needed is None else f"{needed:.2f}",
             ]
         )
-    print(
-        table(
-            [
-                "run",
-                "fits",
-                "headroom GiB",
-                "rank in plan",
-                "MFU",
-                "step s (estimate)",
-                "step s (published)",
-                "ratio",
-            ],
-            rows,
-            right=(2, 4, 5, 6, 7),
-        )
-    )
+    headers = [
+        "run", "fits", "headroom GiB", "rank in plan", "MFU", "step s, MFU over compute",
+        "step s, published", "ratio", "compute needs (MFU over the step)",
+    ]  # fmt: skip
+    print(table(headers, rows, right=(2, 4, 5, 6, 7, 8)))
     print("\nSources:\n")
     for run in RUNS:
         print(f"- {run.name}: {run.source}.")

@@ -76,7 +76,7 @@ TORCHTITAN_OUTPUT = """\
 #   --world-size; at start-up meshconf checks that the launcher's world size agrees.
 #
 # - Not converted, as they are not mesh settings (keep them in the torchtitan job config):
-#   fsdp_reshard_after_forward, enable_async_tensor_parallel, pipeline_parallel_schedule,
+#   enable_async_tensor_parallel, pipeline_parallel_schedule,
 #   pipeline_parallel_microbatch_size.
 
 world_size: 64
@@ -90,6 +90,9 @@ degrees:
   tp: 8
   ep: 1
   etp: 1
+
+training:
+  reshard_after_forward: default
 """
 
 WORLD_FROM_OPTION = (

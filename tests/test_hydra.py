@@ -324,3 +324,18 @@ def test_levels_and_inside_from_the_command_line(composer) -> None:
         "parallelism.levels[0].size: one nvlink domain of 12 GPUs must hold whole units of the "
         "level below (one node of 8 GPUs): 12 is not a multiple of 8"
     )
+
+
+def test_the_training_block_from_the_command_line(composer) -> None:
+    """An unset block is no block; a bad value is meshconf's message at its key."""
+    assert instantiate(composer().parallelism).training is None
+    cfg = composer("parallelism.training.zero_stage=1", "parallelism.training.moe_max_nodes=4")
+    training = instantiate(cfg.parallelism).training
+    assert training is not None
+    assert training.estimate_settings() == {"zero_stage": 1, "moe_max_nodes": 4}
+    cfg = composer("parallelism.training.pp_schedule=interleaved")
+    with pytest.raises(HydraConfigError) as raised:
+        instantiate(cfg.parallelism)
+    assert str(raised.value) == (
+        "parallelism.training.virtual_stages: pp_schedule interleaved needs virtual_stages >= 2"
+    )

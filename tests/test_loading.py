@@ -238,7 +238,7 @@ def test_errors_on_keys_an_override_created_name_the_override(tmp_path: Path) ->
     path = write(tmp_path, "world_size: 8\n")
     assert lines(path, overrides=["foo.bar=3"]) == [
         "override 'foo.bar=3': foo: unknown key 'foo'; allowed: world_size, gpus_per_node, "
-        "degrees, order, inside_node, levels, inside, derived, domains, runtime"
+        "degrees, order, inside_node, levels, inside, derived, domains, runtime, training"
     ]
 
 

@@ -10,20 +10,20 @@ meshconf counts torch's 4-byte Adam step per tensor on top, which the paper leav
 
 Megatron-LM's ``theoretical_memory_usage.compute_weight_and_optimizer_memory`` counts 18
 bytes per parameter of the most loaded shard (bf16 weight, fp32 main gradient, fp32 master
-weight and two Adam moments), or ``6 + 12 / dp`` with its distributed optimizer; these are
-meshconf's ZeRO stage 1 with fp32 gradients, without and with the data-parallel ranks
-sharding the optimizer.
+weight and two Adam moments), or ``6 + 12 / dp`` with its distributed optimizer: meshconf's
+ZeRO stages 0 and 1 with fp32 gradients.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from meshconf.core.training import ZeroStage
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training, ZeroStage
+from meshconf.features.plan.estimate.training import Parallelism, Training
 
 # Every dim divides by 4, so FSDP's shards need no padding.
 ARCH = Architecture("small", 4, 256, 704, 512, GroupedQueryAttention(4, 2, 64))
@@ -38,6 +38,7 @@ TENSORS = sum(len(ARCH.layer_weights("dense")) for _ in range(ARCH.layers)) + le
     ("stage", "paper"),
     [
         (3, (2 + 2 + 12) * PSI // RANKS),
+        (0, (2 + 2 + 12) * PSI),
         (2, 2 * PSI + (2 + 12) * PSI // RANKS),
         (1, 2 * PSI + 2 * PSI + 12 * PSI // RANKS),
     ],
@@ -50,14 +51,14 @@ def test_model_state_is_the_paper_s(stage: ZeroStage, paper: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("degrees", "megatron_bytes_per_parameter"),
-    [({"dp_replicate": RANKS}, 18), ({"dp_shard": RANKS}, 6 + 12 / RANKS)],
+    ("stage", "megatron_bytes_per_parameter"),
+    [(0, 18), (1, 6 + 12 / RANKS)],
 )
 def test_weights_and_optimizer_are_megatron_s_theoretical_memory(
-    degrees: dict[str, int], megatron_bytes_per_parameter: float
+    stage: ZeroStage, megatron_bytes_per_parameter: float
 ) -> None:
-    training = Training(param_dtype="bf16", grad_dtype="fp32", zero_stage=1)
-    memory = estimate_memory(ARCH, Parallelism(**degrees), training)
+    training = Training(param_dtype="bf16", grad_dtype="fp32", zero_stage=stage)
+    memory = estimate_memory(ARCH, Parallelism(dp_shard=RANKS), training)
     sharded_steps = TENSORS * ADAM_STEP_BYTES
     state = memory.params + memory.grads + memory.optimizer - sharded_steps
     assert state == megatron_bytes_per_parameter * PSI
@@ -65,17 +66,20 @@ def test_weights_and_optimizer_are_megatron_s_theoretical_memory(
 
 def test_stages_1_and_2_gather_parameters_once_a_step() -> None:
     """ZeRO 3 gathers the weights for every forward and backward pass of every micro-batch;
-    1 and 2 once a step, after the optimizer. Both reduce-scatter the gradients once."""
+    1 and 2 once a step, after the optimizer. Both reduce-scatter the gradients once; ZeRO 0
+    all-reduces them and gathers nothing."""
     par = Parallelism(dp_shard=RANKS)
     sent = {
         stage: traffic(ARCH, par, Training(zero_stage=stage, global_batch_tokens=8 * 8192 * 4), {})
-        for stage in (1, 3)
+        for stage in (0, 1, 3)
     }
     micro_batches = 8
     ring = (RANKS - 1) / RANKS
     weights = PSI
     assert sent[1]["fsdp"].bytes == int((weights * 2 + weights * 4) * ring)
     assert sent[3]["fsdp"].bytes == int((2 * micro_batches * weights * 2 + weights * 4) * ring)
+    # ZeRO 0: an all-reduce of the gradients, a reduce-scatter and an all-gather of them
+    assert sent[0]["fsdp"].bytes == int(2 * weights * 4 * ring)
 
 
 @pytest.mark.parametrize(("checkpointing", "ratio"), [("full", 4 / 3), ("none", 1.0)])
@@ -86,3 +90,32 @@ def test_hardware_flops_count_the_recomputed_forward_pass(checkpointing: str, ra
     model = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="model"), {})  # type: ignore[arg-type]
     hardware = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="hardware"), {})  # type: ignore[arg-type]
     assert hardware.compute_seconds == pytest.approx(model.compute_seconds * ratio)
+
+
+def test_an_mfu_over_the_step_is_the_step_s_and_says_what_the_compute_needs() -> None:
+    """A published MFU is model FLOPs over the whole step: at that MFU the step is
+    ``F / (peak mfu)`` whatever the bubble and the communication not hidden, and the
+    compute must then reach a larger share of the peak, which the estimate gives."""
+    par = Parallelism(pp=4, dp_shard=RANKS)
+    over_compute = Training(global_batch_tokens=8 * 8192 * RANKS, mfu=0.4)
+    over_step = Training(global_batch_tokens=8 * 8192 * RANKS, mfu=0.4, mfu_over="step")
+    plain = estimate(ARCH, par, over_compute, {})
+    found = estimate(ARCH, par, over_step, {})
+    assert plain.compute_mfu == 0.4
+    assert found.step_seconds == pytest.approx(plain.compute_seconds, rel=1e-12)
+    assert found.compute_mfu is not None and found.compute_mfu > 0.4
+    # the compute the step leaves, stretched by the bubble, with the exposed traffic
+    stretched = (found.compute_seconds + found.exposed_seconds) * (1 + found.bubble_fraction)
+    assert stretched == pytest.approx(found.step_seconds, rel=1e-12)
+    assert found.compute_mfu == pytest.approx(0.4 * plain.compute_seconds / found.compute_seconds)
+
+
+def test_an_mfu_the_layout_cannot_reach_over_the_step_is_said() -> None:
+    """With a bubble of 3 (4 stages, one micro-batch), no compute reaches 0.9 over the step:
+    the estimate runs the compute at the peak and says it cannot reach the MFU."""
+    par = Parallelism(pp=4, dp_shard=RANKS)
+    training = Training(global_batch_tokens=8192 * RANKS, mfu=0.9, mfu_over="step")
+    found = estimate(ARCH, par, training, {})
+    at_peak = estimate(ARCH, par, Training(global_batch_tokens=8192 * RANKS, mfu=1.0), {})
+    assert found.compute_mfu is None
+    assert found.step_seconds == pytest.approx(at_peak.step_seconds, rel=1e-12)

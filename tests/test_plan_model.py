@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,
@@ -22,7 +23,7 @@ from meshconf.features.plan.estimate.memory import (
 )
 from meshconf.features.plan.estimate.model_file import model_schema_text
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import GIB, Parallelism, Training
+from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.ranking import make_plan
 from meshconf.features.plan.request import Request
 

@@ -6,8 +6,12 @@ section 3.3.2)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+import meshconf
 from meshconf.features.plan.estimate.memory import explicit_sizes, rank_chunks, split_problem
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
@@ -82,17 +86,34 @@ def test_the_options_are_checked_like_the_others(run_cli) -> None:  # type: igno
     assert result.stderr.startswith("meshconf: error: --first-stage-layers: ")
 
 
-def test_megatron_s_first_and_last_stage_layers_become_the_estimate_s_options(run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_megatron_s_training_settings_become_the_config_s_training_block(
+    run_cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     args = "--pipeline-model-parallel-size 16 --tensor-model-parallel-size 8 "
     split = "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7"
+    more = " --use-distributed-optimizer --virtual-pipeline-model-parallel-size 4"
+    out = tmp_path / "converted.yaml"
     result = run_cli(
-        "convert", "--from", "megatron", "--args", args + split, "--world-size", "16384"
-    )
+        "convert", "--from", "megatron", "--args", args + split + more, "--world-size", "16384",
+        "--out", str(out),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert (
-        "# - The pipeline's first and last stages hold their own numbers of layers: estimate the\n"
-        "#   memory with show --model M --first-stage-layers 7 --last-stage-layers 7.\n"
-    ) in result.stdout
+    config = meshconf.load_config(out)
+    assert config.training is not None
+    assert config.training.estimate_settings() == {
+        "zero_stage": 1, "schedule": "interleaved", "virtual_stages": 4,
+        "first_stage_layers": 7, "last_stage_layers": 7,
+    }  # fmt: skip
+    # show --model reads the block: the same estimate as the options give
+    from_block = run_cli("show", str(out), "--model", "llama3-405b", "--format", "json")
+    from_options = run_cli(
+        "show", str(out), "--model", "llama3-405b", "--format", "json", "--zero-stage", "1",
+        "--pp-schedule", "interleaved", "--virtual-stages", "4", "--first-stage-layers", "7",
+        "--last-stage-layers", "7",
+    )  # fmt: skip
+    assert json.loads(from_block.stdout)["estimate"] == json.loads(from_options.stdout)["estimate"]
+    overridden = run_cli("show", str(out), "--model", "llama3-405b", "--zero-stage", "3")
+    assert "ZeRO stage" not in overridden.stdout
     bad = run_cli(
         "convert", "--from", "megatron", "--args", args + "--decoder-first-pipeline-num-layers x"
     )
@@ -101,3 +122,11 @@ def test_megatron_s_first_and_last_stage_layers_become_the_estimate_s_options(ru
         "--args:1:102: --decoder-first-pipeline-num-layers: expected an integer >= 1, got the "
         "string 'x'"
     ]
+    one_chunk = run_cli(
+        "convert", "--from", "megatron", "--args", args + "--virtual-pipeline-model-parallel-size 1"
+    )
+    assert (one_chunk.returncode, one_chunk.stdout) == (
+        1,
+        "--args:1:105: --virtual-pipeline-model-parallel-size: pp_schedule interleaved needs "
+        "virtual_stages >= 2\n",
+    )

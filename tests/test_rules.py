@@ -214,13 +214,13 @@ def test_unknown_keys_with_hints() -> None:
         "degrees.tpp: unknown key 'tpp' (did you mean 'pp' or 'tp'?); allowed: pp, dp_replicate, "
         "dp_shard, cp, tp, ep, etp",
         "degreez: unknown key 'degreez' (did you mean 'degrees'?); allowed: world_size, "
-        "gpus_per_node, degrees, order, inside_node, levels, inside, derived, domains, runtime",
+        "gpus_per_node, degrees, order, inside_node, levels, inside, derived, domains, runtime, training",
     ]
 
 
 def test_a_hint_needs_more_than_letters_in_common_by_chance() -> None:
     """A NeMo file's ``model:`` shares three letters with 'order'; a typo shares most."""
-    allowed = "allowed: world_size, gpus_per_node, degrees, order, inside_node, levels, inside, derived, domains, runtime"
+    allowed = "allowed: world_size, gpus_per_node, degrees, order, inside_node, levels, inside, derived, domains, runtime, training"
     assert errors({"model": {}, "odrer": ["pp"], "world": 8}) == [
         f"model: unknown key 'model'; {allowed}",
         f"odrer: unknown key 'odrer' (did you mean 'order'?); {allowed}",
@@ -451,5 +451,5 @@ def test_messages_stay_short_and_name_their_limits() -> None:
 def test_a_forgotten_key_option_is_pointed_out() -> None:
     assert errors({"parallelism": {"world_size": 8}})[0] == (
         "parallelism: unknown key 'parallelism'; allowed: world_size, gpus_per_node, degrees, order, "
-        "inside_node, levels, inside, derived, domains, runtime (to check the meshconf block under it, pass --key parallelism)"
+        "inside_node, levels, inside, derived, domains, runtime, training (to check the meshconf block under it, pass --key parallelism)"
     )

@@ -12,26 +12,27 @@ from typing import Any
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
 from meshconf.core.errors import ConfigError, SourceError
 from meshconf.core.levels import crossed_levels
-from meshconf.features.plan.estimate.architecture import Architecture
-from meshconf.features.plan.estimate.communication import level_bandwidths
-from meshconf.features.plan.estimate.model_file import load_model_file
-from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.step import Estimate, estimate
-from meshconf.features.plan.estimate.training import (
+from meshconf.core.training import (
     CHECKPOINTING,
     DISPATCH_BYTES,
     DTYPE_BYTES,
     GIB,
     MFU_COUNTS,
+    MFU_OVER,
     RESHARDING,
     SCHEDULES,
     TRAINING_BOUNDS,
     ZERO_STAGES,
-    Parallelism,
-    Training,
 )
+from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.communication import level_bandwidths
+from meshconf.features.plan.estimate.model_file import load_model_file
+from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.step import Estimate, estimate
+from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.model.config import MeshConfig
+from meshconf.model.training import TrainingOptions
 
 _DEFAULTS = Training()
 #: The training options, which need a model: integers, positive numbers, and choices.
@@ -54,6 +55,7 @@ _CHOICES = (
     "zero_stage",
     "dispatch_dtype",
     "mfu_counts",
+    "mfu_over",
 )
 MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
@@ -84,6 +86,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "peak_tflops": "--peak-tflops",
         "mfu": "--mfu",
         "mfu_counts": "--mfu-counts",
+        "mfu_over": "--mfu-over",
     }
 )
 
@@ -185,6 +188,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "counts them; recomputation not counted) or hardware FLOPs (recomputation counted) "
         f"({_DEFAULTS.mfu_counts})",
     )
+    option(
+        "mfu_over",
+        choices=MFU_OVER,
+        help="what --mfu is measured over: the compute alone, the pipeline bubble and the "
+        "communication not hidden coming on top; or the whole step, as a published MFU is, "
+        f"the estimate then saying what share of the peak the compute needs ({_DEFAULTS.mfu_over})",
+    )
 
 
 def model_words(args: argparse.Namespace) -> list[str]:
@@ -196,14 +206,30 @@ def model_words(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | int:
-    """The model and settings the options ask for, or the exit code after printing a usage
-    error or the problems of an invalid model file."""
-    found = _model_request(args)
+def training_block(args: argparse.Namespace, training: Training) -> dict[str, Any]:
+    """The keys of a config's ``training`` block that the options set, with the values
+    ``training`` holds for them: what ``plan --emit`` writes into the config."""
+    names = {"pp_schedule": "schedule"}
+    return {
+        key: getattr(training, names.get(key, key))
+        for key in TrainingOptions.model_fields
+        if getattr(args, names.get(key, key)) is not None
+    }
+
+
+def model_request(
+    args: argparse.Namespace, config_settings: Mapping[str, Any] = MappingProxyType({})
+) -> tuple[Architecture | None, Training] | int:
+    """The model and settings the options ask for, over ``config_settings`` (a config's
+    ``training`` block) over the defaults, or the exit code after printing a usage error or
+    the problems of an invalid model file."""
+    found = _model_request(args, config_settings)
     return usage_error(found) if isinstance(found, str) else found
 
 
-def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Training] | str | int:
+def _model_request(
+    args: argparse.Namespace, config_settings: Mapping[str, Any]
+) -> tuple[Architecture | None, Training] | str | int:
     names = [*_INTEGERS, *_NUMBERS, *_CHOICES]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.model is not None and args.model_file is not None:
@@ -221,7 +247,7 @@ def _model_request(args: argparse.Namespace) -> tuple[Architecture | None, Train
         if isinstance(value, str):
             return value
         settings[name] = value
-    training = Training(**{**_DEFAULTS.__dict__, **settings})
+    training = Training(**{**_DEFAULTS.__dict__, **config_settings, **settings})
     problem = _schedule_problem(training)
     if problem:
         return problem
@@ -321,6 +347,7 @@ def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
             for name, flow in found.traffic.items()
         },
         "exposed_communication_seconds": round(found.exposed_seconds, 4),
+        "compute_mfu": None if found.compute_mfu is None else round(found.compute_mfu, 4),
         "step_seconds": round(found.step_seconds, 4),
     }
 
@@ -337,6 +364,8 @@ def settings_line(model: Architecture, training: Training) -> str:
     )
     if training.zero_stage != 3:
         resharding += f"; ZeRO stage {training.zero_stage}"
+    if training.mfu_over == "step":
+        resharding += f"; MFU {training.mfu:g} over the step"
     if schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
     return (
@@ -347,8 +376,9 @@ def settings_line(model: Architecture, training: Training) -> str:
     )
 
 
-def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
+def memory_lines(found: Estimate, training: Training) -> list[str]:
     """The memory breakdown, communication and step time of one layout, as text."""
+    gpu_memory_gib = training.gpu_memory_gib
     memory = found.memory
     parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in MEMORY_PARTS)
     headroom = headroom_gib(found, gpu_memory_gib)
@@ -362,10 +392,19 @@ def memory_lines(found: Estimate, gpu_memory_gib: float) -> list[str]:
             f"does NOT fit in {gpu_memory_gib:g} GiB, {-headroom:g} GiB over; the largest "
             f"term is {term} ({gib(getattr(memory, term)):g}): {_REMEDIES[term]}"
         )
+    share = ""
+    if training.mfu_over == "step":
+        share = (
+            f" ({found.compute_mfu:.3g} of peak)"
+            if found.compute_mfu is not None
+            else " (at the peak: the bubble and the communication not hidden leave no time to "
+            "reach --mfu)"
+        )
     lines = [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
         f"{gib(memory.total):g}: {verdict}",
-        f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s, "
+        f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s"
+        f"{share}, "
         f"communication not hidden {found.exposed_seconds:.3g} s, pipeline bubble "
         f"{found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
     ]
@@ -383,7 +422,8 @@ def config_estimate(
 ) -> tuple[Architecture, Training, Estimate] | int | None:
     """The estimate of the config's layout under the model options; None without a model;
     an exit code after a usage error or an invalid model file."""
-    modelled = model_request(args)
+    block = config.training
+    modelled = model_request(args, {} if block is None else block.estimate_settings())
     if isinstance(modelled, int):
         return modelled
     model, training = modelled
@@ -413,4 +453,4 @@ def show_estimate(
         return [] if found is None else found
     model, training, result = found
     report["estimate"] = {"model": model.name, **memory_json(result, training.gpu_memory_gib)}
-    return ["", settings_line(model, training), *memory_lines(result, training.gpu_memory_gib)]
+    return ["", settings_line(model, training), *memory_lines(result, training)]

@@ -27,7 +27,7 @@ from meshconf.cli.estimate_options import (
     settings_line,
 )
 from meshconf.core.errors import MeshconfError, printable
-from meshconf.features.plan.estimate.training import GIB
+from meshconf.core.training import GIB
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size
 
 _MIB = 2**20

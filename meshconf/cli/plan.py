@@ -22,6 +22,7 @@ from meshconf.cli.estimate_options import (
     model_request,
     model_words,
     settings_line,
+    training_block,
 )
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
@@ -149,7 +150,7 @@ def _flow_list(dumper: yaml.SafeDumper, items: list[str]) -> yaml.Node:
 _ConfigDumper.add_representer(list, _flow_list)
 
 
-def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
+def _emit_yaml(plan: Plan, index: int, model_words: list[str], training: dict[str, Any]) -> str:
     request = plan.request
     assignment = plan.best[index - 1]
     config = build_config(request, assignment.degrees)
@@ -164,9 +165,10 @@ def _emit_yaml(plan: Plan, index: int, model_words: list[str]) -> str:
         if request.gpus_per_node is not None
         else ""
     )
-    body = yaml.dump(
-        config_data(request, assignment.degrees), Dumper=_ConfigDumper, sort_keys=False
-    )
+    data = config_data(request, assignment.degrees)
+    if training:
+        data["training"] = training
+    body = yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False)
     return (
         f"# {_command_line(request, index, model_words)} (assignment {index} of {plan.total})"
         f"\n{locality}{_estimate_comment(assignment)}{body}"
@@ -342,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
             return usage_error(
                 f"--emit {index} is not a row: there are {plan.total} valid assignments"
             )
-        text = _emit_yaml(plan, index, model_words(args))
+        text = _emit_yaml(plan, index, model_words(args), training_block(args, training))
         emit(lambda: print(text, end=""))
     elif args.format == "json":
         report = _json_report(plan)

@@ -68,6 +68,18 @@ class RuntimeNode:
 
 
 @dataclass
+class TrainingNode:
+    zero_stage: Optional[int] = None  # noqa: UP045
+    reshard_after_forward: Optional[str] = None  # noqa: UP045
+    pp_schedule: Optional[str] = None  # noqa: UP045
+    virtual_stages: Optional[int] = None  # noqa: UP045
+    first_stage_layers: Optional[int] = None  # noqa: UP045
+    last_stage_layers: Optional[int] = None  # noqa: UP045
+    moe_max_nodes: Optional[int] = None  # noqa: UP045
+    dispatch_dtype: Optional[str] = None  # noqa: UP045
+
+
+@dataclass
 class LevelNode:
     name: Optional[str] = None  # noqa: UP045
     size: Optional[int] = None  # noqa: UP045
@@ -93,6 +105,9 @@ class MeshConfigNode:
     derived: Dict[str, Any] = field(default_factory=dict)  # noqa: UP006
     domains: Optional[Dict[str, List[str]]] = None  # noqa: UP006, UP045
     runtime: RuntimeNode = field(default_factory=RuntimeNode)
+    # A node, as inside_node: `parallelism.training.zero_stage=1` works; left all None, it
+    # means no training block.
+    training: TrainingNode = field(default_factory=TrainingNode)
 
 
 class HydraConfigError(ConfigError, CompactHydraException):
@@ -175,10 +190,10 @@ def _set_values(fields: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in fields.items():
         if isinstance(value, Container):
             value = OmegaConf.to_container(value, resolve=True)
-        if isinstance(value, Mapping) and name in ("degrees", "inside_node", "runtime"):
+        if isinstance(value, Mapping) and name in ("degrees", "inside_node", "runtime", "training"):
             value = _set_values(value)
         if name == "levels" and isinstance(value, list):
             value = [_set_values(level) if isinstance(level, Mapping) else level for level in value]
-        if value is not None and not (name in ("inside_node", "inside") and not value):
+        if value is not None and not (name in ("inside_node", "inside", "training") and not value):
             plain[name] = value
     return plain

@@ -50,6 +50,7 @@ from meshconf.model.fields import (
     level_list,
 )
 from meshconf.model.rules import analyze
+from meshconf.model.training import TrainingOptions
 
 
 class _Frozen(BaseModel):
@@ -288,6 +289,12 @@ class MeshConfig(_Frozen):
         description="How DistributedContext picks device, backend and timeouts.",
         examples=[{"device": "cuda", "timeout_s": 600}],
     )
+    training: TrainingOptions | None = Field(
+        None,
+        description="How training uses the dims (ZeRO stage, pipeline split, expert routing), "
+        "for show --model's estimate; the meshes are the same whatever it says.",
+        examples=[{"zero_stage": 1, "pp_schedule": "interleaved", "virtual_stages": 8}],
+    )
 
     _analysis: Analysis = PrivateAttr(default_factory=Analysis)
 
@@ -451,7 +458,7 @@ class MeshConfig(_Frozen):
         if self.inside_node is not None:
             # Only when set, so that configs without it keep the fingerprints they had.
             resolved["inside_node"] = self.inside_node.model_dump()
-        for key in ("levels", "inside"):
+        for key in ("levels", "inside", "training"):
             if getattr(self, key) is not None:
                 resolved[key] = self.model_dump(mode="json")[key]
         if self.order is not None and self.order != WORLD_FACTORS:

@@ -73,7 +73,8 @@ def build_schema(flavor: Flavor = "plain") -> dict[str, Any]:
     properties = generated["properties"]
     for name in ("degrees", "runtime"):
         properties[name] = _inline(properties[name], definitions)
-    properties["inside_node"] = _inline_optional(properties["inside_node"], definitions)
+    for name in ("inside_node", "training"):
+        properties[name] = _inline_optional(properties[name], definitions)
     levels = properties["levels"]["anyOf"][0]
     levels["items"] = _inline(levels["items"], definitions)
     levels["maxItems"] = MAX_LEVELS

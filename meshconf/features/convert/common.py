@@ -94,6 +94,7 @@ class Draft:
     #: The degrees the table set, by meshconf name, as converted.
     degrees: dict[str, int] = field(default_factory=dict)
     runtime: dict[str, int | str] = field(default_factory=dict)
+    training: dict[str, int | str] = field(default_factory=dict)
     comments: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: The source key of each meshconf key, to place meshconf's problems.
@@ -137,6 +138,8 @@ class Draft:
             data["domains"] = {name: list(dims) for name, dims in self.domains.items()}
         if self.runtime:
             data["runtime"] = dict(self.runtime)
+        if self.training:
+            data["training"] = dict(self.training)
         return data
 
 

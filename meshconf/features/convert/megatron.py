@@ -34,7 +34,7 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
-from meshconf.features.convert.megatron_input import SPLIT_SETTINGS, Setting
+from meshconf.features.convert.megatron_input import TRAINING_SETTINGS, Setting
 from meshconf.features.convert.shell import unexpanded
 from meshconf.model.config import MeshConfig
 
@@ -96,18 +96,24 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
     return sizes
 
 
-def _stage_split(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
-    """The estimate's options for Megatron's first and last stage layers, where given."""
-    found = {}
-    for name, option in zip(
-        SPLIT_SETTINGS, ("--first-stage-layers", "--last-stage-layers"), strict=True
-    ):
+def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
+    """The config's ``training`` block from Megatron's settings: the ZeRO stage its
+    distributed optimizer gives, and each of :data:`TRAINING_SETTINGS` given."""
+    optimizer = settings.get("use_distributed_optimizer")
+    draft.training["zero_stage"] = 0 if optimizer is None else 1
+    if optimizer is not None:
+        draft.origins[("training", "zero_stage")] = optimizer.key
+    for name, key in TRAINING_SETTINGS.items():
         setting = settings.get(name)
-        if setting is not None:
-            value = _integer(draft, setting)
-            if value is not None:
-                found[option] = value
-    return found
+        if setting is None:
+            continue
+        value = _integer(draft, setting)
+        if value is None:
+            continue
+        draft.training[key] = value
+        draft.origins[("training", key)] = setting.key
+        if key == "virtual_stages":
+            draft.training["pp_schedule"] = "interleaved"
 
 
 def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> str:
@@ -208,7 +214,7 @@ def convert_megatron(
     if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
         keys["order"] = keys["use_tp_pp_dp_mapping"]
     sizes = _sizes(draft, settings)
-    split = _stage_split(draft, settings)
+    _training(draft, settings)
     order = _order(draft, settings, sizes)
     launch_note = _world(draft, settings)
     draft.check()
@@ -233,9 +239,9 @@ def convert_megatron(
         draft.comments["degrees.dp_replicate"] = "distributed-optimizer instances"
     if "expert_tensor_parallel_size" not in keys and tp > 1:
         draft.comments["degrees.etp"] = "Megatron's default expert tp: tp"
-    draft.origins = {
-        ("degrees", degree): keys[name] for name, degree in SIZE_DEGREES.items() if name in keys
-    }
+    draft.origins.update(
+        {("degrees", degree): keys[name] for name, degree in SIZE_DEGREES.items() if name in keys}
+    )
     if "order" in keys:
         draft.origins[("order",)] = keys["order"]
     converted = meshconf_order(order)
@@ -256,7 +262,7 @@ def convert_megatron(
         config = _match_groups(draft, config, keys, grids, sizes, order)
     notes = [
         launch_note or world_size_note("Megatron-LM", draft, config, "the arguments"),
-        *_notes(sizes, order, settings, grids, split),
+        *_notes(sizes, order, settings, grids),
         *draft.notes,
     ]
     degrees = DEFAULT_DEGREES | draft.degrees
@@ -320,7 +326,6 @@ def _notes(
     order: str,
     settings: Mapping[str, Setting],
     grids: tuple[Grid, Grid] | None,
-    split: Mapping[str, int],
 ) -> list[str]:
     instances = sizes["num_distributed_optimizer_instances"]
     notes = [
@@ -332,18 +337,18 @@ def _notes(
     if "use_distributed_optimizer" not in settings:
         notes.append(
             "--use-distributed-optimizer is not set: Megatron keeps a full copy of the "
-            "optimizer state on every data-parallel rank. The groups are the same either way."
+            "optimizer state on every data-parallel rank, which is training.zero_stage: 0. "
+            "The groups are the same either way."
         )
     else:
         notes.append(
-            "--use-distributed-optimizer shards the optimizer state alone (ZeRO stage 1): "
-            "estimate the memory with show --model M --zero-stage 1."
+            "--use-distributed-optimizer shards the optimizer state alone: training.zero_stage: 1."
         )
-    if split:
-        words = " ".join(f"{option} {value}" for option, value in split.items())
+    if "moe_router_group_topk" in settings:
         notes.append(
-            f"The pipeline's first and last stages hold their own numbers of layers: estimate "
-            f"the memory with show --model M {words}."
+            "--moe-router-group-topk is training.moe_max_nodes: the estimate takes Megatron's "
+            "groups of experts as the units of the level the expert group crosses (a node), "
+            "as DeepSeek-V3 routes each token to at most that many nodes."
         )
     if meshconf_order(order) != WORLD_FACTORS:
         converted = ", ".join(meshconf_order(order))

@@ -27,9 +27,16 @@ SIZE_SETTINGS = (
     "expert_tensor_parallel_size",
     "num_distributed_optimizer_instances",
 )
-#: Megatron's arguments that give the first and last pipeline stage their own layers, which
-#: the estimate takes as --first-stage-layers and --last-stage-layers.
-SPLIT_SETTINGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+#: Megatron's arguments that say how training uses the dims, and the key of a config's
+#: ``training`` block each one is: the first and last pipeline stage's own layers, the
+#: interleaved schedule's model chunks per rank, and group-limited routing's groups per
+#: token (DeepSeek-V3's node limit, with a group of experts per node).
+TRAINING_SETTINGS = {
+    "decoder_first_pipeline_num_layers": "first_stage_layers",
+    "decoder_last_pipeline_num_layers": "last_stage_layers",
+    "virtual_pipeline_model_parallel_size": "virtual_stages",
+    "moe_router_group_topk": "moe_max_nodes",
+}
 #: Switches: present means true.
 FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer")
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
@@ -42,7 +49,7 @@ NEMO_WORLD: dict[tuple[str | int, ...], str] = {
     ("trainer", "num_nodes"): "nnodes",
 }
 
-_VALUED = (*SIZE_SETTINGS, *SPLIT_SETTINGS, ORDER_SETTING)
+_VALUED = (*SIZE_SETTINGS, *TRAINING_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 

@@ -1,5 +1,6 @@
 """torchtitan's ``[parallelism]`` table (torchtitan 0.2.1's ``Parallelism``) as meshconf
-degrees: its degrees are meshconf's, one for one."""
+degrees, its degrees being meshconf's one for one, and its FSDP resharding policy as the
+``training`` block's."""
 
 from __future__ import annotations
 
@@ -57,9 +58,12 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
             "while expert_parallel_degree is 1, but meshconf checks etp even without experts: "
             "it must be 1 or tp."
         )
-    not_converted = [
-        key for key in TORCHTITAN_FIELDS if key in table and key not in TORCHTITAN_DEGREES
-    ]
+    if "fsdp_reshard_after_forward" in table:
+        # validated with the config, and a problem reported at torchtitan's key
+        draft.training["reshard_after_forward"] = table["fsdp_reshard_after_forward"]
+        draft.origins[("training", "reshard_after_forward")] = "fsdp_reshard_after_forward"
+    converted = {*TORCHTITAN_DEGREES, "fsdp_reshard_after_forward"}
+    not_converted = [key for key in TORCHTITAN_FIELDS if key in table and key not in converted]
     if not_converted:
         draft.notes.append(
             f"Not converted, as they are not mesh settings (keep them in the torchtitan job "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -142,7 +143,16 @@ def _estimated(
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
-    key = (int(not found.fits), int(overshoot), found.step_seconds, *locality.key(degrees, crosses))
+    # With --mfu over the step, the steps that reach it are equal: the layout whose compute
+    # needs the smaller share of the peak to reach it comes first.
+    needed = math.inf if found.compute_mfu is None else found.compute_mfu
+    key = (
+        int(not found.fits),
+        int(overshoot),
+        found.step_seconds,
+        needed,
+        *locality.key(degrees, crosses),
+    )
     return _Ranked(key, degrees, found)
 
 

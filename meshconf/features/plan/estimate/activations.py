@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     GroupedQueryAttention,
     LayerKind,
 )
-from meshconf.features.plan.estimate.training import Checkpointing
 
 FP32 = 4
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshconf.core.levels import NODE, NVLINK, Level
+from meshconf.core.training import Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import block_split, rank_stages, unsharded
-from meshconf.features.plan.estimate.training import Ends, Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
@@ -157,12 +158,14 @@ def _bytes(
     hidden = arch.hidden
     top_k = arch.experts.top_k if arch.experts else 0
     dense, expert = work.dense_elements, work.expert_elements
-    gathers = 2 * m if training.zero_stage == 3 else 1
+    # ZeRO 3: all-gather in forward and again in backward per micro-batch; ZeRO 1 and 2:
+    # once a step, after the optimizer; each one reduce-scatter of the gradients. ZeRO 0
+    # all-reduces the gradients, which moves twice what a reduce-scatter does.
+    gathers = {0: 0, 1: 1, 2: 1, 3: 2 * m}[training.zero_stage]
+    reductions = 2 if training.zero_stage == 0 else 1
     sent = {
-        # ZeRO 3: all-gather in forward and again in backward per micro-batch; ZeRO 1 and 2:
-        # once a step, after the optimizer; one reduce-scatter of the gradients
-        "fsdp": (gathers * dense * p + dense * g) * _ring(par.fsdp),
-        "efsdp": (gathers * expert * p + expert * g) * _ring(par.efsdp),
+        "fsdp": (gathers * dense * p + reductions * dense * g) * _ring(par.fsdp),
+        "efsdp": (gathers * expert * p + reductions * expert * g) * _ring(par.efsdp),
         # all-reduce of the gradient shards, once per step
         "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),
         # sequence parallelism: per block 2 all-gathers + 2 reduce-scatters per pass

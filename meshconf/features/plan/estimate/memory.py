@@ -11,15 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshconf.core.training import Checkpointing, Ends
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
-from meshconf.features.plan.estimate.training import (
-    Checkpointing,
-    Ends,
-    Parallelism,
-    Training,
-    microbatches,
-)
+from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 #: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
 ADAM_MOMENT_BYTES = 8
@@ -232,16 +227,15 @@ def rank_memory(
     """The memory of one pipeline rank."""
     layers = stage.layers
     shard = _rank_shard(arch, par, layers, stage.first, stage.last)
-    optimizer = shard.elements * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
-    if training.param_dtype != "fp32":
-        optimizer += shard.elements * MASTER_BYTES
     # ZeRO 3 (FSDP) keeps a shard of everything; 2 the parameters whole (after tp/ep/etp),
-    # and 1 the gradients too.
-    params = grads = shard.elements
-    if training.zero_stage != 3:
-        params = rank_unsharded(arch, par, stage)
-        if training.zero_stage == 1:
-            grads = params
+    # 1 the gradients too, and 0 the optimizer state as well.
+    whole = shard.elements if training.zero_stage == 3 else rank_unsharded(arch, par, stage)
+    kept = whole if training.zero_stage == 0 else shard.elements
+    optimizer = kept * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
+    if training.param_dtype != "fp32":
+        optimizer += kept * MASTER_BYTES
+    params = whole
+    grads = whole if training.zero_stage <= 1 else shard.elements
     return Memory(
         params=params * training.param_bytes,
         grads=grads * training.grad_bytes,
@@ -291,7 +285,7 @@ def rank_unsharded(arch: Architecture, par: Parallelism, stage: RankStage) -> in
 
 
 def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
-    if training.zero_stage == 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
+    if training.zero_stage <= 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
         return 0
     layers = stage.layers
     kinds = [kind for kind, count in layers.items() if count]

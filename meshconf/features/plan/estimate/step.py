@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import (
     OVERLAPPED,
@@ -15,7 +16,7 @@ from meshconf.features.plan.estimate.communication import (
     traffic,
 )
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory, split_problem
-from meshconf.features.plan.estimate.training import GIB, Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class Estimate:
     #: Communication not hidden behind compute: the dims that wait for it (tp, cp, ep, etp,
     #: pp), and what FSDP and replica traffic take beyond the compute they overlap.
     exposed_seconds: float = 0.0
+    #: The fraction of peak the compute reaches: ``--mfu`` measured over the compute; over
+    #: the step, what the compute must reach for the step to take ``F / (peak mfu)``, None
+    #: when the bubble and the communication not hidden leave it no time (the step is then
+    #: that at the peak).
+    compute_mfu: float | None = None
 
 
 def estimate(
@@ -51,11 +57,22 @@ def estimate(
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
     flows = traffic(arch, par, training, crosses, work, bandwidths)
-    compute = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12 * training.mfu)
+    at_peak = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12)
     bubble = (par.pp - 1) / (training.chunks_per_stage * m)
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in OVERLAPPED)
     overlapped = sum(flow.seconds for flow in flows.values() if flow.name in OVERLAPPED)
-    step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
+
+    def step_of(compute: float) -> float:
+        return (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
+
+    compute = at_peak / training.mfu
+    compute_mfu: float | None = training.mfu
+    if training.mfu_over == "step":
+        within = _compute_within(compute, exposed, overlapped, bubble)
+        reachable = within is not None and within >= at_peak
+        compute = within if within is not None and reachable else at_peak
+        compute_mfu = at_peak / compute if reachable else None
+    step = step_of(compute)
     chunks = par.pp * training.chunks_per_stage
     problem = split_problem(arch.layers, chunks, training.stage_ends)
     return Estimate(
@@ -69,7 +86,23 @@ def estimate(
         step_seconds=step,
         batch_tokens=m * par.batch * training.seq_len * training.micro_batch,
         exposed_seconds=exposed + max(0.0, overlapped - compute),
+        compute_mfu=compute_mfu,
     )
+
+
+def _compute_within(step: float, exposed: float, overlapped: float, bubble: float) -> float | None:
+    """The longest compute time whose step (compute and exposed communication stretched by the
+    bubble, plus the overlapped communication the compute does not cover) is at most
+    ``step``; None if even no compute would take longer. The step grows with the compute, at
+    ``1 + bubble`` per second where the compute covers the overlapped communication and at
+    ``bubble`` where it does not."""
+    covering = step / (1 + bubble) - exposed
+    if covering >= overlapped:
+        return covering
+    if bubble == 0:
+        return None
+    short = (step - exposed * (1 + bubble) - overlapped) / bubble
+    return short if short > 0 else None
 
 
 def _flops(

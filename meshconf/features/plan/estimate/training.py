@@ -5,65 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_FORMULAS
 from meshconf.core.formulas import evaluate
-
-Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved"]
-Resharding = Literal["default", "always", "never"]
-ZeroStage = Literal[1, 2, 3]
-#: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
-#: MFU counts them), or the hardware's (recomputation included: HFU).
-MfuCounts = Literal["model", "hardware"]
-MFU_COUNTS: tuple[MfuCounts, ...] = ("model", "hardware")
-#: Layers of the first and the last pipeline chunk, None where the split decides.
-Ends = tuple[int | None, int | None]
-CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
-#: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
-#: with pipeline parallelism and ``always`` without.
-RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
-#: What data parallelism over ``fsdp`` (``efsdp`` for experts) shards, after Rajbhandari et
-#: al., "ZeRO" (SC 2020), figure 1: 1 the optimizer state (Megatron-LM's distributed
-#: optimizer), 2 also the gradients, 3 also the parameters (FSDP).
-ZERO_STAGES: tuple[ZeroStage, ...] = (1, 2, 3)
-#: Bytes per element of each dtype the options take.
-DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
-#: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
-DISPATCH_BYTES: Mapping[str, int] = {"fp8": 1, **DTYPE_BYTES}
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The values a training number may take: what a real model or machine reaches, with a
-    margin, so that no sum, product or quotient of the estimators overflows, underflows to
-    zero or divides by zero; ``beyond`` says what a larger value would be."""
-
-    minimum: float
-    maximum: float
-    beyond: str
-
-
-#: Every number of :class:`Training`, bounded where it is read (``meshconf plan`` and
-#: ``show`` options, docs/plan.md).
-TRAINING_BOUNDS: Mapping[str, Bound] = {
-    "seq_len": Bound(1, 2**24, "more tokens per sequence than any model is trained on"),
-    "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
-    "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
-    "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
-    "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
-    "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
-    "last_stage_layers": Bound(0, 100_000, "more layers than any model has"),
-    "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
-    "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
-    "inter_node_gbps": Bound(0.01, 100_000, "faster than any network between nodes"),
-    "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
-    "mfu": Bound(0.001, 1, "more than the peak"),
-}
+from meshconf.core.training import (
+    DISPATCH_BYTES,
+    DTYPE_BYTES,
+    Checkpointing,
+    DispatchDtype,
+    Ends,
+    MfuCounts,
+    MfuOver,
+    Resharding,
+    Schedule,
+    ZeroStage,
+)
 
 
 @dataclass(frozen=True)
@@ -87,13 +44,14 @@ class Training:
     #: level its expert group crosses (DeepSeek-V3: 4 nodes); None, no limit.
     moe_max_nodes: int | None = None
     #: The dtype tokens are dispatched to their experts in; None, the parameters'.
-    dispatch_dtype: str | None = None
+    dispatch_dtype: DispatchDtype | None = None
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0
     peak_tflops: float = 989.0
     mfu: float = 0.4
     mfu_counts: MfuCounts = "model"
+    mfu_over: MfuOver = "compute"
 
     @property
     def param_bytes(self) -> int:

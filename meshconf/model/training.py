@@ -1,0 +1,104 @@
+"""The config's ``training`` block: how training uses the layout's dims (how far data
+parallelism shards, how the pipeline is split, how experts are reached). The estimate reads
+it (``meshconf show --model``, ``meshconf measure``); the runtime builds the same meshes
+whatever it says. The choices and bounds are those of the command-line options
+(:mod:`meshconf.core.training`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from meshconf.core.training import (
+    TRAINING_BOUNDS,
+    DispatchDtype,
+    Resharding,
+    Schedule,
+)
+from meshconf.model.errors import FieldError, validation_error
+from meshconf.model.fields import IntegerBound
+
+
+def _bounded(name: str) -> IntegerBound:
+    bound = TRAINING_BOUNDS[name]
+    return IntegerBound(int(bound.minimum), int(bound.maximum), bound.beyond)
+
+
+class TrainingOptions(BaseModel):
+    """How training uses the dims, for the estimate; a key left out takes the estimate's
+    default (docs/plan.md), and a command-line option overrides it."""
+
+    # strict=False: the field types check and convert values themselves; unknown keys are
+    # refused and a validated block cannot change.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+    zero_stage: Annotated[int, IntegerBound(0, 3, "the last ZeRO stage")] | None = Field(
+        None,
+        description="What data parallelism over fsdp (efsdp for experts) shards: 0 nothing, 1 "
+        "the optimizer state (Megatron's distributed optimizer), 2 also the gradients, 3 also "
+        "the parameters (FSDP; the default).",
+        examples=[1],
+    )
+    reshard_after_forward: Resharding | None = Field(
+        None,
+        description="Whether FSDP frees gathered parameters after each forward pass, as "
+        "torchtitan's fsdp_reshard_after_forward: default (never with pp > 1, else always).",
+        examples=["never"],
+    )
+    pp_schedule: Schedule | None = Field(
+        None, description="The pipeline schedule (1f1b by default).", examples=["interleaved"]
+    )
+    virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(
+        None,
+        description="Model chunks per pipeline rank, with pp_schedule interleaved.",
+        examples=[8],
+    )
+    first_stage_layers: Annotated[int, _bounded("first_stage_layers")] | None = Field(
+        None,
+        description="Layers of the first pipeline chunk (0: the embedding alone); by default "
+        "the layers are shared evenly.",
+        examples=[0],
+    )
+    last_stage_layers: Annotated[int, _bounded("last_stage_layers")] | None = Field(
+        None,
+        description="Layers of the last pipeline chunk (0: the output and loss alone).",
+        examples=[0],
+    )
+    moe_max_nodes: Annotated[int, _bounded("moe_max_nodes")] | None = Field(
+        None,
+        description="Node-limited routing: each token goes to experts on at most this many "
+        "units of the level its expert group crosses (DeepSeek-V3: 4).",
+        examples=[4],
+    )
+    dispatch_dtype: DispatchDtype | None = Field(
+        None,
+        description="The dtype tokens are dispatched to their experts in; by default the "
+        "parameters'.",
+        examples=["fp8"],
+    )
+
+    @model_validator(mode="after")
+    def _schedule_takes_its_stages(self) -> TrainingOptions:
+        interleaved = self.pp_schedule == "interleaved"
+        stages = self.virtual_stages
+        message = None
+        if interleaved and (stages is None or stages < 2):
+            message = "pp_schedule interleaved needs virtual_stages >= 2"
+        elif not interleaved and stages not in (None, 1):
+            message = "virtual_stages needs pp_schedule interleaved"
+        if message is not None:
+            raise validation_error(
+                "TrainingOptions",
+                [FieldError(("virtual_stages",), "schedule_stages", message, input=stages)],
+            )
+        return self
+
+    def estimate_settings(self) -> dict[str, Any]:
+        """The keys set, by the estimate's setting names (``pp_schedule`` is ``schedule``)."""
+        names = {"pp_schedule": "schedule"}
+        return {
+            names.get(key, key): value
+            for key, value in self.model_dump().items()
+            if value is not None
+        }
