@@ -84,7 +84,8 @@ RUNS = (
         "DeepSeek-V3, 2,048 H800",
         "DeepSeek-V3 technical report (2024), sections 3.2 and 4.2: PP 16, EP 64, ZeRO-1 data "
         "parallelism, no TP, seq 4,096, 15,360 sequences a step, routing to at most 4 nodes, "
-        "fp8 dispatch; 180K H800 GPU hours per trillion tokens (no MFU published)",
+        "fp8 dispatch, DualPipe hiding the experts' all-to-all under compute (section 3.2.1); "
+        "180K H800 GPU hours per trillion tokens (no MFU published)",
         2048,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
         ("tp", "ep"),
@@ -102,6 +103,7 @@ RUNS = (
             "4",
             "--dispatch-dtype",
             "fp8",
+            "--ep-overlap",
         ),
         # tokens per step over tokens per second: 2,048 GPUs take 180,000 GPU hours a 1e12
         62914560 / (1e12 / (180_000 * 3600 / 2048)),

@@ -175,11 +175,11 @@ def run_in_subprocess(
 
 @pytest.fixture
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``meshconf ARGS``: in this process, except ``simulate``, which starts torch's
-    (fake) default process group, and a process holds only one."""
+    """Run ``meshconf ARGS``: in this process, except ``simulate`` and ``measure``, which
+    start torch's (fake) default process group, and a process holds only one."""
 
     def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-        if args and args[0] == "simulate":
+        if args and args[0] in ("simulate", "measure"):
             return run_in_subprocess(*args, cwd=cwd)
         return run_in_process(*args, cwd=cwd)
 

@@ -11,6 +11,7 @@ from conftest import REPO
 
 import meshconf
 from meshconf.features.convert import BY_NAME, KEMPNERFORGE, TORCHTITAN, Conversion
+from meshconf.features.convert.common import ConversionError
 
 KEMPNERFORGE_EXAMPLE = "examples/migration/kempnerforge_moe_32gpu.toml"
 TORCHTITAN_EXAMPLE = "examples/migration/torchtitan_llama3_70b.toml"
@@ -254,6 +255,37 @@ def test_torchtitan_etp_with_experts_is_kept() -> None:
         "pp": 1, "dp_replicate": 1, "dp_shard": -1, "cp": 1, "tp": 4, "ep": 2, "etp": 4
     }  # fmt: skip
     assert (conversion.comments, len(conversion.notes)) == ({}, 1)
+
+
+@pytest.mark.parametrize(
+    ("table", "training"),
+    [
+        ({"fsdp_reshard_after_forward": "never"}, {"reshard_after_forward": "never"}),
+        ({"pipeline_parallel_schedule": "DualPipeV"}, {"ep_overlap": True}),
+        (
+            {"pipeline_parallel_schedule": "DualPipeV",
+             "pipeline_parallel_expert_parallel_overlap": False},
+            None,
+        ),
+        ({"pipeline_parallel_schedule": "Interleaved1F1B"}, None),
+    ],
+)  # fmt: skip
+def test_torchtitan_training_settings_become_the_training_block(
+    table: dict[str, object], training: dict[str, object] | None
+) -> None:
+    """The resharding policy is the training block's; DualPipeV overlaps the experts' traffic
+    when torchtitan's switch (on by default) is on, with pipeline and expert parallelism."""
+    degrees = {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2}
+    conversion = convert(TORCHTITAN, degrees | table, world_size=8)
+    assert conversion.data.get("training") == training
+
+
+def test_a_bad_torchtitan_resharding_policy_is_reported_at_its_key() -> None:
+    with pytest.raises(ConversionError) as raised:
+        convert(TORCHTITAN, {"fsdp_reshard_after_forward": "sometimes"}, world_size=8)
+    ((key, message),) = [(problem.key, problem.message) for problem in raised.value.problems]
+    assert key == "fsdp_reshard_after_forward"
+    assert message.startswith("expected 'default', 'always' or 'never', got the string 'sometimes'")
 
 
 def test_torchtitan_fields_that_are_not_mesh_settings_are_listed_in_field_order() -> None:

@@ -353,3 +353,41 @@ def test_show_model_reads_locality_from_a_config_with_its_own_domains(run_cli) -
     assert found["fits"] is True
     crossing = {name: flow["crosses_nodes"] for name, flow in found["communication"].items()}
     assert crossing == {"tp": False, "pp": True, "fsdp": True}
+
+
+def test_explain_gives_each_term_what_it_holds_and_its_source(run_cli) -> None:  # type: ignore[no-untyped-def]
+    """plan --explain N and show --explain: the memory by term, with what each holds under the
+    settings, its source, and what is not counted (with the communicators the layout uses)."""
+    options = ("--model", "llama3-70b", "--pp", "4", "--tp", "8", "--dp-replicate", "1")
+    planned = run_cli("plan", "--world-size", "256", "--gpus-per-node", "8", *options,
+                      "--explain", "1")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert lines[0] == "assignment 1 of 1: pp=4 dp_replicate=1 dp_shard=8 cp=1 tp=8"
+    terms = [line.split()[0] for line in lines if line.startswith("  ") and "source:" not in line]
+    assert terms == ["params", "grads", "optimizer", "gathers", "activations"]
+    gathers = next(line for line in lines if line.startswith("  gathers"))
+    assert gathers.endswith(
+        "every block of the rank gathered, and its gradients unsharded until the last "
+        "micro-batch (no resharding under the pipeline)"
+    )
+    assert lines[-1] == (
+        "not counted: the CUDA context, NCCL's buffers for the 3 communicators the layout sends "
+        "over (tp, pp, fsdp), and the allocator's reserve and fragmentation"
+    )
+    shown = run_cli("show", "examples/llama3_70b_512gpu.yaml", "--model", "llama3-70b",
+                    "--zero-stage", "1", "--explain", "--format", "json")  # fmt: skip
+    estimate = json.loads(shown.stdout)["estimate"]
+    by_term = {term["term"]: term for term in estimate["terms"]}
+    assert by_term["gathers"]["holds"] == "nothing: ZeRO 1 keeps the weights whole"
+    assert by_term["optimizer"]["gib"] == estimate["memory_gib"]["optimizer"]
+    assert all(term["source"] for term in estimate["terms"])
+    for args, message in [
+        (("plan", "--world-size", "8", "--explain", "1"), "--explain needs --model or --model-file"),
+        (("show", "examples/llama3_70b_512gpu.yaml", "--explain"),
+         "--explain needs --model or --model-file"),
+        (("plan", "--world-size", "8", "--model", "llama3-8b", "--explain", "99"),
+         "--explain 99 is not a row: there are 20 valid assignments"),
+    ]:  # fmt: skip
+        failed = run_cli(*args)
+        assert (failed.returncode, failed.stderr) == (2, f"meshconf: error: {message}\n")

@@ -1,7 +1,8 @@
 """Mixture-of-experts dispatch in the estimate: node-limited routing and fp8 dispatch, as
 DeepSeek-V3 trains (its report, sections 2.1.2 and 3.2.2: each token goes to experts on at
 most 4 nodes, one copy per node over InfiniBand, then to its experts over NVLink; tokens are
-dispatched in fp8 and combined in bf16)."""
+dispatched in fp8 and combined in bf16), and DualPipe's overlap of that traffic with
+compute (section 3.2.1)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
 
 DEEPSEEK = PRESETS["deepseek-v3"]
@@ -39,3 +41,22 @@ def test_a_limit_changes_nothing_for_groups_inside_a_node() -> None:
     inside = {"ep": 0}
     limited = traffic(DEEPSEEK, PAR, Training(moe_max_nodes=4), inside)["ep"]
     assert limited == traffic(DEEPSEEK, PAR, Training(), inside)["ep"]
+
+
+def test_overlapped_dispatch_waits_only_for_what_compute_does_not_cover() -> None:
+    """With ep_overlap (DualPipe), the experts' dispatch and combine join FSDP's traffic
+    under the compute: the step waits for it only where it outlasts the compute."""
+    settings = {
+        "seq_len": 4096, "global_batch_tokens": 62914560, "zero_stage": 1, "moe_max_nodes": 4,
+        "dispatch_dtype": "fp8",
+    }  # fmt: skip
+    waiting = estimate(DEEPSEEK, PAR, Training(**settings), CROSSES)  # type: ignore[arg-type]
+    hidden = estimate(DEEPSEEK, PAR, Training(**settings, ep_overlap=True), CROSSES)  # type: ignore[arg-type]
+    ep = waiting.traffic["ep"].seconds
+    assert hidden.traffic == waiting.traffic
+    assert waiting.exposed_seconds - hidden.exposed_seconds == pytest.approx(ep, rel=1e-9)
+    overlapped = sum(waiting.traffic[name].seconds for name in ("fsdp", "efsdp"))
+    assert hidden.compute_seconds > ep + overlapped
+    assert waiting.step_seconds - hidden.step_seconds == pytest.approx(
+        ep * (1 + waiting.bubble_fraction), rel=1e-9
+    )

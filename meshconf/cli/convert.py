@@ -147,6 +147,13 @@ def _key_line(text: str, comment: str | None) -> str:
     return f"{text.ljust(COMMENT_COLUMN - 2)}  # {comment}"
 
 
+def _scalar(value: object) -> str:
+    """A validated value as YAML writes it: booleans as true and false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _body(conversion: Conversion) -> list[str]:
     """The keys as YAML, nested mappings as blocks after a blank line."""
     lines: list[str] = []
@@ -156,16 +163,19 @@ def _body(conversion: Conversion) -> list[str]:
             lines.append(_key_line(f"{key}: {flow}", conversion.comments.get(key)))
             continue
         if not isinstance(value, dict):
-            lines.append(_key_line(f"{key}: {value}", conversion.comments.get(key)))
+            lines.append(_key_line(f"{key}: {_scalar(value)}", conversion.comments.get(key)))
             continue
         if lines:
             lines.append("")
         lines.append(f"{key}:")
         for inner, inner_value in value.items():
             comment = conversion.comments.get(f"{key}.{inner}")
-            if isinstance(inner_value, list):
-                inner_value = f"[{', '.join(str(item) for item in inner_value)}]"
-            lines.append(_key_line(f"  {inner}: {inner_value}", comment))
+            text = (
+                f"[{', '.join(str(item) for item in inner_value)}]"
+                if isinstance(inner_value, list)
+                else _scalar(inner_value)
+            )
+            lines.append(_key_line(f"  {inner}: {text}", comment))
     return lines
 
 

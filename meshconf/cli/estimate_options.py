@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
+from meshconf.cli.estimate_explain import explain_lines, memory_terms, not_counted
 from meshconf.core.errors import ConfigError, SourceError
 from meshconf.core.levels import crossed_levels
 from meshconf.core.training import (
@@ -57,6 +58,8 @@ _CHOICES = (
     "mfu_counts",
     "mfu_over",
 )
+#: Switches: given, they are true.
+_FLAGS = ("ep_overlap",)
 MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
@@ -79,6 +82,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "reshard_after_forward": "--reshard-after-forward",
         "zero_stage": "--zero-stage",
         "moe_max_nodes": "--moe-max-nodes",
+        "ep_overlap": "--ep-overlap",
         "dispatch_dtype": "--dispatch-dtype",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gbps": "--intra-node-gbps",
@@ -159,6 +163,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "its expert group crosses, one copy each (DeepSeek-V3: 4)",
     )
     option(
+        "ep_overlap",
+        action="store_const",
+        const=True,
+        help="the experts' dispatch and combine run under another micro-batch's compute, as "
+        "DeepSeek-V3's DualPipe does (default: they wait)",
+    )
+    option(
         "dispatch_dtype",
         choices=tuple(DISPATCH_BYTES),
         help="the dtype tokens are dispatched to their experts in (default: --param-dtype); "
@@ -200,7 +211,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def model_words(args: argparse.Namespace) -> list[str]:
     """The model and training options as given, as command-line words."""
     return [
-        f"{flag} {getattr(args, name)}"
+        flag if name in _FLAGS else f"{flag} {getattr(args, name)}"
         for name, flag in MODEL_OPTIONS.items()
         if getattr(args, name) is not None
     ]
@@ -230,7 +241,7 @@ def model_request(
 def _model_request(
     args: argparse.Namespace, config_settings: Mapping[str, Any]
 ) -> tuple[Architecture | None, Training] | str | int:
-    names = [*_INTEGERS, *_NUMBERS, *_CHOICES]
+    names = [*_INTEGERS, *_NUMBERS, *_CHOICES, *_FLAGS]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.model is not None and args.model_file is not None:
         return "--model and --model-file exclude each other"
@@ -240,7 +251,7 @@ def _model_request(
         return None, _DEFAULTS
     settings: dict[str, Any] = {}
     for name, text in given.items():
-        if name in _CHOICES:
+        if name in _CHOICES or name in _FLAGS:
             settings[name] = text
             continue
         value = _value(name, text)
@@ -450,7 +461,14 @@ def show_estimate(
     usage error or an invalid model file."""
     found = config_estimate(args, config)
     if found is None or isinstance(found, int):
+        if found is None and args.explain:
+            return usage_error("--explain needs --model or --model-file")
         return [] if found is None else found
     model, training, result = found
     report["estimate"] = {"model": model.name, **memory_json(result, training.gpu_memory_gib)}
-    return ["", settings_line(model, training), *memory_lines(result, training)]
+    lines = ["", settings_line(model, training), *memory_lines(result, training)]
+    if args.explain:
+        report["estimate"]["terms"] = memory_terms(result, training)
+        report["estimate"]["not_counted"] = not_counted(result)
+        lines += explain_lines(result, training)
+    return lines

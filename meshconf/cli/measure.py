@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_simulation_size(world_size, 1)
         check_simulation_memory(world_size)
-        from meshconf.runtime.measure import load_build, measure_memory
+        from meshconf.runtime.measure import STEPS, load_build, measure_memory
     except MeshconfError as error:
         return usage_error(str(error))
     try:
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshconf: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_INVALID
     estimate = None if found is None else found[2]
+    settings = None if found is None else settings_line(found[0], found[1])
     shown = [term for term in MEMORY_PARTS if measured.terms[term] or estimate is not None]
     if measured.terms["other"]:
         shown.append("other")
@@ -69,13 +70,16 @@ def run(args: argparse.Namespace) -> int:
         "measured_bytes": {**measured.terms, "peak": measured.peak},
     }
     if found is not None:
-        model, training, _ = found
-        memory = found[2].memory
+        model, training, estimated = found
+        memory = estimated.memory
         report["estimate_bytes"] = {
             **{term: getattr(memory, term) for term in MEMORY_PARTS},
             "total": memory.total,
         }
-        report["estimate"] = {"model": model.name, **memory_json(found[2], training.gpu_memory_gib)}
+        report["estimate"] = {
+            "model": model.name,
+            **memory_json(estimated, training.gpu_memory_gib),
+        }
 
     # GiB for a real model; MiB for a small one, whose terms would round to nothing
     largest = max(measured.peak, 0 if estimate is None else estimate.memory.total)
@@ -86,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
 
     def text() -> None:
         print(
-            f"rank {measured.rank} of {measured.world_size}: {args.build}, 2 training steps "
+            f"rank {measured.rank} of {measured.world_size}: {args.build}, {STEPS} training steps "
             f"under fake tensors and torch's fake process group, measured by torch "
             f"{measured.torch_version}'s {measured.tracker}"
         )
-        if found is not None:
-            print(settings_line(found[0], found[1]))
+        if settings is not None:
+            print(settings)
         header = f"{unit_name} at the peak" + ("   estimate" if estimate is not None else "")
         print(f"{'term':<12} {header}")
         for term in shown:

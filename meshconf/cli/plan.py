@@ -14,11 +14,13 @@ from typing import Any
 import yaml
 
 from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usage_error
+from meshconf.cli.estimate_explain import explain_lines
 from meshconf.cli.estimate_options import (
     add_model_options,
     gib,
     headroom_gib,
     memory_json,
+    memory_lines,
     model_request,
     model_words,
     settings_line,
@@ -48,7 +50,7 @@ from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
-_NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit")
+_NUMBER_OPTIONS = ("world_size", "gpus_per_node", *DEGREE_NAMES, "limit", "emit", "explain")
 
 
 def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
@@ -173,6 +175,21 @@ def _emit_yaml(plan: Plan, index: int, model_words: list[str], training: dict[st
         f"# {_command_line(request, index, model_words)} (assignment {index} of {plan.total})"
         f"\n{locality}{_estimate_comment(assignment)}{body}"
     )
+
+
+def _explained(plan: Plan, index: int) -> list[str]:
+    """Row ``index`` with its memory by term, what each holds and its source."""
+    request = plan.request
+    assignment = plan.best[index - 1]
+    found = assignment.estimate
+    assert request.model is not None and found is not None
+    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in WORLD_FACTORS)
+    return [
+        f"assignment {index} of {plan.total}: {degrees}",
+        settings_line(request.model, request.training),
+        *memory_lines(found, request.training),
+        *explain_lines(found, request.training),
+    ]
 
 
 def _estimate_comment(assignment: Assignment) -> str:
@@ -314,6 +331,10 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(numbers)
     if "emit" in numbers and args.format == "json":
         return usage_error("--emit prints a YAML config; leave out --format json")
+    if "explain" in numbers and ("emit" in numbers or args.format == "json"):
+        return usage_error(
+            "--explain prints one row's memory as text; leave out --emit and --format json"
+        )
     modelled = model_request(args)
     if isinstance(modelled, int):
         return modelled
@@ -330,7 +351,9 @@ def run(args: argparse.Namespace) -> int:
         training=training,
         order=None if args.order is None else tuple(args.order.split(",")),
     )
-    wanted = numbers.get("emit", numbers.get("limit", DEFAULT_LIMIT))
+    if "explain" in numbers and model is None:
+        return usage_error("--explain needs --model or --model-file")
+    wanted = numbers.get("emit", numbers.get("explain", numbers.get("limit", DEFAULT_LIMIT)))
     try:
         plan = make_plan(request, wanted)
     except PlanError as error:
@@ -338,14 +361,17 @@ def run(args: argparse.Namespace) -> int:
     warning = node_warning(request)
     if warning is not None:
         print(f"meshconf: warning: {warning}", file=sys.stderr)
+    shown = next((name for name in ("emit", "explain") if name in numbers), None)
+    if shown is not None and numbers[shown] > plan.total:
+        return usage_error(
+            f"--{shown} {numbers[shown]} is not a row: there are {plan.total} valid assignments"
+        )
     if "emit" in numbers:
-        index = numbers["emit"]
-        if index > plan.total:
-            return usage_error(
-                f"--emit {index} is not a row: there are {plan.total} valid assignments"
-            )
-        text = _emit_yaml(plan, index, model_words(args), training_block(args, training))
+        text = _emit_yaml(plan, numbers["emit"], model_words(args), training_block(args, training))
         emit(lambda: print(text, end=""))
+    elif "explain" in numbers:
+        lines = _explained(plan, numbers["explain"])
+        emit(lambda: print("\n".join(lines)))
     elif args.format == "json":
         report = _json_report(plan)
         emit(lambda: print(json.dumps(report)))
@@ -386,6 +412,11 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--emit", metavar="INDEX", help="print assignment INDEX (1 is the best) as a config"
+    )
+    parser.add_argument(
+        "--explain",
+        metavar="INDEX",
+        help="with a model: assignment INDEX's memory by term, what each holds and its source",
     )
     parser.add_argument(
         "--format",

@@ -301,6 +301,11 @@ def add_parser(subparsers: Any) -> None:
         "when ep is 1, or with only dims of size 1); --format json always has them",
     )
     parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="with --model: the memory by term, what each holds and its source",
+    )
+    parser.add_argument(
         "--full-groups",
         action="store_true",
         help=f"list every rank of each group (groups up to {MAX_FULL_GROUP} ranks); by "

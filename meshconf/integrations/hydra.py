@@ -76,6 +76,7 @@ class TrainingNode:
     first_stage_layers: Optional[int] = None  # noqa: UP045
     last_stage_layers: Optional[int] = None  # noqa: UP045
     moe_max_nodes: Optional[int] = None  # noqa: UP045
+    ep_overlap: Optional[bool] = None  # noqa: UP045
     dispatch_dtype: Optional[str] = None  # noqa: UP045
 
 

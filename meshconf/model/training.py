@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
+from meshconf.core.errors import describe_value
 from meshconf.core.training import (
     TRAINING_BOUNDS,
     DispatchDtype,
@@ -18,6 +20,15 @@ from meshconf.core.training import (
 )
 from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
+
+
+def _boolean(value: Any) -> bool:
+    # true or false only: not pydantic's lax 1 or "yes"
+    if not isinstance(value, bool):
+        raise PydanticCustomError(
+            "bool_type", "expected true or false, got {got}", {"got": describe_value(value)}
+        )
+    return value
 
 
 def _bounded(name: str) -> IntegerBound:
@@ -70,6 +81,13 @@ class TrainingOptions(BaseModel):
         description="Node-limited routing: each token goes to experts on at most this many "
         "units of the level its expert group crosses (DeepSeek-V3: 4).",
         examples=[4],
+    )
+    ep_overlap: Annotated[bool, BeforeValidator(_boolean)] | None = Field(
+        None,
+        description="Whether the experts' dispatch and combine run under another "
+        "micro-batch's compute (DeepSeek-V3's DualPipe, torchtitan's DualPipeV with "
+        "pipeline_parallel_expert_parallel_overlap); false by default.",
+        examples=[True],
     )
     dispatch_dtype: DispatchDtype | None = Field(
         None,

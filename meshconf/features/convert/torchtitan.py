@@ -62,6 +62,20 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
         # validated with the config, and a problem reported at torchtitan's key
         draft.training["reshard_after_forward"] = table["fsdp_reshard_after_forward"]
         draft.origins[("training", "reshard_after_forward")] = "fsdp_reshard_after_forward"
+    overlap = table.get("pipeline_parallel_expert_parallel_overlap", True)
+    degrees = draft.degrees
+    if (
+        table.get("pipeline_parallel_schedule") == "DualPipeV"
+        and overlap is True
+        and degrees.get("pp", 1) > 1
+        and degrees.get("ep", 1) > 1
+    ):
+        # torchtitan overlaps expert and pipeline traffic only under DualPipeV, and by default
+        draft.training["ep_overlap"] = True
+        draft.notes.append(
+            'pipeline_parallel_schedule = "DualPipeV" with expert parallelism overlaps the '
+            "experts' dispatch and combine with compute: training.ep_overlap: true."
+        )
     converted = {*TORCHTITAN_DEGREES, "fsdp_reshard_after_forward"}
     not_converted = [key for key in TORCHTITAN_FIELDS if key in table and key not in converted]
     if not_converted:

@@ -21,6 +21,16 @@ from meshconf.features.plan.estimate.training import Parallelism, Training, micr
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
+
+
+def overlapped_dims(training: Training) -> frozenset[str]:
+    """The dims whose traffic overlaps with compute: :data:`OVERLAPPED`, and with
+    ``ep_overlap`` the experts' dispatch and combine, which DeepSeek-V3's DualPipe runs
+    under another micro-batch's compute (DeepSeek-V3 report, section 3.2.1; torchtitan's
+    ``pipeline_parallel_expert_parallel_overlap`` with its DualPipeV schedule)."""
+    return OVERLAPPED | {"ep"} if training.ep_overlap else OVERLAPPED
+
+
 EXPERT_DIMS = frozenset({"ep", "etp", "efsdp"})
 COMM_DIMS = ("tp", "cp", "ep", "etp", "pp", "fsdp", "efsdp", "dp_replicate")
 

@@ -35,6 +35,11 @@ class Memory:
     gathers: int
     activations: int
     pp_rank: int
+    #: Of ``activations``: the last stage's final norm and loss at the peak of the loss's
+    #: backward pass (0 on other stages, and when a recomputed block needs more).
+    output_head: int = 0
+    #: Chunk-micro-batches whose activations the rank holds at its peak.
+    in_flight: int = 0
 
     @property
     def total(self) -> int:
@@ -236,13 +241,16 @@ def rank_memory(
         optimizer += kept * MASTER_BYTES
     params = whole
     grads = whole if training.zero_stage <= 1 else shard.elements
+    held = _activations(arch, par, training, stage.rank, stage.chunks, stage.last)
     return Memory(
         params=params * training.param_bytes,
         grads=grads * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, stage),
-        activations=_activations(arch, par, training, stage.rank, stage.chunks, stage.last),
+        activations=held.total,
         pp_rank=stage.rank,
+        output_head=held.output_head,
+        in_flight=held.in_flight,
     )
 
 
@@ -341,6 +349,13 @@ def block_split(arch: Architecture, kind: LayerKind, par: Parallelism) -> tuple[
     return unsharded([weight for weight in weights if not weight.experts], par), experts
 
 
+@dataclass(frozen=True)
+class _Held:
+    total: int
+    output_head: int
+    in_flight: int
+
+
 def _activations(
     arch: Architecture,
     par: Parallelism,
@@ -348,7 +363,7 @@ def _activations(
     rank: int,
     kinds: tuple[dict[LayerKind, int], ...],
     last: bool,
-) -> int:
+) -> _Held:
     tokens = training.seq_len * training.micro_batch // par.cp
     dtype = training.param_bytes
     mode = training.checkpointing
@@ -365,8 +380,9 @@ def _activations(
     if mode == "full" and held:
         # the backward pass recomputes one block at a time, keeping what it stores, after
         # the output head's backward has freed the head's tensors
-        return stored + max(head, *(layer_bytes(kind, "none") for kind in held))
-    return stored + head
+        recomputed = max(layer_bytes(kind, "none") for kind in held)
+        return _Held(stored + max(head, recomputed), head if head >= recomputed else 0, in_flight)
+    return _Held(stored + head, head, in_flight)
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import (
-    OVERLAPPED,
     DimTraffic,
     StageWork,
     busiest_stage,
+    overlapped_dims,
     traffic,
 )
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory, split_problem
@@ -59,8 +59,9 @@ def estimate(
     flows = traffic(arch, par, training, crosses, work, bandwidths)
     at_peak = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12)
     bubble = (par.pp - 1) / (training.chunks_per_stage * m)
-    exposed = sum(flow.seconds for flow in flows.values() if flow.name not in OVERLAPPED)
-    overlapped = sum(flow.seconds for flow in flows.values() if flow.name in OVERLAPPED)
+    hidden = overlapped_dims(training)
+    exposed = sum(flow.seconds for flow in flows.values() if flow.name not in hidden)
+    overlapped = sum(flow.seconds for flow in flows.values() if flow.name in hidden)
 
     def step_of(compute: float) -> float:
         return (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)

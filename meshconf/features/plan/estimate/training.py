@@ -43,6 +43,8 @@ class Training:
     #: Node-limited routing: each token goes to experts on at most this many units of the
     #: level its expert group crosses (DeepSeek-V3: 4 nodes); None, no limit.
     moe_max_nodes: int | None = None
+    #: Whether the experts' dispatch and combine run under other compute (DualPipe).
+    ep_overlap: bool = False
     #: The dtype tokens are dispatched to their experts in; None, the parameters'.
     dispatch_dtype: DispatchDtype | None = None
     gpu_memory_gib: float = 80.0

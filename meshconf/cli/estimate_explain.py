@@ -1,0 +1,105 @@
+"""``--explain``: one layout's memory by term, what each term holds under the settings, and
+its source (docs/estimate.md has each term's check), as text and as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from meshconf.core.training import GIB
+from meshconf.features.plan.estimate.step import Estimate
+from meshconf.features.plan.estimate.training import Training
+
+#: Where each term comes from.
+SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "params": "torchtitan's tensor-parallel plan; ZeRO (SC 2020) figure 1; FSDP2's padding",
+        "grads": "ZeRO (SC 2020) figure 1",
+        "optimizer": "torch.optim.AdamW's state; ZeRO's K = 12",
+        "gathers": "FSDP2's reshard_after_forward and prefetch; torch.distributed.pipelining",
+        "activations": "Korthikanti et al. (MLSys 2023) section 4; Narayanan et al. (SC 2021) "
+        "section 2.2; the loss measured with torch's MemTracker",
+    }
+)
+_SHARDED = (
+    "nothing",
+    "the optimizer state",
+    "the optimizer state and the gradients",
+    "the optimizer state, the gradients and the parameters",
+)
+
+
+def _gib(size: int) -> str:
+    return f"{size / GIB:.2f}"
+
+
+def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
+    """Each memory term: its name, GiB, what it holds under ``training``, and its source."""
+    memory = found.memory
+    stage = training.zero_stage
+    sharding = f"ZeRO {stage}: data parallelism shards {_SHARDED[stage]}"
+    master = "" if training.param_dtype == "fp32" else ", an fp32 master copy"
+    pipelined = found.bubble_fraction > 0
+    if stage <= 1:
+        gathered = f"nothing: ZeRO {stage} keeps the weights whole"
+    elif memory.gathers == 0:
+        gathered = "nothing: no weight is sharded (fsdp and efsdp are 1)"
+    elif stage == 2:
+        gathered = "one block's gradient before its reduce-scatter"
+    elif training.reshards(2 if pipelined else 1):
+        gathered = "one block gathered, the next prefetched, one block's unsharded gradient"
+    elif pipelined:
+        gathered = (
+            "every block of the rank gathered, and its gradients unsharded until the last "
+            "micro-batch (no resharding under the pipeline)"
+        )
+    else:
+        gathered = "every block of the rank gathered from its forward to its backward pass"
+    blocks = memory.activations - memory.output_head
+    holds = {
+        "params": f"the rank's weights after tp, ep and etp, in {training.param_dtype}; {sharding}",
+        "grads": f"the rank's gradients in {training.grad_dtype}",
+        "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
+        "gathers": gathered,
+        "activations": f"{_gib(blocks)} GiB for the blocks of {memory.in_flight} "
+        f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, "
+        f"{_gib(memory.output_head)} GiB for the final norm and the loss's fp32 copies of the "
+        "logits",
+    }
+    return [
+        {
+            "term": term,
+            "gib": round(getattr(memory, term) / GIB, 2),
+            "holds": holds[term],
+            "source": SOURCES[term],
+        }
+        for term in holds
+    ]
+
+
+def not_counted(found: Estimate) -> str:
+    """What the estimate leaves out of the memory, with the communicators this layout uses."""
+    used = list(found.traffic)
+    communicators = (
+        f"NCCL's buffers for the {len(used)} communicators the layout sends over "
+        f"({', '.join(used)})"
+        if used
+        else "NCCL's buffers (no communicator sends)"
+    )
+    return f"the CUDA context, {communicators}, and the allocator's reserve and fragmentation"
+
+
+def explain_lines(found: Estimate, training: Training) -> list[str]:
+    """The memory by term as text: a table, then what is not counted."""
+    terms = memory_terms(found, training)
+    lines = [
+        f"memory by term (GiB, pipeline rank {found.memory.pp_rank}; each term's check in "
+        "docs/estimate.md):"
+    ]
+    width = max(len(term["term"]) for term in terms)
+    for term in terms:
+        lines.append(f"  {term['term']:<{width}}  {term['gib']:>7.2f}  {term['holds']}")
+        lines.append(f"  {'':<{width}}  {'':>7}  source: {term['source']}")
+    lines.append(f"not counted: {not_counted(found)}")
+    return lines
