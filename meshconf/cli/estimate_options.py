@@ -1,5 +1,5 @@
-"""The model and training options of ``plan`` and ``show``, and the text and JSON of an
-estimate."""
+"""The model and training options of ``plan``, ``show`` and ``measure``: reading them (over
+a config's ``training`` block), and the estimate of a config's layout they ask for."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
 from meshconf.cli.estimate_explain import explain_lines, memory_terms, not_counted
+from meshconf.cli.estimate_report import memory_json, memory_lines, settings_line
 from meshconf.core.errors import ConfigError, SourceError
 from meshconf.core.levels import crossed_levels
 from meshconf.core.training import (
     CHECKPOINTING,
     DISPATCH_BYTES,
     DTYPE_BYTES,
-    GIB,
     MFU_COUNTS,
     MFU_OVER,
     RESHARDING,
@@ -60,7 +60,6 @@ _CHOICES = (
 )
 #: Switches: given, they are true.
 _FLAGS = ("ep_overlap",)
-MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
 
 
 #: The option of each model and training setting, by attribute, in the order an emitted
@@ -300,132 +299,6 @@ def _schedule_problem(training: Training) -> str | None:
     if training.schedule == "1f1b" and training.virtual_stages != 1:
         return "--virtual-stages needs --pp-schedule interleaved"
     return None
-
-
-def gib(value: float) -> float:
-    return round(value / GIB, 2)
-
-
-#: What lowers each memory term, for a layout that does not fit.
-_REMEDIES: Mapping[str, str] = MappingProxyType(
-    {
-        "params": "shard the weights over more ranks (a larger dp_shard with --zero-stage 3) "
-        "or split them with tp or pp",
-        "grads": "shard the gradients over more ranks (a larger dp_shard with --zero-stage 2 "
-        "or 3) or split them with tp or pp",
-        "optimizer": "shard the optimizer state over more ranks (a larger dp_shard) or split "
-        "it with tp or pp",
-        "gathers": "reshard after each forward pass (--reshard-after-forward always), or hold "
-        "fewer layers per rank (a larger pp)",
-        "activations": "recompute more (--activation-checkpointing full), run shorter "
-        "micro-batches, or split the sequence with tp or cp",
-    }
-)
-
-
-def headroom_gib(found: Estimate, gpu_memory_gib: float) -> float:
-    """GiB left on the GPU; negative for a layout that does not fit."""
-    return round(gpu_memory_gib - found.memory.total / GIB, 2)
-
-
-def largest_term(found: Estimate) -> str:
-    return max(MEMORY_PARTS, key=lambda part: int(getattr(found.memory, part)))
-
-
-def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
-    """The estimate of one layout as ``--format json`` gives it."""
-    memory = found.memory
-    return {
-        "memory_gib": {
-            **{part: gib(getattr(memory, part)) for part in MEMORY_PARTS},
-            "total": gib(memory.total),
-        },
-        "memory_pp_rank": memory.pp_rank,
-        "headroom_gib": headroom_gib(found, gpu_memory_gib),
-        "largest_term": largest_term(found),
-        "fits": found.fits,
-        "problem": found.problem,
-        "microbatches": found.microbatches,
-        "batch_tokens": found.batch_tokens,
-        "compute_seconds": round(found.compute_seconds, 4),
-        "bubble_fraction": round(found.bubble_fraction, 4),
-        "communication": {
-            name: {
-                "bytes": flow.bytes,
-                "seconds": round(flow.seconds, 4),
-                "crosses_nodes": flow.crosses_nodes,
-            }
-            for name, flow in found.traffic.items()
-        },
-        "exposed_communication_seconds": round(found.exposed_seconds, 4),
-        "compute_mfu": None if found.compute_mfu is None else round(found.compute_mfu, 4),
-        "step_seconds": round(found.step_seconds, 4),
-    }
-
-
-def settings_line(model: Architecture, training: Training) -> str:
-    """One line naming the model and the settings an estimate used."""
-    batch = training.global_batch_tokens
-    batch_text = "one micro-batch per GPU" if batch is None else f"{batch} tokens per step"
-    schedule: str = training.schedule
-    resharding = (
-        ""
-        if training.reshard_after_forward == "default"
-        else f"; reshard after forward: {training.reshard_after_forward}"
-    )
-    if training.zero_stage != 3:
-        resharding += f"; ZeRO stage {training.zero_stage}"
-    if training.mfu_over == "step":
-        resharding += f"; MFU {training.mfu:g} over the step"
-    if schedule == "interleaved":
-        schedule += f" x{training.virtual_stages}"
-    return (
-        f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
-        f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
-        f"{training.checkpointing} checkpointing, {schedule}; {training.param_dtype} params, "
-        f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU{resharding}"
-    )
-
-
-def memory_lines(found: Estimate, training: Training) -> list[str]:
-    """The memory breakdown, communication and step time of one layout, as text."""
-    gpu_memory_gib = training.gpu_memory_gib
-    memory = found.memory
-    parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in MEMORY_PARTS)
-    headroom = headroom_gib(found, gpu_memory_gib)
-    if found.problem:
-        verdict = f"does NOT fit in {gpu_memory_gib:g} GiB ({found.problem})"
-    elif found.fits:
-        verdict = f"fits in {gpu_memory_gib:g} GiB, {headroom:g} GiB to spare"
-    else:
-        term = largest_term(found)
-        verdict = (
-            f"does NOT fit in {gpu_memory_gib:g} GiB, {-headroom:g} GiB over; the largest "
-            f"term is {term} ({gib(getattr(memory, term)):g}): {_REMEDIES[term]}"
-        )
-    share = ""
-    if training.mfu_over == "step":
-        share = (
-            f" ({found.compute_mfu:.3g} of peak)"
-            if found.compute_mfu is not None
-            else " (at the peak: the bubble and the communication not hidden leave no time to "
-            "reach --mfu)"
-        )
-    lines = [
-        f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
-        f"{gib(memory.total):g}: {verdict}",
-        f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s"
-        f"{share}, "
-        f"communication not hidden {found.exposed_seconds:.3g} s, pipeline bubble "
-        f"{found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
-    ]
-    if found.traffic:
-        flows = ", ".join(
-            f"{name} {flow.bytes / 1e9:.3g} GB {flow.seconds:.3g} s"
-            for name, flow in found.traffic.items()
-        )
-        lines.append(f"communication per step and GPU: {flows}")
-    return lines
 
 
 def config_estimate(

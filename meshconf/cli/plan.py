@@ -17,15 +17,11 @@ from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usa
 from meshconf.cli.estimate_explain import explain_lines
 from meshconf.cli.estimate_options import (
     add_model_options,
-    gib,
-    headroom_gib,
-    memory_json,
-    memory_lines,
     model_request,
     model_words,
-    settings_line,
     training_block,
 )
+from meshconf.cli.estimate_report import gib, headroom_gib, memory_json, memory_lines, settings_line
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
 from meshconf.core.levels import Level, plural_units, unit_article
