@@ -15,13 +15,9 @@ from meshconf.features.plan.estimate.architecture import (
     Experts,
     GroupedQueryAttention,
 )
-from meshconf.features.plan.estimate.memory import (
-    estimate_memory,
-    rank_memory,
-    rank_stage,
-    stage_layers,
-)
+from meshconf.features.plan.estimate.memory import estimate_memory, rank_memory
 from meshconf.features.plan.estimate.model_file import model_schema_text
+from meshconf.features.plan.estimate.pipeline import rank_stage, stage_layers
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.ranking import make_plan

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import meshconf
-from meshconf.features.plan.estimate.memory import explicit_sizes, rank_chunks, split_problem
+from meshconf.features.plan.estimate.pipeline import explicit_sizes, rank_chunks, split_problem
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training

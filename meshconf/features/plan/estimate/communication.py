@@ -16,7 +16,8 @@ from functools import lru_cache
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.core.training import Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.memory import block_split, rank_stages, unsharded
+from meshconf.features.plan.estimate.memory import block_split, unsharded
+from meshconf.features.plan.estimate.pipeline import rank_stages
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).

@@ -15,7 +15,8 @@ from meshconf.features.plan.estimate.communication import (
     overlapped_dims,
     traffic,
 )
-from meshconf.features.plan.estimate.memory import Memory, estimate_memory, split_problem
+from meshconf.features.plan.estimate.memory import Memory, estimate_memory
+from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 

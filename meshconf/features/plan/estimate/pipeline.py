@@ -1,0 +1,174 @@
+"""How a model's layers are cut into pipeline chunks, and what each pipeline rank holds:
+the even split (the first and last chunks the smaller), an explicit first and last chunk,
+the splits that cannot be made, and the ranks that can need the most memory.
+
+Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshconf.core.training import Ends
+from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
+
+#: The kinds of blocks, in model order.
+KINDS: tuple[LayerKind, ...] = ("dense", "moe")
+
+
+def stage_layers(
+    layers: int, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> list[list[list[int]]]:
+    """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends) for rank in range(pp))
+    return [[list(chunk) for chunk in chunks] for chunks in ranks]
+
+
+def rank_chunks(
+    layers: int, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+) -> list[range]:
+    """The layers of one pipeline rank, chunk by chunk. The model is cut into
+    ``pp * chunks_per_stage`` chunks of consecutive layers; chunk ``c`` runs on rank
+    ``c % pp``. Sizes differ by at most one, and the larger ones go to the middle chunks
+    first, so the first chunk (with the embedding) and the last (with the output) are the
+    smaller ones when the layers do not divide evenly. ``ends`` gives the first and the last
+    chunk's layers instead, as Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+    ``--decoder-last-pipeline-num-layers`` do (0 leaves a chunk the embedding or the output
+    alone); the other chunks then share the rest, the earlier ones taking one more."""
+    count = pp * chunks_per_stage
+    if ends != (None, None):
+        sizes = explicit_sizes(layers, count, ends)
+        starts = [0, *itertools.accumulate(sizes)]
+        return [range(starts[c], starts[c + 1]) for c in range(rank, count, pp)]
+    base, extra = divmod(layers, count)
+    found = []
+    for chunk in range(rank, count, pp):
+        start = chunk * base + _extras_before(chunk, extra, count)
+        size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
+        found.append(range(start, start + size))
+    return found
+
+
+def explicit_sizes(layers: int, count: int, ends: Ends) -> list[int]:
+    """Chunk sizes with the first and last chunk's given (:func:`split_problem` says when
+    the rest cannot be shared; a size is then never below 0)."""
+    first, last = ends
+    fixed = {0: first, count - 1: last}
+    given = {chunk: size for chunk, size in fixed.items() if size is not None}
+    free = [chunk for chunk in range(count) if chunk not in given]
+    rest = max(0, layers - sum(given.values()))
+    base, extra = divmod(rest, len(free)) if free else (0, 0)
+    sizes = [given.get(chunk, 0) for chunk in range(count)]
+    for index, chunk in enumerate(free):
+        sizes[chunk] = base + (1 if index < extra else 0)
+    return sizes
+
+
+def split_problem(layers: int, count: int, ends: Ends) -> str | None:
+    """Why ``layers`` cannot be cut into ``count`` chunks (with ``ends``), or None."""
+    if ends == (None, None):
+        if count > layers:
+            return f"{count} pipeline chunks for {layers} layers: some chunk holds none"
+        return None
+    if count < 2:
+        return "--first-stage-layers and --last-stage-layers need at least 2 pipeline chunks"
+    given = [size for size in ends if size is not None]
+    rest = layers - sum(given)
+    middle = count - len(given)
+    if rest < 0 or rest < middle or (middle == 0 and rest != 0):
+        first, last = ("-" if size is None else str(size) for size in ends)
+        return (
+            f"first and last chunks of {first} and {last} layers leave {rest} of {layers} "
+            f"layers for the other {middle} pipeline chunks: each needs at least one"
+        )
+    return None
+
+
+def _extras_before(chunk: int, extra: int, count: int) -> int:
+    """How many of the chunks before ``chunk`` get one layer more: chunks 1 to count - 2
+    first, then chunk 0, then chunk count - 1."""
+    middle = min(extra, max(0, count - 2))
+    zero = 1 if extra > middle and chunk > 0 else 0
+    inside = max(0, min(chunk, middle + 1) - 1)
+    last = 1 if extra > middle + 1 and chunk >= count else 0
+    return inside + zero + last
+
+
+def candidate_ranks(
+    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> list[int]:
+    """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
+    numbers and kinds of layers differ only in the micro-batches in flight, which fall with
+    the rank, so the first rank of each run of equal ranks is enough, with the last rank
+    (the output). Runs end where a round of chunks crosses the chunks with one layer more
+    (chunks 1 to ``extra``) or the first layer with experts. With ``ends``, every rank."""
+    count = pp * chunks_per_stage
+    if ends != (None, None):
+        return list(range(pp))
+    middle = min(arch.layers % count, max(0, count - 2))
+    edges = {0, pp - 1}
+    for round_ in range(chunks_per_stage):
+        edges.update(boundary - round_ * pp for boundary in (1, middle + 1))
+    experts = arch.experts
+    if experts is not None and 0 < experts.dense_layers < arch.layers:
+        base, extra = divmod(arch.layers, count)
+        for layer in (experts.dense_layers - 1, experts.dense_layers):
+            chunk = _chunk_of(layer, base, extra, count)
+            edges.update((chunk % pp, chunk % pp + 1))
+    return sorted(rank for rank in edges if 0 <= rank < pp)
+
+
+def _chunk_of(layer: int, base: int, extra: int, count: int) -> int:
+    """The chunk that holds a layer (binary search on the chunks' first layers)."""
+    low, high = 0, count - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if middle * base + _extras_before(middle, extra, count) <= layer:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass(frozen=True)
+class RankStage:
+    """What one pipeline rank holds: the kinds of layers of each of its chunks, and
+    whether it has the embedding (first) and the output (last)."""
+
+    rank: int
+    chunks: tuple[dict[LayerKind, int], ...]
+    first: bool
+    last: bool
+
+    @property
+    def layers(self) -> dict[LayerKind, int]:
+        return {kind: sum(chunk[kind] for chunk in self.chunks) for kind in KINDS}
+
+
+@lru_cache(maxsize=1024)
+def rank_stages(
+    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+) -> tuple[RankStage, ...]:
+    """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
+    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends) for rank in ranks)
+
+
+def rank_stage(
+    arch: Architecture, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+) -> RankStage:
+    """What pipeline rank ``rank`` holds."""
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends)
+    last_rank = (pp * chunks_per_stage - 1) % pp
+    kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
+    return RankStage(rank, kinds, rank == 0, rank == last_rank)
+
+
+def kind_counts(arch: Architecture, layers: range) -> dict[LayerKind, int]:
+    """How many of ``layers`` are dense and how many have experts (those from
+    ``dense_layers`` on)."""
+    first_moe = arch.layers if arch.experts is None else arch.experts.dense_layers
+    dense = max(0, min(layers.stop, first_moe) - layers.start)
+    return {"dense": dense, "moe": len(layers) - dense}
