@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         RuntimeOptions as RuntimeOptions,
     )
     from meshconf.model.schema import build_schema as build_schema
+    from meshconf.model.training import TrainingOptions as TrainingOptions
     from meshconf.runtime import DistributedContext as DistributedContext
     from meshconf.sources.loading import load_config as load_config
 
