@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 from meshconf.core.errors import describe_value
 from meshconf.core.training import (
     TRAINING_BOUNDS,
+    ZERO_STAGES,
     DispatchDtype,
     Resharding,
     Schedule,
@@ -36,6 +37,9 @@ def _bounded(name: str) -> IntegerBound:
     return IntegerBound(int(bound.minimum), int(bound.maximum), bound.beyond)
 
 
+_STAGES = IntegerBound(min(ZERO_STAGES), max(ZERO_STAGES), "the last ZeRO stage")
+
+
 class TrainingOptions(BaseModel):
     """How training uses the dims, for the estimate; a key left out takes the estimate's
     default (docs/plan.md), and a command-line option overrides it."""
@@ -44,7 +48,7 @@ class TrainingOptions(BaseModel):
     # refused and a validated block cannot change.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
-    zero_stage: Annotated[int, IntegerBound(0, 3, "the last ZeRO stage")] | None = Field(
+    zero_stage: Annotated[int, _STAGES] | None = Field(
         None,
         description="What data parallelism over fsdp (efsdp for experts) shards: 0 nothing, 1 "
         "the optimizer state (Megatron's distributed optimizer), 2 also the gradients, 3 also "
