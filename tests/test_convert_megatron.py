@@ -197,3 +197,23 @@ def test_a_script_is_read_as_the_shell_would_expand_it() -> None:
     conversion = convert_megatron(settings)
     assert conversion.data["world_size"] == 16
     assert conversion.data["degrees"]["ep"] == 8
+
+
+def test_nemo_s_null_training_settings_are_left_to_the_defaults(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """NeMo writes null for a setting it leaves to Megatron: no training key, no problem."""
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text(
+        "trainer: {devices: 8, num_nodes: 2}\n"
+        "model:\n"
+        "  tensor_model_parallel_size: 2\n"
+        "  pipeline_model_parallel_size: 2\n"
+        "  virtual_pipeline_model_parallel_size: null\n"
+        "  decoder_first_pipeline_num_layers: null\n"
+        "  moe_router_group_topk: 2\n"
+    )
+    out = tmp_path / "converted.yaml"
+    result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None
+    assert training.estimate_settings() == {"zero_stage": 0, "moe_max_nodes": 2}

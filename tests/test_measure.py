@@ -129,7 +129,7 @@ def test_a_step_that_raises_names_the_line_of_the_users_code(tmp_path: Path) -> 
         ("measure_builds", "--build: expected MODULE:FUNCTION (mypackage.train:build), got "
          "'measure_builds'"),
         ("no_such_module:build", "--build: module 'no_such_module' could not be imported: "
-         "ModuleNotFoundError: No module named 'no_such_module'"),
+         "ModuleNotFoundError: No module named 'no_such_module'\n"),
     ],
 )  # fmt: skip
 def test_a_build_that_cannot_be_loaded_is_a_usage_error(
@@ -142,3 +142,4 @@ def test_a_build_that_cannot_be_loaded_is_a_usage_error(
     )
     assert done.returncode == 2
     assert done.stderr.startswith(f"meshconf: error: {message}")
+    assert done.stderr.count("\n") == 1

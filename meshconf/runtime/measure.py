@@ -165,7 +165,7 @@ def measure_memory(
                         tracker.reset_mod_stats()
                     _call("forward_backward", step.forward_backward)
                     _call("the optimizer's step", step.optimizer.step)
-                    step.optimizer.zero_grad()
+                    _call("the optimizer's zero_grad", step.optimizer.zero_grad)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         context.close()
@@ -205,13 +205,18 @@ def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
 
 def _described(error: BaseException) -> str:
     """``ValueError: message (train.py:12)``: the error, and where in the user's code (the
-    innermost frame outside torch and meshconf) it was raised."""
+    innermost frame outside torch, meshconf and the import machinery) it was raised."""
     text = f"{type(error).__name__}: {shorten(first_line(error), 300)}"
-    library = (Path(torch.__file__).parent, Path(__file__).parents[1])
+    library = (
+        Path(torch.__file__).parent,
+        Path(__file__).parents[1],
+        Path(importlib.__file__).parent,
+    )
     frames = [
         frame
         for frame in traceback.extract_tb(error.__traceback__)
-        if not any(Path(frame.filename).is_relative_to(root) for root in library)
+        if not frame.filename.startswith("<frozen")
+        and not any(Path(frame.filename).is_relative_to(root) for root in library)
     ]
     if frames:
         text += f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})"

@@ -105,7 +105,8 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
         draft.origins[("training", "zero_stage")] = optimizer.key
     for name, key in TRAINING_SETTINGS.items():
         setting = settings.get(name)
-        if setting is None:
+        # NeMo writes null for a setting it leaves to Megatron's default
+        if setting is None or setting.value is None:
             continue
         value = _integer(draft, setting)
         if value is None:
