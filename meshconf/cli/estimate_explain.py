@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.core.training import GIB
+from meshconf.cli.estimate_report import gib
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.training import Training
 
@@ -28,10 +28,6 @@ _SHARDED = (
     "the optimizer state and the gradients",
     "the optimizer state, the gradients and the parameters",
 )
-
-
-def _gib(size: int) -> str:
-    return f"{size / GIB:.2f}"
 
 
 def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
@@ -62,15 +58,15 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         "grads": f"the rank's gradients in {training.grad_dtype}",
         "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
         "gathers": gathered,
-        "activations": f"{_gib(blocks)} GiB for the blocks of {memory.in_flight} "
+        "activations": f"{gib(blocks):.2f} GiB for the blocks of {memory.in_flight} "
         f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, "
-        f"{_gib(memory.output_head)} GiB for the final norm and the loss's fp32 copies of the "
+        f"{gib(memory.output_head):.2f} GiB for the final norm and the loss's fp32 copies of the "
         "logits",
     }
     return [
         {
             "term": term,
-            "gib": round(getattr(memory, term) / GIB, 2),
+            "gib": gib(getattr(memory, term)),
             "holds": holds[term],
             "source": SOURCES[term],
         }

@@ -24,6 +24,7 @@ from meshconf.core.training import (
     SCHEDULES,
     TRAINING_BOUNDS,
     ZERO_STAGES,
+    schedule_mismatch,
 )
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
@@ -33,7 +34,7 @@ from meshconf.features.plan.estimate.step import Estimate, estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.model.config import MeshConfig
-from meshconf.model.training import TrainingOptions
+from meshconf.model.training import TrainingOptions, setting_name
 
 _DEFAULTS = Training()
 #: The training options, which need a model: integers, positive numbers, and choices.
@@ -219,11 +220,10 @@ def model_words(args: argparse.Namespace) -> list[str]:
 def training_block(args: argparse.Namespace, training: Training) -> dict[str, Any]:
     """The keys of a config's ``training`` block that the options set, with the values
     ``training`` holds for them: what ``plan --emit`` writes into the config."""
-    names = {"pp_schedule": "schedule"}
     return {
-        key: getattr(training, names.get(key, key))
+        key: getattr(training, setting_name(key))
         for key in TrainingOptions.model_fields
-        if getattr(args, names.get(key, key)) is not None
+        if getattr(args, setting_name(key)) is not None
     }
 
 
@@ -294,11 +294,12 @@ def _value(name: str, text: Any) -> int | float | str:
 
 
 def _schedule_problem(training: Training) -> str | None:
-    if training.schedule == "interleaved" and training.virtual_stages < 2:
+    mismatch = schedule_mismatch(training.schedule, training.virtual_stages)
+    if mismatch is None:
+        return None
+    if mismatch == "stages":
         return "--pp-schedule interleaved needs --virtual-stages V with V >= 2"
-    if training.schedule == "1f1b" and training.virtual_stages != 1:
-        return "--virtual-stages needs --pp-schedule interleaved"
-    return None
+    return "--virtual-stages needs --pp-schedule interleaved"
 
 
 def config_estimate(

@@ -53,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshconf: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_INVALID
     estimate = None if found is None else found[2]
-    settings = None if found is None else settings_line(found[0], found[1])
     shown = [term for term in MEMORY_PARTS if measured.terms[term] or estimate is not None]
     if measured.terms["other"]:
         shown.append("other")
@@ -64,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
         "torch": measured.torch_version,
         "measured_bytes": {**measured.terms, "peak": measured.peak},
     }
+    settings = None
     if found is not None:
         model, training, estimated = found
+        settings = settings_line(model, training)
         memory = estimated.memory
         report["estimate_bytes"] = {
             **{term: getattr(memory, term) for term in MEMORY_PARTS},

@@ -26,6 +26,7 @@ from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
 from meshconf.core.levels import Level, plural_units, unit_article
 from meshconf.core.messages import shorten, spoken_list
+from meshconf.core.training import GIB
 from meshconf.features.plan.ranking import (
     Assignment,
     DimLocality,
@@ -254,7 +255,7 @@ def _rows(plan: Plan) -> list[list[str]]:
             gpu = plan.request.training.gpu_memory_gib
             headroom = "-" if found.problem else f"{headroom_gib(found, gpu):.1f}"
             cells += [
-                f"{found.memory.total / 2**30:.1f}",
+                f"{found.memory.total / GIB:.1f}",
                 headroom,
                 f"{found.step_seconds:.3g}",
                 f"{found.compute_seconds:.3g}",

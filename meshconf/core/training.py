@@ -68,3 +68,12 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
     "mfu": Bound(0.001, 1, "more than the peak"),
 }
+
+
+def schedule_mismatch(schedule: str | None, virtual_stages: int | None) -> str | None:
+    """Why a schedule and its model chunks per pipeline rank do not go together: ``stages``
+    when the interleaved schedule has fewer than 2, ``schedule`` when chunks are given
+    without it; None when they fit. Each reader words it with its own option names."""
+    if schedule == "interleaved":
+        return "stages" if virtual_stages is None or virtual_stages < 2 else None
+    return "schedule" if virtual_stages not in (None, 1) else None

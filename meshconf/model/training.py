@@ -18,6 +18,7 @@ from meshconf.core.training import (
     DispatchDtype,
     Resharding,
     Schedule,
+    schedule_mismatch,
 )
 from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
@@ -102,25 +103,33 @@ class TrainingOptions(BaseModel):
 
     @model_validator(mode="after")
     def _schedule_takes_its_stages(self) -> TrainingOptions:
-        interleaved = self.pp_schedule == "interleaved"
-        stages = self.virtual_stages
-        message = None
-        if interleaved and (stages is None or stages < 2):
-            message = "pp_schedule interleaved needs virtual_stages >= 2"
-        elif not interleaved and stages not in (None, 1):
-            message = "virtual_stages needs pp_schedule interleaved"
-        if message is not None:
+        mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages)
+        if mismatch is not None:
+            message = (
+                "pp_schedule interleaved needs virtual_stages >= 2"
+                if mismatch == "stages"
+                else "virtual_stages needs pp_schedule interleaved"
+            )
             raise validation_error(
                 "TrainingOptions",
-                [FieldError(("virtual_stages",), "schedule_stages", message, input=stages)],
+                [
+                    FieldError(
+                        ("virtual_stages",), "schedule_stages", message, input=self.virtual_stages
+                    )
+                ],
             )
         return self
 
     def estimate_settings(self) -> dict[str, Any]:
-        """The keys set, by the estimate's setting names (``pp_schedule`` is ``schedule``)."""
-        names = {"pp_schedule": "schedule"}
+        """The keys set, by the estimate's setting names (:func:`setting_name`)."""
         return {
-            names.get(key, key): value
+            setting_name(key): value
             for key, value in self.model_dump().items()
             if value is not None
         }
+
+
+def setting_name(key: str) -> str:
+    """The estimate's name for a key of the block: the same, but ``pp_schedule`` (the
+    command line's ``--pp-schedule``), which the estimate calls ``schedule``."""
+    return "schedule" if key == "pp_schedule" else key
