@@ -1,14 +1,20 @@
 """Build functions for ``meshconf measure`` (tests/test_measure.py): a small Llama-shaped
-model (tests/llama_like.py) parallelized over the context's meshes as torchtitan does, and
-build functions that fail in each way a user's may."""
+model (tests/llama_like.py) parallelized over the context's meshes as torchtitan does, with
+torchtitan's activation checkpointing, and build functions that fail in each way a user's
+may."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike, tensor_parallel_plan
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.runtime import DistributedContext, TrainingStep
@@ -26,6 +32,47 @@ attention: {heads: 4, kv_heads: 2, head_dim: 64}
 """
 
 
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}
+# the attention kernels: CUDA's flash kernel, and the CPU's, which stands for it here
+_KEPT = _MATMULS | {
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+}
+
+
+def per_op_policy() -> Callable[..., CheckpointPolicy]:
+    """torchtitan's per-op selective checkpointing (``SelectiveAC``), for one block's call:
+    keep the attention kernel's and reduce-scatter's outputs and those of every other matrix
+    product, counted separately in the forward pass and in the recomputation."""
+    counts = {False: 0, True: 0}
+
+    def policy(context: Any, function: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if function in _MATMULS:
+            counts[context.is_recompute] += 1
+            if counts[context.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (
+            CheckpointPolicy.MUST_SAVE if function in _KEPT else CheckpointPolicy.PREFER_RECOMPUTE
+        )
+
+    return policy
+
+
+def checkpointed(model: LlamaLike, mode: str) -> LlamaLike:
+    """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full)."""
+    for index, layer in enumerate(model.layers):
+        if mode == "selective":
+            model.layers[index] = checkpoint_wrapper(
+                layer,
+                context_fn=lambda: create_selective_checkpoint_contexts(per_op_policy()),
+                preserve_rng_state=False,
+            )
+        elif mode == "full":
+            model.layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    return model
+
+
 def _step(model: torch.nn.Module) -> TrainingStep:
     optimizer = torch.optim.AdamW(model.parameters())
     tokens = torch.randint(0, ARCH.vocab, (BATCH, SEQ))
@@ -37,14 +84,28 @@ def _step(model: torch.nn.Module) -> TrainingStep:
     return TrainingStep(model, optimizer, forward_backward)
 
 
-def fsdp(context: DistributedContext) -> TrainingStep:
-    """FSDP2 over the dense domain's fsdp dim, one block at a time, then the root."""
+def _fsdp(context: DistributedContext, mode: str) -> TrainingStep:
     mesh = context.mesh_for("dense")["fsdp"]
-    model = LlamaLike(ARCH)
+    model = checkpointed(LlamaLike(ARCH), mode)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return _step(model)
+
+
+def fsdp(context: DistributedContext) -> TrainingStep:
+    """FSDP2 over the dense domain's fsdp dim, one block at a time, then the root."""
+    return _fsdp(context, "none")
+
+
+def fsdp_selective(context: DistributedContext) -> TrainingStep:
+    """As :func:`fsdp`, each block under torchtitan's per-op selective checkpointing."""
+    return _fsdp(context, "selective")
+
+
+def fsdp_full(context: DistributedContext) -> TrainingStep:
+    """As :func:`fsdp`, each block recomputed whole in the backward pass."""
+    return _fsdp(context, "full")
 
 
 def tensor_parallel(context: DistributedContext) -> TrainingStep:

@@ -82,6 +82,25 @@ def test_stages_1_and_2_gather_parameters_once_a_step() -> None:
     assert sent[0]["fsdp"].bytes == int(2 * weights * 4 * ring)
 
 
+@pytest.mark.parametrize(
+    ("checkpointing", "collectives"), [("none", 8), ("selective", 10), ("full", 12)]
+)
+def test_sequence_parallelism_sends_four_all_gathers_and_four_reduce_scatters_a_block(
+    checkpointing: str, collectives: int
+) -> None:
+    """Korthikanti et al. (MLSys 2023), section 4.2.2: tensor with sequence parallelism
+    needs four all-gathers and four reduce-scatters per block in a forward and backward
+    pass, each of the micro-batch's hidden states. Full recomputation repeats the forward's
+    two and two; torchtitan's selective policy keeps the reduce-scatters' outputs, so it
+    repeats the two all-gathers only."""
+    tp, seq_len = 4, 4096
+    # one sequence a step: one micro-batch
+    training = Training(checkpointing=checkpointing, seq_len=seq_len, global_batch_tokens=seq_len)  # type: ignore[arg-type]
+    sent = traffic(ARCH, Parallelism(tp=tp), training, {})
+    each = seq_len * ARCH.hidden * 2 * (tp - 1) / tp  # bf16, ring
+    assert sent["tp"].bytes == int(collectives * ARCH.layers * each)
+
+
 @pytest.mark.parametrize(("checkpointing", "ratio"), [("full", 4 / 3), ("none", 1.0)])
 def test_hardware_flops_count_the_recomputed_forward_pass(checkpointing: str, ratio: float) -> None:
     """A published MFU counts the model's FLOPs (three passes a step); hardware FLOPs count
@@ -89,6 +108,20 @@ def test_hardware_flops_count_the_recomputed_forward_pass(checkpointing: str, ra
     settings = {"checkpointing": checkpointing}
     model = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="model"), {})  # type: ignore[arg-type]
     hardware = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="hardware"), {})  # type: ignore[arg-type]
+    assert hardware.compute_seconds == pytest.approx(model.compute_seconds * ratio)
+
+
+def test_hardware_flops_count_the_products_selective_runs_again() -> None:
+    """torchtitan's per-op policy keeps every other matrix product of a block and runs the
+    others again in the backward pass: in a Llama block wk, wo and w3 (wq, wv, w1 and w2
+    are kept). Hardware FLOPs count those; the attention kernel is kept, not recomputed."""
+    seq_len, hidden, width = 8192, 256, 2 * 4 * 64
+    settings = {"checkpointing": "selective", "seq_len": seq_len}
+    model = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="model"), {})  # type: ignore[arg-type]
+    hardware = estimate(ARCH, Parallelism(), Training(**settings, mfu_counts="hardware"), {})  # type: ignore[arg-type]
+    per_token = 6 * ARCH.active_parameter_count() + 6 * seq_len * width * ARCH.layers
+    recomputed = ARCH.layers * (2 * 64 * hidden + hidden * hidden + 704 * hidden)
+    ratio = 1 + 2 * recomputed / per_token
     assert hardware.compute_seconds == pytest.approx(model.compute_seconds * ratio)
 
 

@@ -19,7 +19,8 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "optimizer": "torch.optim.AdamW's state; ZeRO's K = 12",
         "gathers": "FSDP2's reshard_after_forward and prefetch; torch.distributed.pipelining",
         "activations": "Korthikanti et al. (MLSys 2023) section 4; Narayanan et al. (SC 2021) "
-        "section 2.2; the loss measured with torch's MemTracker",
+        "section 2.2; the loss measured with torch's MemTracker; selective: torchtitan's "
+        "SelectiveAC",
     }
 )
 _SHARDED = (
@@ -52,16 +53,24 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         )
     else:
         gathered = "every block of the rank gathered from its forward to its backward pass"
-    blocks = memory.activations - memory.output_head
+    stored = memory.activations - memory.output_head - memory.block_backward
+    if memory.output_head:
+        after = (
+            f"{gib(memory.output_head):.2f} GiB for the final norm and the loss's fp32 copies "
+            "of the logits"
+        )
+    else:
+        after = (
+            f"{gib(memory.block_backward):.2f} GiB for one block's backward pass, what it "
+            "recomputes and the gradients in flight"
+        )
     holds = {
         "params": f"the rank's weights after tp, ep and etp, in {training.param_dtype}; {sharding}",
         "grads": f"the rank's gradients in {training.grad_dtype}",
         "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
         "gathers": gathered,
-        "activations": f"{gib(blocks):.2f} GiB for the blocks of {memory.in_flight} "
-        f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, "
-        f"{gib(memory.output_head):.2f} GiB for the final norm and the loss's fp32 copies of the "
-        "logits",
+        "activations": f"{gib(stored):.2f} GiB stored by the blocks of {memory.in_flight} "
+        f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, {after}",
     }
     return [
         {

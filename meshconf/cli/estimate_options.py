@@ -123,7 +123,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     option(
         "checkpointing",
         choices=CHECKPOINTING,
-        help=f"what the backward pass recomputes ({_DEFAULTS.checkpointing})",
+        help="what the backward pass recomputes: nothing, what torchtitan's per-op selective "
+        f"policy does not keep, or every block ({_DEFAULTS.checkpointing})",
     )
     option("schedule", choices=SCHEDULES, help=f"pipeline schedule ({_DEFAULTS.schedule})")
     option(

@@ -8,7 +8,11 @@ attention, experts) instead of the paper's GPT block. Attention is a fused kerne
 fp32 log-sum-exp per head and token, never the ``s x s`` scores. Sequence parallelism splits
 every tensor outside the attention and feed-forward cores by tp, as in the paper's section
 4.2.2; the low-rank projections of latent attention, which tp does not split, are not split.
-Every formula is written out in docs/plan.md.
+``selective`` is torchtitan's per-op policy (``SelectiveAC`` in
+torchtitan/distributed/activation_checkpoint.py): a block keeps the outputs of the attention
+kernel, of top-k, of the collectives that carry tokens (reduce-scatter, all-to-all) and of
+every other matrix product, counted in the order the forward pass runs them, and recomputes
+the rest in the backward pass. Every formula is written out in docs/plan.md.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from meshconf.features.plan.estimate.architecture import (
     Architecture,
     GroupedQueryAttention,
     LayerKind,
+    Weight,
 )
 
 FP32 = 4
@@ -44,12 +49,55 @@ class PerToken:
         return split + self.whole * dtype_bytes * tokens
 
 
-@lru_cache(maxsize=256)
-def block(arch: Architecture, kind: LayerKind, mode: Checkpointing) -> PerToken:
-    """What one block stores per token under ``mode``; ``full`` stores only its input."""
+@lru_cache(maxsize=1024)
+def block(
+    arch: Architecture,
+    kind: LayerKind,
+    mode: Checkpointing,
+    tensor_parallel: bool = False,
+    expert_parallel: bool = False,
+) -> PerToken:
+    """What one block stores per token under ``mode`` until its backward pass; ``full``
+    stores only its input. ``tensor_parallel`` and ``expert_parallel`` say whether tp and ep
+    are above 1, which adds the collectives that ``selective`` keeps."""
     if mode == "full":
         return PerToken(split=arch.hidden)
-    return _attention(arch, mode) + _feed_forward(arch, kind, mode)
+    if mode == "selective":
+        return _kept_by_policy(arch, kind, tensor_parallel, expert_parallel)
+    return _attention(arch) + _feed_forward(arch, kind)
+
+
+def backward_working_set(
+    arch: Architecture,
+    kind: LayerKind,
+    mode: Checkpointing,
+    tensor_parallel: bool = False,
+    expert_parallel: bool = False,
+) -> PerToken:
+    """What one block's backward pass holds on top of what the block stored: the tensors
+    it recomputes (everything ``none`` keeps that ``mode`` did not) and the gradients alive
+    at once in the feed-forward's backward: the one entering the block and its copy on the
+    residual path (two hidden widths), and those of the SwiGLU product, of the SiLU output
+    and of the gate (three feed-forward widths)."""
+    stored = block(arch, kind, mode, tensor_parallel, expert_parallel)
+    kept = block(arch, kind, "none")
+    recomputed = PerToken(
+        max(0, kept.split - stored.split),
+        max(0, kept.whole - stored.whole),
+        max(0, kept.fp32 - stored.fp32),
+    )
+    return recomputed + PerToken(split=2 * arch.hidden + 3 * _feed_forward_width(arch, kind))
+
+
+def matmuls(arch: Architecture, kind: LayerKind) -> tuple[Weight, ...]:
+    """The matrix products that ``selective`` counts, in the order the forward pass runs
+    them: every linear layer of the block but the router, which torchtitan always
+    recomputes, and the routed experts, whose grouped products are not on its list."""
+    return tuple(
+        weight
+        for weight in arch.layer_weights(kind)
+        if weight.cols > 1 and not weight.experts and weight.name != "router"
+    )
 
 
 #: fp32 copies of the logits alive at the peak of the loss's backward pass, per logit:
@@ -68,44 +116,87 @@ def output_head(arch: Architecture) -> PerToken:
     return PerToken(split=2 * arch.hidden, fp32=LOSS_FP32_COPIES * arch.vocab)
 
 
-def _attention(arch: Architecture, mode: Checkpointing) -> PerToken:
+def recomputed_weights(arch: Architecture, kind: LayerKind, tp: int, etp: int) -> float:
+    """Weight elements per token on one rank whose matrix products ``selective`` runs
+    again in the backward pass (twice this in FLOPs): every other counted product, the
+    router, and the routed experts a token goes to. Weights tp does not split count whole,
+    as the rest of the step's FLOPs count them."""
+    total = 0.0
+    for index, weight in enumerate(matmuls(arch, kind), start=1):
+        if index % 2 == 0:
+            total += weight.elements / (1 if weight.split == "none" else tp)
+    experts = arch.experts
+    if kind == "moe" and experts is not None:
+        total += experts.routed * arch.hidden
+        total += experts.top_k * 3 * arch.hidden * experts.ffn / etp
+    return total
+
+
+def _kept_by_policy(
+    arch: Architecture, kind: LayerKind, tensor_parallel: bool, expert_parallel: bool
+) -> PerToken:
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        kernel = PerToken(split=attention.heads * attention.head_dim, fp32=attention.heads)
+    else:
+        kernel = PerToken(split=attention.heads * attention.v_head_dim, fp32=attention.heads)
+    kept = PerToken(split=arch.hidden) + kernel
+    for index, weight in enumerate(matmuls(arch, kind), start=1):
+        saved = index % 2 == 1
+        if weight.split == "none":
+            kept += PerToken(whole=weight.rows if saved else 0)
+        elif weight.split == "rows" or not tensor_parallel:
+            kept += PerToken(split=weight.rows if saved else 0)
+        else:
+            # a row-wise product gives every token's partial sum, which the kept
+            # reduce-scatter then splits over the sequence
+            kept += PerToken(whole=weight.rows if saved else 0, split=weight.rows)
+    experts = arch.experts
+    if kind == "moe" and experts is not None:
+        # top-k's fp32 scores and int64 expert ids
+        kept += PerToken(fp32=3 * experts.top_k)
+        if expert_parallel:
+            # the all-to-all outputs: every routed copy, dispatched and combined
+            kept += PerToken(split=2 * experts.top_k * arch.hidden)
+    return kept
+
+
+def _feed_forward_width(arch: Architecture, kind: LayerKind) -> int:
+    experts = arch.experts
+    if kind == "dense" or experts is None:
+        return arch.ffn
+    return (experts.top_k + experts.shared) * experts.ffn
+
+
+def _attention(arch: Architecture) -> PerToken:
     hidden = arch.hidden
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
         query = attention.heads * attention.head_dim
         kv = 2 * attention.kv_heads * attention.head_dim
-        lse = PerToken(fp32=attention.heads)
-        if mode == "none":
-            # norm input and output, q k v after rotary embedding, the kernel's output
-            return PerToken(split=2 * hidden + query + kv + query) + lse
-        # block input, q k v projections, kernel output, output projection
-        return PerToken(split=hidden + query + kv + query + hidden) + lse
+        # norm input, output and fp32 reciprocal RMS; q k v after rotary embedding; the
+        # kernel's output and log-sum-exp
+        return PerToken(split=2 * hidden + query + kv + query, fp32=1 + attention.heads)
     heads = attention.heads
     qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
     value = heads * attention.v_head_dim
     latent = attention.kv_lora_rank + attention.qk_rope_head_dim
-    lse = PerToken(fp32=heads)
-    if mode == "none":
-        # norm in/out; low-rank projections and their norms (not split by tp); q, k, v; output
-        low_rank = 2 * attention.q_lora_rank + latent + attention.kv_lora_rank
-        return PerToken(split=2 * hidden + 2 * qk + 2 * value, whole=low_rank) + lse
-    low_rank = attention.q_lora_rank + latent
-    kv_b = heads * attention.qk_nope_head_dim + value
-    return PerToken(split=hidden + qk + kv_b + value + hidden, whole=low_rank) + lse
+    # norm in/out and its reciprocal RMS; low-rank projections and their norms (not split
+    # by tp); q, k, v; the kernel's output and log-sum-exp
+    low_rank = 2 * attention.q_lora_rank + latent + attention.kv_lora_rank
+    return PerToken(split=2 * hidden + 2 * qk + 2 * value, whole=low_rank, fp32=1 + heads)
 
 
-def _feed_forward(arch: Architecture, kind: LayerKind, mode: Checkpointing) -> PerToken:
+def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
     hidden = arch.hidden
     experts = arch.experts
     if kind == "dense" or experts is None:
-        # none: norm in/out, w1 and w3 outputs, silu output, their product; selective: w1, w3
-        return PerToken(split=2 * hidden + 4 * arch.ffn if mode == "none" else 2 * arch.ffn)
-    routed = experts.top_k
-    shared_ffn = experts.shared * experts.ffn
-    router = PerToken(fp32=experts.routed)
-    if mode == "none":
-        # norm in/out; per routed copy of a token: its permuted input, four ffn tensors and
-        # the expert's output; the shared experts' four tensors
-        per_copy = 2 * hidden + 4 * experts.ffn
-        return PerToken(split=2 * hidden + routed * per_copy + 4 * shared_ffn) + router
-    return PerToken(split=routed * (2 * experts.ffn + hidden) + 2 * shared_ffn) + router
+        # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
+        return PerToken(split=2 * hidden + 4 * arch.ffn, fp32=1)
+    # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
+    # four ffn tensors and the expert's output; the shared experts' four tensors; the
+    # router's fp32 scores
+    per_copy = 2 * hidden + 4 * experts.ffn
+    shared = 4 * experts.shared * experts.ffn
+    fp32 = 1 + experts.routed
+    return PerToken(split=2 * hidden + experts.top_k * per_copy + shared, fp32=fp32)

@@ -163,9 +163,13 @@ def _bytes(
     m = microbatches(par, training)
     tokens = training.seq_len * training.micro_batch // par.cp
     p, g = training.param_bytes, training.grad_bytes
-    recompute = training.checkpointing == "full"
-    # forward passes per micro-batch that move activations: one, two with full recomputation
-    passes = 2 + recompute
+    # passes over a block per micro-batch that move activations: forward and backward, and
+    # full recomputation's second forward
+    passes = 3 if training.checkpointing == "full" else 2
+    # torchtitan's selective policy keeps the outputs of the attention kernel, reduce-scatter
+    # and all-to-all, so its recomputation repeats only the all-gathers: half of what tp's
+    # and etp's sequence-parallel collectives move in a pass
+    gathering_passes = passes + (0.5 if training.checkpointing == "selective" else 0)
     hidden = arch.hidden
     top_k = arch.experts.top_k if arch.experts else 0
     dense, expert = work.dense_elements, work.expert_elements
@@ -180,7 +184,7 @@ def _bytes(
         # all-reduce of the gradient shards, once per step
         "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),
         # sequence parallelism: per block 2 all-gathers + 2 reduce-scatters per pass
-        "tp": 2 * passes * work.layers * m * tokens * hidden * p * _ring(par.tp),
+        "tp": 4 * gathering_passes * work.layers * m * tokens * hidden * p * _ring(par.tp),
         # ring attention: every rank receives the other cp-1 key/value chunks per pass,
         # and in backward also their gradients
         "cp": (passes + 1) * work.layers * m * tokens * _kv_per_token(arch, par) * p * (par.cp - 1),
@@ -197,7 +201,7 @@ def _bytes(
         * _ring(par.ep)
         / par.tp,
         "etp": 2
-        * passes
+        * gathering_passes
         * work.moe_layers
         * m
         * tokens

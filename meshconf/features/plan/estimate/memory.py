@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
@@ -36,8 +35,11 @@ class Memory:
     activations: int
     pp_rank: int
     #: Of ``activations``: the last stage's final norm and loss at the peak of the loss's
-    #: backward pass (0 on other stages, and when a recomputed block needs more).
+    #: backward pass (0 on other stages, and when one block's backward pass needs more).
     output_head: int = 0
+    #: Of ``activations``: one block's backward pass, what it recomputes and the gradients
+    #: in flight (0 when the output head needs more).
+    block_backward: int = 0
     #: Chunk-micro-batches whose activations the rank holds at its peak.
     in_flight: int = 0
 
@@ -102,6 +104,7 @@ def rank_memory(
         activations=held.total,
         pp_rank=stage.rank,
         output_head=held.output_head,
+        block_backward=held.block_backward,
         in_flight=held.in_flight,
     )
 
@@ -194,6 +197,7 @@ def block_split(arch: Architecture, kind: LayerKind, par: Parallelism) -> tuple[
 class _Held:
     total: int
     output_head: int
+    block_backward: int
     in_flight: int
 
 
@@ -207,23 +211,30 @@ def _activations(
 ) -> _Held:
     tokens = training.seq_len * training.micro_batch // par.cp
     dtype = training.param_bytes
+    parallel = (par.tp > 1, par.ep > 1)
+
+    def layer_bytes(per_token: activations.PerToken) -> int:
+        return per_token.bytes(tokens, par.tp, dtype)
+
     mode = training.checkpointing
-
-    def layer_bytes(kind: LayerKind, layer_mode: Checkpointing) -> int:
-        return activations.block(arch, kind, layer_mode).bytes(tokens, par.tp, dtype)
-
     held = [kind for kind in KINDS if any(chunk[kind] for chunk in kinds)]
-    per_layer = {kind: layer_bytes(kind, mode) for kind in held}
+    per_layer = {kind: layer_bytes(activations.block(arch, kind, mode, *parallel)) for kind in held}
     chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in held) for chunk in kinds]
     in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
     stored = in_flight * max(chunk_bytes)
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
-    if mode == "full" and held:
-        # the backward pass recomputes one block at a time, keeping what it stores, after
-        # the output head's backward has freed the head's tensors
-        recomputed = max(layer_bytes(kind, "none") for kind in held)
-        return _Held(stored + max(head, recomputed), head if head >= recomputed else 0, in_flight)
-    return _Held(stored + head, head, in_flight)
+    # the output head's backward pass frees its tensors before the last block's begins,
+    # and each block's backward pass runs alone
+    working = max(
+        (
+            layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel))
+            for kind in held
+        ),
+        default=0,
+    )
+    if head >= working:
+        return _Held(stored + head, head, 0, in_flight)
+    return _Held(stored + working, 0, working, in_flight)
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:

@@ -7,7 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meshconf.core.training import GIB
-from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate import activations
+from meshconf.features.plan.estimate.architecture import (
+    Architecture,
+    GroupedQueryAttention,
+    LayerKind,
+)
 from meshconf.features.plan.estimate.communication import (
     DimTraffic,
     StageWork,
@@ -114,10 +119,11 @@ def _flops(
     al. 2020) and ``6 s`` per token per attention dim for the scores and their use (PaLM,
     Chowdhery et al. 2022, appendix B), split by tp. These are the model's FLOPs, which
     published MFU counts; with ``mfu_counts`` "hardware", full recomputation's extra forward
-    pass is counted too (8 N), as hardware FLOPs utilization is (PaLM, appendix B)."""
+    pass is counted too (8 N), as hardware FLOPs utilization is (PaLM, appendix B), and
+    so are the products ``selective`` runs again (:func:`activations.recomputed_weights`)."""
     tokens = m * training.micro_batch * training.seq_len // par.cp
-    recomputes = training.checkpointing == "full" and training.mfu_counts == "hardware"
-    passes = 4 if recomputes else 3
+    hardware = training.mfu_counts == "hardware"
+    passes = 4 if hardware and training.checkpointing == "full" else 3
     # the embedding is a look-up, not a matrix product
     active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
     attention = arch.attention
@@ -127,6 +133,15 @@ def _flops(
         qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
         width = attention.heads * (qk + attention.v_head_dim)
     per_token = 2 * passes * active + passes * 2 * training.seq_len * width * work.layers / par.tp
+    if hardware and training.checkpointing == "selective":
+        layers: dict[LayerKind, int] = {
+            "dense": work.layers - work.moe_layers,
+            "moe": work.moe_layers,
+        }
+        for kind, count in layers.items():
+            if count:
+                recomputed = activations.recomputed_weights(arch, kind, par.tp, par.etp)
+                per_token += 2 * count * recomputed
     return per_token * tokens
 
 
