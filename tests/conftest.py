@@ -53,6 +53,7 @@ SLOW_MODULES = frozenset(
         "test_order_runtime",
         "test_plan_fsdp_memory",
         "test_plan_memory_gloo",
+        "test_plan_sequence_parallel",
         "test_precommit",
         "test_runtime_failures",
         "test_runtime_gloo",

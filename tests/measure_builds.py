@@ -6,7 +6,7 @@ may."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,8 @@ vocab: 512
 attention: {heads: 4, kv_heads: 2, head_dim: 64}
 """
 
+
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.linear.default}
 # the attention kernels: CUDA's flash kernel, and the CPU's, which stands for it here
@@ -59,17 +61,20 @@ def per_op_policy() -> Callable[..., CheckpointPolicy]:
     return policy
 
 
-def checkpointed(model: LlamaLike, mode: str) -> LlamaLike:
-    """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full)."""
-    for index, layer in enumerate(model.layers):
+def checkpointed(model: ModelT, mode: str) -> ModelT:
+    """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full):
+    without early stop, so that the recomputation runs the whole block."""
+    layers: Any = model.layers
+    for index, layer in enumerate(layers):
         if mode == "selective":
-            model.layers[index] = checkpoint_wrapper(
+            layers[index] = checkpoint_wrapper(
                 layer,
                 context_fn=lambda: create_selective_checkpoint_contexts(per_op_policy()),
                 preserve_rng_state=False,
+                early_stop=False,
             )
         elif mode == "full":
-            model.layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+            layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, early_stop=False)
     return model
 
 

@@ -82,25 +82,6 @@ def test_stages_1_and_2_gather_parameters_once_a_step() -> None:
     assert sent[0]["fsdp"].bytes == int(2 * weights * 4 * ring)
 
 
-@pytest.mark.parametrize(
-    ("checkpointing", "collectives"), [("none", 8), ("selective", 10), ("full", 12)]
-)
-def test_sequence_parallelism_sends_four_all_gathers_and_four_reduce_scatters_a_block(
-    checkpointing: str, collectives: int
-) -> None:
-    """Korthikanti et al. (MLSys 2023), section 4.2.2: tensor with sequence parallelism
-    needs four all-gathers and four reduce-scatters per block in a forward and backward
-    pass, each of the micro-batch's hidden states. Full recomputation repeats the forward's
-    two and two; torchtitan's selective policy keeps the reduce-scatters' outputs, so it
-    repeats the two all-gathers only."""
-    tp, seq_len = 4, 4096
-    # one sequence a step: one micro-batch
-    training = Training(checkpointing=checkpointing, seq_len=seq_len, global_batch_tokens=seq_len)  # type: ignore[arg-type]
-    sent = traffic(ARCH, Parallelism(tp=tp), training, {})
-    each = seq_len * ARCH.hidden * 2 * (tp - 1) / tp  # bf16, ring
-    assert sent["tp"].bytes == int(collectives * ARCH.layers * each)
-
-
 @pytest.mark.parametrize(("checkpointing", "ratio"), [("full", 4 / 3), ("none", 1.0)])
 def test_hardware_flops_count_the_recomputed_forward_pass(checkpointing: str, ratio: float) -> None:
     """A published MFU counts the model's FLOPs (three passes a step); hardware FLOPs count

@@ -7,7 +7,10 @@ attention, experts) instead of the paper's GPT block. Attention is a fused kerne
 (FlashAttention or PyTorch's scaled_dot_product_attention), which keeps its output and one
 fp32 log-sum-exp per head and token, never the ``s x s`` scores. Sequence parallelism splits
 every tensor outside the attention and feed-forward cores by tp, as in the paper's section
-4.2.2; the low-rank projections of latent attention, which tp does not split, are not split.
+4.2.2, but for a norm's output, which DTensor's sequence parallelism gathers whole for the
+products that follow and keeps so (the paper's implementation gathers it again in the
+backward pass instead); the low-rank projections of latent attention, which tp does not
+split, are not split either.
 ``selective`` is torchtitan's per-op policy (``SelectiveAC`` in
 torchtitan/distributed/activation_checkpoint.py): a block keeps the outputs of the attention
 kernel, of top-k, of the collectives that carry tokens (reduce-scatter, all-to-all) and of
@@ -176,7 +179,7 @@ def _attention(arch: Architecture) -> PerToken:
         kv = 2 * attention.kv_heads * attention.head_dim
         # norm input, output and fp32 reciprocal RMS; q k v after rotary embedding; the
         # kernel's output and log-sum-exp
-        return PerToken(split=2 * hidden + query + kv + query, fp32=1 + attention.heads)
+        return PerToken(split=hidden + query + kv + query, whole=hidden, fp32=1 + attention.heads)
     heads = attention.heads
     qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
     value = heads * attention.v_head_dim
@@ -184,7 +187,7 @@ def _attention(arch: Architecture) -> PerToken:
     # norm in/out and its reciprocal RMS; low-rank projections and their norms (not split
     # by tp); q, k, v; the kernel's output and log-sum-exp
     low_rank = 2 * attention.q_lora_rank + latent + attention.kv_lora_rank
-    return PerToken(split=2 * hidden + 2 * qk + 2 * value, whole=low_rank, fp32=1 + heads)
+    return PerToken(split=hidden + 2 * qk + 2 * value, whole=hidden + low_rank, fp32=1 + heads)
 
 
 def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
@@ -192,11 +195,11 @@ def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
     experts = arch.experts
     if kind == "dense" or experts is None:
         # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
-        return PerToken(split=2 * hidden + 4 * arch.ffn, fp32=1)
+        return PerToken(split=hidden + 4 * arch.ffn, whole=hidden, fp32=1)
     # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
     # four ffn tensors and the expert's output; the shared experts' four tensors; the
     # router's fp32 scores
     per_copy = 2 * hidden + 4 * experts.ffn
     shared = 4 * experts.shared * experts.ffn
     fp32 = 1 + experts.routed
-    return PerToken(split=2 * hidden + experts.top_k * per_copy + shared, fp32=fp32)
+    return PerToken(split=hidden + experts.top_k * per_copy + shared, whole=hidden, fp32=fp32)

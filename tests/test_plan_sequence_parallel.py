@@ -1,0 +1,91 @@
+"""Tensor with sequence parallelism as torchtitan applies it, measured against the
+estimate: tests/sequence_parallel_probe.py runs the blocks of a small Llama-shaped model at
+tp 2 on torch's fake process group, under ``FakeTensorMode``, for each checkpointing mode.
+
+- What a block stores on one rank (torch's ``MemTracker``, the growth between two blocks'
+  ends of forward) equals the estimate exactly: the norms' outputs are kept whole, as the
+  gathered inputs of the products after them, and under ``selective`` a kept row-wise
+  product is every token's partial sum, beside the reduce-scatter's share.
+- The collectives of one forward and backward pass (torch's ``CommDebugMode``) are those
+  the estimate's tp traffic counts: four all-gathers and four reduce-scatters a block, two
+  more all-gathers when ``selective`` recomputes, two more of each with ``full``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from measure_builds import ARCH, BATCH, SEQ
+from sequence_parallel_probe import TP
+
+from meshconf.features.plan.estimate import activations
+from meshconf.features.plan.estimate.communication import traffic
+from meshconf.features.plan.estimate.training import Parallelism, Training
+
+HERE = Path(__file__).parent
+MODES = ["none", "selective", "full"]
+TOKENS = SEQ * BATCH
+#: torch's RMSNorm on CPU also keeps the normalized input, this rank's share of the
+#: sequence (tests/test_plan_activations.py), for each of a block's two norms
+CPU_NORM_EXTRA = activations.PerToken(split=2 * ARCH.hidden)
+
+
+def _probe(mode: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(HERE / "sequence_parallel_probe.py"), mode],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    probed: dict[str, Any] = json.loads(done.stdout)
+    return probed
+
+
+@pytest.fixture(scope="module")
+def probed() -> dict[str, dict[str, Any]]:
+    return {mode: _probe(mode) for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_what_a_block_stores_under_sequence_parallelism_is_the_estimate_exactly(
+    probed: dict[str, dict[str, Any]], mode: str
+) -> None:
+    expected = activations.block(ARCH, "dense", mode, tensor_parallel=True)  # type: ignore[arg-type]
+    if mode == "none":
+        expected += CPU_NORM_EXTRA
+    ends = probed[mode]["ends"]
+    assert len(ends) == ARCH.layers
+    assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [
+        expected.bytes(TOKENS, TP, 4)
+    ] * (ARCH.layers - 1)
+
+
+@pytest.mark.parametrize(
+    ("mode", "gathers", "scatters"), [("none", 4, 4), ("selective", 6, 4), ("full", 6, 6)]
+)
+def test_the_collectives_are_those_the_tp_traffic_counts(
+    probed: dict[str, dict[str, Any]], mode: str, gathers: int, scatters: int
+) -> None:
+    assert probed[mode]["collectives"] == {
+        "all_gather_into_tensor": gathers * ARCH.layers,
+        "reduce_scatter_tensor": scatters * ARCH.layers,
+    }
+    training = Training(
+        seq_len=SEQ,
+        micro_batch=BATCH,
+        global_batch_tokens=TOKENS,
+        param_dtype="fp32",
+        checkpointing=mode,  # type: ignore[arg-type]
+    )
+    # the estimate's tp traffic is its blocks', and the probe runs blocks alone
+    sent = traffic(ARCH, Parallelism(tp=TP), training, {})["tp"].bytes
+    each = TOKENS * ARCH.hidden * 4 * (TP - 1) / TP
+    assert sent == int((gathers + scatters) * ARCH.layers * each)
