@@ -201,6 +201,17 @@ def test_show_model_prints_the_memory_breakdown(run_cli) -> None:
 
 
 @pytest.mark.parametrize(
+    ("tokens", "counted"), [("8192", "1 micro-batch,"), ("16384", "2 micro-batches,")]
+)
+def test_the_step_line_counts_its_micro_batches(run_cli, tokens: str, counted: str) -> None:  # type: ignore[no-untyped-def]
+    text = run_cli(
+        "plan", "--world-size", "1", "--model", "llama3-8b", "--global-batch-tokens", tokens,
+        "--explain", "1",
+    ).stdout  # fmt: skip
+    assert f"step: {counted} compute " in text
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--seq-len", "4096"], "--seq-len needs --model or --model-file"),

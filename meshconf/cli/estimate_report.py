@@ -127,7 +127,8 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
     lines = [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
         f"{gib(memory.total):g}: {verdict}",
-        f"step: {found.microbatches} micro-batches, compute {found.compute_seconds:.3g} s"
+        f"step: {found.microbatches} micro-batch{'' if found.microbatches == 1 else 'es'}, "
+        f"compute {found.compute_seconds:.3g} s"
         f"{share}, "
         f"communication not hidden {found.exposed_seconds:.3g} s, pipeline bubble "
         f"{found.bubble_fraction:.3g}, estimated {found.step_seconds:.3g} s",
