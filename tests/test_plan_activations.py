@@ -23,6 +23,7 @@ from measure_builds import checkpointed
 
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.presets import PRESETS
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2
@@ -90,3 +91,23 @@ def test_the_last_blocks_backward_peak_is_within_5_percent(mode: str) -> None:
     estimated += norms * CPU_NORM_EXTRA.bytes(tokens, 1, 4)
     print(f"{mode}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}")
     assert estimated == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (8, 1), (1, 8), (8, 8)])
+def test_a_block_at_its_backward_pass_holds_the_same_in_every_mode(
+    preset: str, tp: int, ep: int
+) -> None:
+    """Checkpointing trades what a block stores for what its backward pass recomputes: the
+    less a mode stores, the more the backward pass holds, and at that point every mode holds
+    what ``none`` keeps and the gradients in flight."""
+    arch = PRESETS[preset]
+    for kind in ("dense", "moe") if arch.experts else ("dense",):
+        stored, held = {}, {}
+        for mode in ("none", "selective", "full"):
+            stored[mode] = activations.block(arch, kind, mode, tp > 1, ep > 1).bytes(8192, tp, 2)
+            working = activations.backward_working_set(arch, kind, mode, tp > 1, ep > 1)
+            held[mode] = stored[mode] + working.bytes(8192, tp, 2)
+        assert stored["full"] < stored["selective"] < stored["none"]
+        assert held["full"] == held["none"]
+        assert held["selective"] == held["none"]
