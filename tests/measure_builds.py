@@ -40,17 +40,25 @@ _KEPT = _MATMULS | {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops.aten.topk.default,
 }
 
 
-def per_op_policy() -> Callable[..., CheckpointPolicy]:
+def per_op_policy(
+    recomputed: frozenset[tuple[int, ...]] = frozenset(),
+) -> Callable[..., CheckpointPolicy]:
     """torchtitan's per-op selective checkpointing (``SelectiveAC``), for one block's call:
-    keep the attention kernel's and reduce-scatter's outputs and those of every other matrix
-    product, counted separately in the forward pass and in the recomputation."""
+    keep the outputs of the attention kernel, reduce-scatter and top-k, and those of every
+    other matrix product, counted separately in the forward pass and in the recomputation.
+    A product with a weight of a shape in ``recomputed`` (``(in, out)``, torchtitan's
+    router gate) is recomputed and not counted."""
     counts = {False: 0, True: 0}
 
     def policy(context: Any, function: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if function in _MATMULS:
+            shape = tuple(args[1].shape)
+            if (shape[::-1] if function == torch.ops.aten.linear.default else shape) in recomputed:
+                return CheckpointPolicy.PREFER_RECOMPUTE
             counts[context.is_recompute] += 1
             if counts[context.is_recompute] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
@@ -61,15 +69,18 @@ def per_op_policy() -> Callable[..., CheckpointPolicy]:
     return policy
 
 
-def checkpointed(model: ModelT, mode: str) -> ModelT:
+def checkpointed(
+    model: ModelT, mode: str, recomputed: frozenset[tuple[int, ...]] = frozenset()
+) -> ModelT:
     """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full):
-    without early stop, so that the recomputation runs the whole block."""
+    without early stop, so that the recomputation runs the whole block; ``recomputed`` as
+    for :func:`per_op_policy`."""
     layers: Any = model.layers
     for index, layer in enumerate(layers):
         if mode == "selective":
             layers[index] = checkpoint_wrapper(
                 layer,
-                context_fn=lambda: create_selective_checkpoint_contexts(per_op_policy()),
+                context_fn=lambda: create_selective_checkpoint_contexts(per_op_policy(recomputed)),
                 preserve_rng_state=False,
                 early_stop=False,
             )

@@ -13,6 +13,7 @@ The loss's share is measured in tests/test_plan_loss_memory.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -20,9 +21,14 @@ import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike
 from measure_builds import checkpointed
+from routed_moe import RoutedMoE
 
 from meshconf.features.plan.estimate import activations
-from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.architecture import (
+    Architecture,
+    Experts,
+    GroupedQueryAttention,
+)
 from meshconf.features.plan.estimate.presets import PRESETS
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
@@ -35,7 +41,20 @@ SEQ, BATCH = 128, 2
 CPU_NORM_EXTRA = activations.PerToken(split=2 * ARCH.hidden)
 
 
-def _tracked(mode: str) -> tuple[list[int], int]:
+def _model(arch: Architecture, mode: str) -> LlamaLike:
+    """The model, its blocks wrapped for ``mode``; with experts, routed as torchtitan routes
+    them (tests/routed_moe.py) and the router's product recomputed, as torchtitan's policy
+    recomputes it."""
+    if arch.experts is None:
+        return checkpointed(LlamaLike(arch), mode)
+    model = LlamaLike(arch, 0, arch.experts.routed)
+    for layer in model.layers:
+        if layer.moe is not None:
+            layer.moe = RoutedMoE(arch)
+    return checkpointed(model, mode, frozenset({(arch.hidden, arch.experts.routed)}))
+
+
+def _tracked(mode: str, arch: Architecture = ARCH) -> tuple[list[int], int]:
     """The tracked activations at each block's end of forward, and at the peak of the last
     block's backward pass, in bytes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -50,9 +69,11 @@ def _tracked(mode: str) -> tuple[list[int], int]:
             if getattr(kind, "name", "") in kinds
         )
 
-    with FakeTensorMode():
-        model = checkpointed(LlamaLike(ARCH), mode)
-        tokens = torch.randint(0, ARCH.vocab, (BATCH, SEQ))
+    # real tensors for experts: the meta kernel of the grouped products takes bf16 only
+    with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
+        torch.manual_seed(0)
+        model = _model(arch, mode)
+        tokens = torch.randint(0, arch.vocab, (BATCH, SEQ))
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker:
@@ -63,31 +84,44 @@ def _tracked(mode: str) -> tuple[list[int], int]:
         if stats.mod_fqn.count(".") == 2 and stats.mod_fqn.startswith("LlamaLike.layers."):
             ends.append(activation_bytes(stats.snapshots[_ModState.POST_FW][-1]))
             last_backward = activation_bytes(stats.snapshots[_ModState.PEAK_BW][-1])
-    assert len(ends) == ARCH.layers
+    assert len(ends) == arch.layers
     return ends, last_backward
 
 
-@pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_what_a_block_stores_is_the_estimate_exactly(mode: str) -> None:
-    ends, _ = _tracked(mode)
-    expected = activations.block(ARCH, "dense", mode)  # type: ignore[arg-type]
+MODES = ["none", "selective", "full"]
+#: the same model with a mixture of experts from its second block on
+MOE_ARCH = Architecture(
+    "small-moe", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32), Experts(8, 2, 64, 1, 1)
+)
+CASES = [(arch, mode) for arch in (ARCH, MOE_ARCH) for mode in MODES]
+
+
+@pytest.mark.parametrize(("arch", "mode"), CASES, ids=[f"{a.name}-{m}" for a, m in CASES])
+def test_what_a_block_stores_is_the_estimate_exactly(arch: Architecture, mode: str) -> None:
+    ends, _ = _tracked(mode, arch)
+    kind = arch.kind(arch.layers - 1)
+    expected = activations.block(arch, kind, mode)  # type: ignore[arg-type]
+    offsets = 0
     if mode == "none":
         expected += CPU_NORM_EXTRA
+        # the grouped products also keep the experts' int32 offsets, a few bytes a block
+        offsets = 4 * arch.experts.routed if arch.experts else 0
     tokens = SEQ * BATCH
     assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [
-        expected.bytes(tokens, 1, 4)
-    ] * (ARCH.layers - 1)
+        expected.bytes(tokens, 1, 4) + offsets
+    ] * (arch.layers - 1)
 
 
-@pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_the_last_blocks_backward_peak_is_within_5_percent(mode: str) -> None:
-    _, measured = _tracked(mode)
+@pytest.mark.parametrize(("arch", "mode"), CASES, ids=[f"{a.name}-{m}" for a, m in CASES])
+def test_the_last_blocks_backward_peak_is_within_5_percent(arch: Architecture, mode: str) -> None:
+    _, measured = _tracked(mode, arch)
     tokens = SEQ * BATCH
-    stored = activations.block(ARCH, "dense", mode)  # type: ignore[arg-type]
-    working = activations.backward_working_set(ARCH, "dense", mode)  # type: ignore[arg-type]
+    kind = arch.kind(arch.layers - 1)
+    stored = activations.block(arch, kind, mode)  # type: ignore[arg-type]
+    working = activations.backward_working_set(arch, kind, mode)  # type: ignore[arg-type]
     # every norm of the stored blocks (none) or of the recomputed one runs on CPU
-    norms = ARCH.layers if mode == "none" else 1
-    estimated = ARCH.layers * stored.bytes(tokens, 1, 4) + working.bytes(tokens, 1, 4)
+    norms = arch.layers if mode == "none" else 1
+    estimated = arch.layers * stored.bytes(tokens, 1, 4) + working.bytes(tokens, 1, 4)
     estimated += norms * CPU_NORM_EXTRA.bytes(tokens, 1, 4)
     print(f"{mode}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}")
     assert estimated == pytest.approx(measured, rel=0.05)

@@ -80,8 +80,10 @@ def backward_working_set(
     """What one block's backward pass holds on top of what the block stored: the tensors
     it recomputes (everything ``none`` keeps that ``mode`` did not) and the gradients alive
     at once in the feed-forward's backward: the one entering the block and its copy on the
-    residual path (two hidden widths), and those of the SwiGLU product, of the SiLU output
-    and of the gate (three feed-forward widths)."""
+    residual path (two hidden widths), those of the SwiGLU product, of the SiLU output and
+    of the gate (three feed-forward widths), and with experts, every routed copy's gradient
+    as the combine's backward gathers it and as the weighting by its score passes it on
+    (two hidden widths a copy)."""
     stored = block(arch, kind, mode, tensor_parallel, expert_parallel)
     kept = block(arch, kind, "none")
     recomputed = PerToken(
@@ -89,7 +91,10 @@ def backward_working_set(
         max(0, kept.whole - stored.whole),
         max(0, kept.fp32 - stored.fp32),
     )
-    return recomputed + PerToken(split=2 * arch.hidden + 3 * _feed_forward_width(arch, kind))
+    experts = arch.experts
+    copies = experts.top_k if kind == "moe" and experts is not None else 0
+    in_flight = 2 * arch.hidden * (1 + copies) + 3 * _feed_forward_width(arch, kind)
+    return recomputed + PerToken(split=in_flight)
 
 
 def matmuls(arch: Architecture, kind: LayerKind) -> tuple[Weight, ...]:
@@ -197,9 +202,10 @@ def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
         # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
         return PerToken(split=hidden + 4 * arch.ffn, whole=hidden, fp32=1)
     # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
-    # four ffn tensors and the expert's output; the shared experts' four tensors; the
-    # router's fp32 scores
-    per_copy = 2 * hidden + 4 * experts.ffn
+    # four ffn tensors, the expert's output and the score that weights it, and three int64
+    # indices (its expert, its place in expert order, its token); the shared experts' four
+    # tensors; the router's fp32 scores
+    per_copy = 2 * hidden + 4 * experts.ffn + 1
     shared = 4 * experts.shared * experts.ffn
-    fp32 = 1 + experts.routed
+    fp32 = 1 + experts.routed + 6 * experts.top_k
     return PerToken(split=hidden + experts.top_k * per_copy + shared, whole=hidden, fp32=fp32)
