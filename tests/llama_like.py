@@ -70,6 +70,9 @@ class Block(nn.Module):
         self.wk = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        # Qwen3's norms of each query and key head, before the rotary embedding
+        self.q_norm = nn.RMSNorm(self.head_dim) if attention.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim) if attention.qk_norm else None
         self.ffn_norm = nn.RMSNorm(hidden)
         self.moe = moe
         if moe is None:
@@ -81,8 +84,11 @@ class Block(nn.Module):
         batch, seq, _ = x.shape
         h = self.attention_norm(x)
         # -1: the local number of heads under tensor parallelism
-        q = self.wq(h).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(h).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(h).view(batch, seq, -1, self.head_dim)
+        k = self.wk(h).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.wv(h).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.wo(out.transpose(1, 2).reshape(batch, seq, -1))

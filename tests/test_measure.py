@@ -26,12 +26,14 @@ TRAINING = [
 ]  # fmt: skip
 
 
-#: the line of tests/measure_builds.py whose error the message must name
-RAISING_LINE = next(
-    number
-    for number, line in enumerate((HERE / "measure_builds.py").read_text().splitlines(), 1)
-    if "raise ValueError" in line
-)
+def _line_of(module: str, text: str) -> int:
+    """The number of the line of tests/``module`` that holds ``text``, which an error must
+    name."""
+    lines = (HERE / module).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if text in line)
+
+
+RAISING_LINE = _line_of("measure_builds.py", "raise ValueError")
 
 
 def _measure(
@@ -152,7 +154,10 @@ def test_a_step_that_raises_names_the_line_of_the_users_code(tmp_path: Path) -> 
     done = _measure(tmp_path, "world_size: 8\ndegrees: {dp_shard: 8}\n", "step_raises")
     assert done.returncode == 1
     assert done.stderr.startswith("meshconf: error: forward_backward raised RuntimeError: ")
-    assert done.stderr.endswith("(llama_like.py:112)\n")
+    # the embedding of the model's forward pass gets the float tokens
+    assert done.stderr.endswith(
+        f"(llama_like.py:{_line_of('llama_like.py', 'self.embedding(tokens)')})\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,10 +35,15 @@ ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2
 
 
-#: torch's RMSNorm on CPU is composite: besides its input and one fp32 reciprocal RMS per
-#: token, which CUDA's fused kernel keeps and the estimate counts, it keeps the normalized
-#: input. Each of a block's two norms that runs without recomputation adds that here.
-CPU_NORM_EXTRA = activations.PerToken(split=2 * ARCH.hidden)
+def cpu_norm_extra(arch: Architecture) -> activations.PerToken:
+    """torch's RMSNorm on CPU is composite: besides its input and one fp32 reciprocal RMS
+    per token, which CUDA's fused kernel keeps and the estimate counts, it keeps the
+    normalized input. What a block's norms (two, and Qwen3's per query and key head) that
+    run without recomputation add here."""
+    attention = arch.attention
+    assert isinstance(attention, GroupedQueryAttention)
+    heads = (attention.heads + attention.kv_heads) * attention.head_dim
+    return activations.PerToken(split=2 * arch.hidden + (heads if attention.qk_norm else 0))
 
 
 def _model(arch: Architecture, mode: str) -> LlamaLike:
@@ -93,7 +98,11 @@ MODES = ["none", "selective", "full"]
 MOE_ARCH = Architecture(
     "small-moe", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32), Experts(8, 2, 64, 1, 1)
 )
-CASES = [(arch, mode) for arch in (ARCH, MOE_ARCH) for mode in MODES]
+#: the same model with Qwen3's norms of each query and key head
+QK_NORM_ARCH = Architecture(
+    "small-qk-norm", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32, True)
+)
+CASES = [(arch, mode) for arch in (ARCH, MOE_ARCH, QK_NORM_ARCH) for mode in MODES]
 
 
 @pytest.mark.parametrize(("arch", "mode"), CASES, ids=[f"{a.name}-{m}" for a, m in CASES])
@@ -103,7 +112,7 @@ def test_what_a_block_stores_is_the_estimate_exactly(arch: Architecture, mode: s
     expected = activations.block(arch, kind, mode)  # type: ignore[arg-type]
     offsets = 0
     if mode == "none":
-        expected += CPU_NORM_EXTRA
+        expected += cpu_norm_extra(arch)
         # the grouped products also keep the experts' int32 offsets, a few bytes a block
         offsets = 4 * arch.experts.routed if arch.experts else 0
     tokens = SEQ * BATCH
@@ -122,7 +131,7 @@ def test_the_last_blocks_backward_peak_is_within_5_percent(arch: Architecture, m
     # every norm of the stored blocks (none) or of the recomputed one runs on CPU
     norms = arch.layers if mode == "none" else 1
     estimated = arch.layers * stored.bytes(tokens, 1, 4) + working.bytes(tokens, 1, 4)
-    estimated += norms * CPU_NORM_EXTRA.bytes(tokens, 1, 4)
+    estimated += norms * cpu_norm_extra(arch).bytes(tokens, 1, 4)
     print(f"{mode}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}")
     assert estimated == pytest.approx(measured, rel=0.05)
 

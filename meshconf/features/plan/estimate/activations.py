@@ -184,7 +184,12 @@ def _attention(arch: Architecture) -> PerToken:
         kv = 2 * attention.kv_heads * attention.head_dim
         # norm input, output and fp32 reciprocal RMS; q k v after rotary embedding; the
         # kernel's output and log-sum-exp
-        return PerToken(split=hidden + query + kv + query, whole=hidden, fp32=1 + attention.heads)
+        kept = PerToken(split=hidden + query + kv + query, whole=hidden, fp32=1 + attention.heads)
+        if attention.qk_norm:
+            # the query and key heads' norms: their inputs and a reciprocal RMS per head
+            heads = attention.heads + attention.kv_heads
+            kept += PerToken(split=query + kv // 2, fp32=heads)
+        return kept
     heads = attention.heads
     qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
     value = heads * attention.v_head_dim
