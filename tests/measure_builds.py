@@ -1,7 +1,8 @@
 """Build functions for ``meshconf measure`` (tests/test_measure.py): a small Llama-shaped
 model (tests/llama_like.py) parallelized over the context's meshes as torchtitan does, with
 torchtitan's activation checkpointing, and build functions that fail in each way a user's
-may."""
+may. Also what the activation measurements share: reading torch's ``MemTracker`` block by
+block, and what the CPU's norms keep beyond CUDA's."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.runtime import DistributedContext, TrainingStep
 
@@ -87,6 +89,41 @@ def checkpointed(
         elif mode == "full":
             layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, early_stop=False)
     return model
+
+
+def cpu_norm_extra(arch: Architecture) -> activations.PerToken:
+    """torch's RMSNorm on CPU is composite: besides its input and one fp32 reciprocal RMS
+    per token, which CUDA's fused kernel keeps and the estimate counts, it keeps the
+    normalized input. What a block's norms (two, and Qwen3's per query and key head) that
+    run without recomputation add on CPU."""
+    attention = arch.attention
+    assert isinstance(attention, GroupedQueryAttention)
+    heads = (attention.heads + attention.kv_heads) * attention.head_dim
+    return activations.PerToken(split=2 * arch.hidden + (heads if attention.qk_norm else 0))
+
+
+def block_activations(tracker: Any, blocks: str) -> tuple[list[int], int]:
+    """The activations (and temporaries) a ``MemTracker`` tracked at the end of forward of
+    each block ``{blocks}.N``, and at the peak of the last block's backward pass, in bytes."""
+    from torch.distributed._tools.mem_tracker import _ModState
+
+    def activation_bytes(snapshot: dict[torch.device, dict[Any, int]]) -> int:
+        return sum(
+            size
+            for sizes in snapshot.values()
+            for kind, size in sizes.items()
+            if getattr(kind, "name", "") in ("ACT", "TEMP")
+        )
+
+    ends, last_backward = [], 0
+    for stats in tracker.memory_tracking.values():
+        if (
+            stats.mod_fqn.startswith(f"{blocks}.")
+            and stats.mod_fqn.count(".") == blocks.count(".") + 1
+        ):
+            ends.append(activation_bytes(stats.snapshots[_ModState.POST_FW][-1]))
+            last_backward = activation_bytes(stats.snapshots[_ModState.PEAK_BW][-1])
+    return ends, last_backward
 
 
 def _step(model: torch.nn.Module) -> TrainingStep:

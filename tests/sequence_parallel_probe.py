@@ -16,7 +16,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from measure_builds import ARCH, BATCH, SEQ, checkpointed
+from measure_builds import ARCH, BATCH, SEQ, block_activations, checkpointed
 from torch import nn
 
 from meshconf import load_config
@@ -109,7 +109,7 @@ def _plan() -> dict[str, object]:
 
 def main(mode: str) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -129,16 +129,7 @@ def main(mode: str) -> None:
             collectives = CommDebugMode()
             with tracker, collectives:
                 model(x).sum().backward()
-        ends = [
-            sum(
-                size
-                for sizes in stats.snapshots[_ModState.POST_FW][-1].values()
-                for kind, size in sizes.items()
-                if getattr(kind, "name", "") in ("ACT", "TEMP")
-            )
-            for stats in tracker.memory_tracking.values()
-            if stats.mod_fqn.count(".") == 2 and stats.mod_fqn.startswith("Blocks.layers.")
-        ]
+        ends, _ = block_activations(tracker, "Blocks.layers")
         counts = {
             str(op).rsplit(".", 1)[-1]: count for op, count in collectives.get_comm_counts().items()
         }

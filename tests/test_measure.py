@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from measure_builds import ARCH, BATCH, MODEL_FILE, SEQ
+from measure_builds import ARCH, BATCH, MODEL_FILE, SEQ, cpu_norm_extra
 
 HERE = Path(__file__).parent
 TRAINING = [
@@ -92,7 +92,7 @@ def test_checkpointed_blocks_at_a_large_world_match_the_estimate(
     # counts as temporaries the block's unsharded weight gradients as autograd makes them,
     # before FSDP copies them into its reduce-scatter buffer: the estimate has one block's
     # gradients (that buffer), so it stays below the measured peak, by at most 10%.
-    cpu_norms = 2 * ARCH.hidden * SEQ * BATCH * 4
+    cpu_norms = cpu_norm_extra(ARCH).bytes(SEQ * BATCH, 1, 4)
     activations, peak = measured["activations"] - cpu_norms, measured["peak"] - cpu_norms
     assert _close(activations, estimate["activations"], 0.30)
     assert estimate["total"] < peak <= 1.10 * estimate["total"]

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike
-from measure_builds import checkpointed
+from measure_builds import block_activations, checkpointed, cpu_norm_extra
 from routed_moe import RoutedMoE
 
 from meshconf.features.plan.estimate import activations
@@ -33,17 +33,6 @@ from meshconf.features.plan.estimate.presets import PRESETS
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2
-
-
-def cpu_norm_extra(arch: Architecture) -> activations.PerToken:
-    """torch's RMSNorm on CPU is composite: besides its input and one fp32 reciprocal RMS
-    per token, which CUDA's fused kernel keeps and the estimate counts, it keeps the
-    normalized input. What a block's norms (two, and Qwen3's per query and key head) that
-    run without recomputation add here."""
-    attention = arch.attention
-    assert isinstance(attention, GroupedQueryAttention)
-    heads = (attention.heads + attention.kv_heads) * attention.head_dim
-    return activations.PerToken(split=2 * arch.hidden + (heads if attention.qk_norm else 0))
 
 
 def _model(arch: Architecture, mode: str) -> LlamaLike:
@@ -63,16 +52,7 @@ def _tracked(mode: str, arch: Architecture = ARCH) -> tuple[list[int], int]:
     """The tracked activations at each block's end of forward, and at the peak of the last
     block's backward pass, in bytes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
-
-    def activation_bytes(snapshot: dict[torch.device, dict[object, int]]) -> int:
-        kinds = ("ACT", "TEMP")
-        return sum(
-            size
-            for sizes in snapshot.values()
-            for kind, size in sizes.items()
-            if getattr(kind, "name", "") in kinds
-        )
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     # real tensors for experts: the meta kernel of the grouped products takes bf16 only
     with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
@@ -84,11 +64,7 @@ def _tracked(mode: str, arch: Architecture = ARCH) -> tuple[list[int], int]:
         with tracker:
             logits = model(tokens).float()
             F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-    ends, last_backward = [], 0
-    for stats in tracker.memory_tracking.values():
-        if stats.mod_fqn.count(".") == 2 and stats.mod_fqn.startswith("LlamaLike.layers."):
-            ends.append(activation_bytes(stats.snapshots[_ModState.POST_FW][-1]))
-            last_backward = activation_bytes(stats.snapshots[_ModState.PEAK_BW][-1])
+    ends, last_backward = block_activations(tracker, "LlamaLike.layers")
     assert len(ends) == arch.layers
     return ends, last_backward
 

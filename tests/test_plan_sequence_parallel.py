@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from measure_builds import ARCH, BATCH, SEQ
+from measure_builds import ARCH, BATCH, SEQ, cpu_norm_extra
 from sequence_parallel_probe import TP
 
 from meshconf.features.plan.estimate import activations
@@ -31,9 +31,6 @@ from meshconf.features.plan.estimate.training import Parallelism, Training
 HERE = Path(__file__).parent
 MODES = ["none", "selective", "full"]
 TOKENS = SEQ * BATCH
-#: torch's RMSNorm on CPU also keeps the normalized input, this rank's share of the
-#: sequence (tests/test_plan_activations.py), for each of a block's two norms
-CPU_NORM_EXTRA = activations.PerToken(split=2 * ARCH.hidden)
 
 
 def _probe(mode: str) -> dict[str, Any]:
@@ -60,7 +57,8 @@ def test_what_a_block_stores_under_sequence_parallelism_is_the_estimate_exactly(
 ) -> None:
     expected = activations.block(ARCH, "dense", mode, tensor_parallel=True)  # type: ignore[arg-type]
     if mode == "none":
-        expected += CPU_NORM_EXTRA
+        # on CPU each norm also keeps its normalized input: this rank's share of the sequence
+        expected += cpu_norm_extra(ARCH)
     ends = probed[mode]["ends"]
     assert len(ends) == ARCH.layers
     assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [

@@ -37,7 +37,7 @@ ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 DispatchDtype = Literal["fp8", "fp32", "bf16", "fp16"]
 #: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
-DISPATCH_BYTES: Mapping[str, int] = {"fp8": 1, "fp32": 4, "bf16": 2, "fp16": 2}
+DISPATCH_BYTES: Mapping[str, int] = {"fp8": 1, **DTYPE_BYTES}
 GIB = 2**30
 
 

@@ -150,15 +150,14 @@ def _kept_by_policy(
         kernel = PerToken(split=attention.heads * attention.v_head_dim, fp32=attention.heads)
     kept = PerToken(split=arch.hidden) + kernel
     for index, weight in enumerate(matmuls(arch, kind), start=1):
-        saved = index % 2 == 1
-        if weight.split == "none":
-            kept += PerToken(whole=weight.rows if saved else 0)
-        elif weight.split == "rows" or not tensor_parallel:
-            kept += PerToken(split=weight.rows if saved else 0)
-        else:
-            # a row-wise product gives every token's partial sum, which the kept
-            # reduce-scatter then splits over the sequence
-            kept += PerToken(whole=weight.rows if saved else 0, split=weight.rows)
+        # under tp a row-wise product gives every token's partial sum, which the kept
+        # reduce-scatter then splits over the sequence
+        row_wise = tensor_parallel and weight.split == "cols"
+        if row_wise:
+            kept += PerToken(split=weight.rows)
+        if index % 2 == 1:
+            whole = row_wise or weight.split == "none"
+            kept += PerToken(whole=weight.rows) if whole else PerToken(split=weight.rows)
     experts = arch.experts
     if kind == "moe" and experts is not None:
         # top-k's fp32 scores and int64 expert ids

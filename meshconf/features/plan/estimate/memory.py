@@ -217,9 +217,11 @@ def _activations(
         return per_token.bytes(tokens, par.tp, dtype)
 
     mode = training.checkpointing
-    held = [kind for kind in KINDS if any(chunk[kind] for chunk in kinds)]
-    per_layer = {kind: layer_bytes(activations.block(arch, kind, mode, *parallel)) for kind in held}
-    chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in held) for chunk in kinds]
+    present = [kind for kind in KINDS if any(chunk[kind] for chunk in kinds)]
+    per_layer = {
+        kind: layer_bytes(activations.block(arch, kind, mode, *parallel)) for kind in present
+    }
+    chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in present) for chunk in kinds]
     in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
     stored = in_flight * max(chunk_bytes)
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
@@ -228,7 +230,7 @@ def _activations(
     working = max(
         (
             layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel))
-            for kind in held
+            for kind in present
         ),
         default=0,
     )

@@ -68,18 +68,15 @@ def estimate(
     hidden = overlapped_dims(training)
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in hidden)
     overlapped = sum(flow.seconds for flow in flows.values() if flow.name in hidden)
-
-    def step_of(compute: float) -> float:
-        return (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
-
     compute = at_peak / training.mfu
     compute_mfu: float | None = training.mfu
     if training.mfu_over == "step":
         within = _compute_within(compute, exposed, overlapped, bubble)
-        reachable = within is not None and within >= at_peak
-        compute = within if within is not None and reachable else at_peak
-        compute_mfu = at_peak / compute if reachable else None
-    step = step_of(compute)
+        if within is not None and within >= at_peak:
+            compute, compute_mfu = within, at_peak / within
+        else:
+            compute, compute_mfu = at_peak, None
+    step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
     problem = split_problem(arch.layers, chunks, training.stage_ends)
     return Estimate(
