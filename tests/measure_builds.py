@@ -137,9 +137,19 @@ def _step(model: torch.nn.Module) -> TrainingStep:
     return TrainingStep(model, optimizer, forward_backward)
 
 
-def _fsdp(context: DistributedContext, mode: str) -> TrainingStep:
+def _fsdp(context: DistributedContext, mode: str, fp8: bool = False) -> TrainingStep:
     mesh = context.mesh_for("dense")["fsdp"]
-    model = checkpointed(LlamaLike(ARCH), mode)
+    model = LlamaLike(ARCH)
+    if fp8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        # torchtitan's float8 linear training with FSDP's fp8 all-gather; the output
+        # projection left out, as --fp8-param-gather leaves it
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+        convert_to_float8_training(
+            model, config=config, module_filter_fn=lambda module, fqn: fqn != "output"
+        )
+    model = checkpointed(model, mode)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -159,6 +169,12 @@ def fsdp_selective(context: DistributedContext) -> TrainingStep:
 def fsdp_full(context: DistributedContext) -> TrainingStep:
     """As :func:`fsdp`, each block recomputed whole in the backward pass."""
     return _fsdp(context, "full")
+
+
+def fsdp_fp8(context: DistributedContext) -> TrainingStep:
+    """As :func:`fsdp`, the blocks' linear layers trained in fp8 by torchao, which FSDP
+    gathers in fp8."""
+    return _fsdp(context, "none", fp8=True)
 
 
 def tensor_parallel(context: DistributedContext) -> TrainingStep:

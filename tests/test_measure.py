@@ -98,6 +98,31 @@ def test_checkpointed_blocks_at_a_large_world_match_the_estimate(
     assert estimate["total"] < peak <= 1.10 * estimate["total"]
 
 
+def test_fp8_gathers_shrink_by_what_the_estimate_says(tmp_path: Path) -> None:
+    """torchao's float8 training with FSDP's fp8 all-gather (measure_builds.fsdp_fp8), as
+    torchtitan's enable_fsdp_float8_all_gather runs it."""
+    world = "world_size: 512\ndegrees: {dp_shard: -1}\n"
+    plain = _report(tmp_path, world, "fsdp", "--rank", "77")
+    fp8 = _report(tmp_path, world, "fsdp_fp8", "--rank", "77", "--fp8-param-gather")
+    saved = plain["measured_bytes"]["gathers"] - fp8["measured_bytes"]["gathers"]
+    estimated = plain["estimate_bytes"]["gathers"] - fp8["estimate_bytes"]["gathers"]
+
+    # The block being run and the one prefetched hold their linear weights (wq, wk, wv, wo,
+    # w1, w3, w2; each dim 0 padded to a multiple of 512) in 1 byte instead of 4; the norms
+    # and the fp32 gradient stay as they were.
+    def padded(rows: int) -> int:
+        return -(-rows // 512) * 512
+
+    heads, kv = 4 * 64, 2 * 64
+    rows = [(heads, 256), (kv, 256), (kv, 256), (256, heads), (704, 256), (704, 256), (256, 704)]
+    assert estimated == 2 * (4 - 1) * sum(padded(out) * into for out, into in rows)
+    # besides, each gathered fp8 weight carries its fp32 scale (a few bytes)
+    assert 0 <= estimated - saved <= 2 * len(rows) * 8
+    measured, estimate = fp8["measured_bytes"], fp8["estimate_bytes"]
+    assert measured["params"] == estimate["params"]
+    assert _close(measured["peak"], estimate["total"], 0.05)
+
+
 def test_tensor_parallel_model_state_matches_the_estimate(tmp_path: Path) -> None:
     report = _report(tmp_path, "world_size: 2\ndegrees: {tp: 2}\n", "tensor_parallel")
     measured, estimate = report["measured_bytes"], report["estimate_bytes"]

@@ -35,12 +35,17 @@ ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2
 
 
-def _model(arch: Architecture, mode: str) -> LlamaLike:
+def _model(arch: Architecture, mode: str, fp8: bool = False) -> LlamaLike:
     """The model, its blocks wrapped for ``mode``; with experts, routed as torchtitan routes
     them (tests/routed_moe.py) and the router's product recomputed, as torchtitan's policy
-    recomputes it."""
+    recomputes it; with ``fp8``, the blocks' linear layers trained in fp8 by torchao."""
     if arch.experts is None:
-        return checkpointed(LlamaLike(arch), mode)
+        model = LlamaLike(arch)
+        if fp8:
+            from torchao.float8 import convert_to_float8_training
+
+            convert_to_float8_training(model, module_filter_fn=lambda _, fqn: fqn != "output")
+        return checkpointed(model, mode)
     model = LlamaLike(arch, 0, arch.experts.routed)
     for layer in model.layers:
         if layer.moe is not None:
@@ -48,7 +53,7 @@ def _model(arch: Architecture, mode: str) -> LlamaLike:
     return checkpointed(model, mode, frozenset({(arch.hidden, arch.experts.routed)}))
 
 
-def _tracked(mode: str, arch: Architecture = ARCH) -> tuple[list[int], int]:
+def _tracked(mode: str, arch: Architecture = ARCH, fp8: bool = False) -> tuple[list[int], int]:
     """The tracked activations at each block's end of forward, and at the peak of the last
     block's backward pass, in bytes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -57,7 +62,7 @@ def _tracked(mode: str, arch: Architecture = ARCH) -> tuple[list[int], int]:
     # real tensors for experts: the meta kernel of the grouped products takes bf16 only
     with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
         torch.manual_seed(0)
-        model = _model(arch, mode)
+        model = _model(arch, mode, fp8)
         tokens = torch.randint(0, arch.vocab, (BATCH, SEQ))
         tracker = MemTracker()
         tracker.track_external(model)
@@ -110,6 +115,16 @@ def test_the_last_blocks_backward_peak_is_within_5_percent(arch: Architecture, m
     estimated += norms * cpu_norm_extra(arch).bytes(tokens, 1, 4)
     print(f"{mode}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}")
     assert estimated == pytest.approx(measured, rel=0.05)
+
+
+def test_fp8_linear_layers_store_what_bf16_ones_do() -> None:
+    """torchao's float8 training (what --fp8-param-gather estimates) keeps each product's
+    input in its own dtype for the backward pass and casts it again there, so a block stores
+    what it stores without fp8; the casts add one product's fp8 copies at a time."""
+    ends, last_backward = _tracked("none")
+    fp8_ends, fp8_last_backward = _tracked("none", fp8=True)
+    assert fp8_ends == ends
+    assert last_backward <= fp8_last_backward <= 1.05 * last_backward
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -53,6 +53,11 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         )
     else:
         gathered = "every block of the rank gathered from its forward to its backward pass"
+    weights = f"in {training.param_dtype}"
+    if training.fp8_param_gather and stage == 3:
+        gathered += "; the blocks' dense linear weights gathered in fp8" if memory.gathers else ""
+    elif training.fp8_param_gather:
+        weights += ", the blocks' dense linear weights in fp8"
     stored = memory.activations - memory.output_head - memory.block_backward
     if memory.output_head:
         after = (
@@ -65,7 +70,7 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
             "recomputes and the gradients in flight"
         )
     holds = {
-        "params": f"the rank's weights after tp, ep and etp, in {training.param_dtype}; {sharding}",
+        "params": f"the rank's weights after tp, ep and etp, {weights}; {sharding}",
         "grads": f"the rank's gradients in {training.grad_dtype}",
         "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
         "gathers": gathered,

@@ -18,12 +18,14 @@ from meshconf.core.training import (
     CHECKPOINTING,
     DISPATCH_BYTES,
     DTYPE_BYTES,
+    FP8_WITHOUT_GATHERS,
     MFU_COUNTS,
     MFU_OVER,
     RESHARDING,
     SCHEDULES,
     TRAINING_BOUNDS,
     ZERO_STAGES,
+    fp8_without_gathers,
     schedule_mismatch,
 )
 from meshconf.features.plan.estimate.architecture import Architecture
@@ -60,7 +62,7 @@ _CHOICES = (
     "mfu_over",
 )
 #: Switches: given, they are true.
-_FLAGS = ("ep_overlap",)
+_FLAGS = ("ep_overlap", "fp8_param_gather")
 
 
 #: The option of each model and training setting, by attribute, in the order an emitted
@@ -84,6 +86,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "moe_max_nodes": "--moe-max-nodes",
         "ep_overlap": "--ep-overlap",
         "dispatch_dtype": "--dispatch-dtype",
+        "fp8_param_gather": "--fp8-param-gather",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gbps": "--intra-node-gbps",
         "inter_node_gbps": "--inter-node-gbps",
@@ -176,6 +179,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="the dtype tokens are dispatched to their experts in (default: --param-dtype); "
         "the combine stays in --param-dtype",
     )
+    option(
+        "fp8_param_gather",
+        action="store_const",
+        const=True,
+        help="data parallelism gathers the blocks' dense linear weights in fp8, and under "
+        "ZeRO 1 and 2 keeps them in fp8 (torchtitan's enable_fsdp_float8_all_gather, "
+        "Megatron's --fp8-param-gather; default: in --param-dtype)",
+    )
     option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({_DEFAULTS.gpu_memory_gib:g})")
     option(
         "intra_node_gbps",
@@ -259,7 +270,7 @@ def _model_request(
             return value
         settings[name] = value
     training = Training(**{**_DEFAULTS.__dict__, **config_settings, **settings})
-    problem = _schedule_problem(training)
+    problem = _settings_problem(training)
     if problem:
         return problem
     if args.model is not None:
@@ -294,7 +305,9 @@ def _value(name: str, text: Any) -> int | float | str:
         return f"{MODEL_OPTIONS[name]}: {error}"
 
 
-def _schedule_problem(training: Training) -> str | None:
+def _settings_problem(training: Training) -> str | None:
+    if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
+        return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
     mismatch = schedule_mismatch(training.schedule, training.virtual_stages)
     if mismatch is None:
         return None

@@ -88,6 +88,8 @@ def settings_line(model: Architecture, training: Training) -> str:
     )
     if training.zero_stage != 3:
         resharding += f"; ZeRO stage {training.zero_stage}"
+    if training.fp8_param_gather:
+        resharding += "; fp8 param gather"
     if training.mfu_over == "step":
         resharding += f"; MFU {training.mfu:g} over the step"
     if schedule == "interleaved":

@@ -35,9 +35,10 @@ RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
 ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+FP8_BYTES = 1
 DispatchDtype = Literal["fp8", "fp32", "bf16", "fp16"]
 #: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
-DISPATCH_BYTES: Mapping[str, int] = {"fp8": 1, **DTYPE_BYTES}
+DISPATCH_BYTES: Mapping[str, int] = {"fp8": FP8_BYTES, **DTYPE_BYTES}
 GIB = 2**30
 
 
@@ -68,6 +69,16 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
     "mfu": Bound(0.001, 1, "more than the peak"),
 }
+
+
+#: Why fp8 parameter gathers need a ZeRO stage above 0, for each reader's message.
+FP8_WITHOUT_GATHERS = "ZeRO 0 keeps the parameters whole on every rank and gathers none"
+
+
+def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -> bool:
+    """Whether parameters are to be gathered in fp8 where data parallelism gathers none:
+    ZeRO 0 keeps them whole on every rank."""
+    return bool(fp8_param_gather) and zero_stage == 0
 
 
 def schedule_mismatch(schedule: str | None, virtual_stages: int | None) -> str | None:

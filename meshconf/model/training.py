@@ -13,11 +13,13 @@ from pydantic_core import PydanticCustomError
 
 from meshconf.core.errors import describe_value
 from meshconf.core.training import (
+    FP8_WITHOUT_GATHERS,
     TRAINING_BOUNDS,
     ZERO_STAGES,
     DispatchDtype,
     Resharding,
     Schedule,
+    fp8_without_gathers,
     schedule_mismatch,
 )
 from meshconf.model.errors import FieldError, validation_error
@@ -100,9 +102,29 @@ class TrainingOptions(BaseModel):
         "parameters'.",
         examples=["fp8"],
     )
+    fp8_param_gather: Annotated[bool, BeforeValidator(_boolean)] | None = Field(
+        None,
+        description="Whether data parallelism gathers the blocks' dense linear weights "
+        "(attention and dense feed-forward, not routed experts) in fp8, and under ZeRO 1 and 2 "
+        "keeps them in fp8: torchtitan's enable_fsdp_float8_all_gather, Megatron's "
+        "--fp8-param-gather; false by default.",
+        examples=[True],
+    )
 
     @model_validator(mode="after")
-    def _schedule_takes_its_stages(self) -> TrainingOptions:
+    def _settings_go_together(self) -> TrainingOptions:
+        if fp8_without_gathers(self.zero_stage, self.fp8_param_gather):
+            raise validation_error(
+                "TrainingOptions",
+                [
+                    FieldError(
+                        ("fp8_param_gather",),
+                        "fp8_without_gathers",
+                        f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
+                        input=self.fp8_param_gather,
+                    )
+                ],
+            )
         mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages)
         if mismatch is not None:
             message = (

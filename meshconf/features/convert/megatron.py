@@ -100,9 +100,17 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
     """The config's ``training`` block from Megatron's settings: the ZeRO stage its
     distributed optimizer gives, and each of :data:`TRAINING_SETTINGS` given."""
     optimizer = settings.get("use_distributed_optimizer")
-    draft.training["zero_stage"] = 0 if optimizer is None else 1
+    if optimizer is not None and not isinstance(optimizer.value, bool):
+        draft.fail(optimizer.key, f"expected true or false, got {describe_value(optimizer.value)}")
+    distributed = optimizer is not None and optimizer.value is True
+    draft.training["zero_stage"] = 1 if distributed else 0
     if optimizer is not None:
         draft.origins[("training", "zero_stage")] = optimizer.key
+    fp8 = settings.get("fp8_param_gather")
+    if fp8 is not None:
+        # validated with the config, and a problem reported at Megatron's key
+        draft.training["fp8_param_gather"] = fp8.value
+        draft.origins[("training", "fp8_param_gather")] = fp8.key
     for name, key in TRAINING_SETTINGS.items():
         setting = settings.get(name)
         # NeMo writes null for a setting it leaves to Megatron's default
@@ -335,7 +343,8 @@ def _notes(
         "(the ranks each instance shards over). meshconf's fsdp, dp_shard * cp, is the group "
         "Megatron's distributed optimizer shards over."
     ]
-    if "use_distributed_optimizer" not in settings:
+    optimizer = settings.get("use_distributed_optimizer")
+    if optimizer is None or optimizer.value is not True:
         notes.append(
             "--use-distributed-optimizer is not set: Megatron keeps a full copy of the "
             "optimizer state on every data-parallel rank, which is training.zero_stage: 0. "

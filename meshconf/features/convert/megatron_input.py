@@ -38,7 +38,7 @@ TRAINING_SETTINGS = {
     "moe_router_group_topk": "moe_max_nodes",
 }
 #: Switches: present means true.
-FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer")
+FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer", "fp8_param_gather")
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
 ORDER_SETTING = "order"
 #: torchrun's options that give the world size.

@@ -35,6 +35,13 @@ class Weight:
     def elements(self) -> int:
         return self.rows * self.cols * max(1, self.experts)
 
+    @property
+    def dense_linear(self) -> bool:
+        """A matrix of a block's dense linear layers (attention projections, the dense and
+        shared SwiGLU), which fp8 training casts: not a norm, the router, or routed
+        experts."""
+        return self.cols > 1 and not self.experts and self.name != "router"
+
 
 @dataclass(frozen=True)
 class GroupedQueryAttention:

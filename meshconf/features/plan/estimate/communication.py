@@ -16,7 +16,7 @@ from functools import lru_cache
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.core.training import Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.memory import block_split, unsharded
+from meshconf.features.plan.estimate.memory import block_split, linear_split, unsharded
 from meshconf.features.plan.estimate.pipeline import rank_stages
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
@@ -78,6 +78,9 @@ class StageWork:
     dense_elements: int
     expert_elements: int
     lookup_elements: int
+    #: Of ``dense_elements``: the blocks' dense linear weights (gathered in fp8 with
+    #: ``fp8_param_gather``).
+    linear_elements: int
 
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
@@ -94,15 +97,16 @@ def _busiest_stage(
     stages = rank_stages(arch, par.pp, chunks_per_stage, ends)
     stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
     layers = stage.layers
-    dense = expert = 0
+    dense = expert = linear = 0
     for kind, count in layers.items():
         if count:
             block_dense, block_experts = block_split(arch, kind, par)
             dense += count * block_dense
             expert += count * block_experts
+            linear += count * linear_split(arch, kind, par)[0]
     lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
     dense += lookup + (unsharded(arch.output_weights(), par) if stage.last else 0)
-    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup)
+    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup, linear)
 
 
 def traffic(
@@ -178,8 +182,10 @@ def _bytes(
     # all-reduces the gradients, which moves twice what a reduce-scatter does.
     gathers = {0: 0, 1: 1, 2: 1, 3: 2 * m}[training.zero_stage]
     reductions = 2 if training.zero_stage == 0 else 1
+    # the dense linear weights go in fp8 with fp8_param_gather
+    gathered = dense * p - work.linear_elements * (p - training.linear_bytes)
     sent = {
-        "fsdp": (gathers * dense * p + reductions * dense * g) * _ring(par.fsdp),
+        "fsdp": (gathers * gathered + reductions * dense * g) * _ring(par.fsdp),
         "efsdp": (gathers * expert * p + reductions * expert * g) * _ring(par.efsdp),
         # all-reduce of the gradient shards, once per step
         "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),

@@ -6,7 +6,7 @@ Pure Python. Formulas and sources in docs/plan.md ("Memory per rank").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -19,6 +19,9 @@ from meshconf.features.plan.estimate.training import Parallelism, Training, micr
 ADAM_MOMENT_BYTES = 8
 ADAM_STEP_BYTES = 4
 MASTER_BYTES = 4
+
+#: How many elements of some weights a rank holds: :func:`unsharded` or :func:`gathered`.
+Sizing = Callable[[Sequence[Weight], Parallelism], int]
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,14 @@ def rank_memory(
     optimizer = kept * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
         optimizer += kept * MASTER_BYTES
-    params = whole
+    if training.zero_stage == 3:
+        params = shard.elements * training.param_bytes
+    else:
+        params = _stage_parameter_bytes(arch, par, training, stage, unsharded)
     grads = whole if training.zero_stage <= 1 else shard.elements
     held = _activations(arch, par, training, stage.rank, stage.chunks, stage.last)
     return Memory(
-        params=params * training.param_bytes,
+        params=params,
         grads=grads * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, stage),
@@ -146,7 +152,9 @@ def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: Ra
         # whole parameters; one block's gradient before its reduce-scatter
         return largest * training.grad_bytes
     if training.reshards(par.pp):
-        return largest * (2 * training.param_bytes + training.grad_bytes)
+        splits = [linear_split(arch, kind, par, gathered) for kind in kinds]
+        block = max((_parameter_bytes(split, training) for split in splits), default=0)
+        return 2 * block + largest * training.grad_bytes
     # Parameters stay gathered from a block's forward pass to its backward pass. Under a
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
@@ -155,7 +163,37 @@ def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: Ra
     held += gathered(end_weights(arch, stage.first, stage.last), par)
     accumulated = par.pp > 1 and microbatches(par, training) > 1
     grads = held if accumulated else largest
-    return held * training.param_bytes + grads * training.grad_bytes
+    params = _stage_parameter_bytes(arch, par, training, stage, gathered)
+    return params + grads * training.grad_bytes
+
+
+def _stage_parameter_bytes(
+    arch: Architecture, par: Parallelism, training: Training, stage: RankStage, size: Sizing
+) -> int:
+    """The rank's parameters, sized by ``size`` (as tp/ep/etp leave them, or as FSDP
+    gathers them), in bytes: the blocks' dense linear weights in ``training.linear_bytes``."""
+    blocks = sum(
+        count * _parameter_bytes(linear_split(arch, kind, par, size), training)
+        for kind, count in stage.layers.items()
+        if count
+    )
+    return blocks + size(end_weights(arch, stage.first, stage.last), par) * training.param_bytes
+
+
+def _parameter_bytes(split: tuple[int, int], training: Training) -> int:
+    linear, rest = split
+    return linear * training.linear_bytes + rest * training.param_bytes
+
+
+@lru_cache(maxsize=4096)
+def linear_split(
+    arch: Architecture, kind: LayerKind, par: Parallelism, size: Sizing = unsharded
+) -> tuple[int, int]:
+    """Elements of one block's dense linear weights and of its other weights, sized by
+    ``size``."""
+    weights = arch.layer_weights(kind)
+    linear = [weight for weight in weights if weight.dense_linear]
+    return size(linear, par), size([weight for weight in weights if not weight.dense_linear], par)
 
 
 def gathered(weights: Sequence[Weight], par: Parallelism) -> int:

@@ -12,6 +12,7 @@ from meshconf.core.formulas import evaluate
 from meshconf.core.training import (
     DISPATCH_BYTES,
     DTYPE_BYTES,
+    FP8_BYTES,
     Checkpointing,
     DispatchDtype,
     Ends,
@@ -47,6 +48,8 @@ class Training:
     ep_overlap: bool = False
     #: The dtype tokens are dispatched to their experts in; None, the parameters'.
     dispatch_dtype: DispatchDtype | None = None
+    #: Whether the blocks' dense linear weights are gathered (and, unsharded, kept) in fp8.
+    fp8_param_gather: bool = False
     gpu_memory_gib: float = 80.0
     intra_node_gbps: float = 3600.0
     inter_node_gbps: float = 400.0
@@ -62,6 +65,12 @@ class Training:
     @property
     def dispatch_bytes(self) -> int:
         return DISPATCH_BYTES[self.dispatch_dtype or self.param_dtype]
+
+    @property
+    def linear_bytes(self) -> int:
+        """Bytes per element of the blocks' dense linear weights as data parallelism gathers
+        them (and, under ZeRO 1 and 2, keeps them)."""
+        return FP8_BYTES if self.fp8_param_gather else self.param_bytes
 
     @property
     def grad_bytes(self) -> int:

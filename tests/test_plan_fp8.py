@@ -1,0 +1,164 @@
+"""``--fp8-param-gather`` (the config's ``training.fp8_param_gather``): data parallelism
+gathers the blocks' dense linear weights in fp8, and under ZeRO 1 and 2 keeps them in fp8.
+tests/test_measure.py measures the gathers under torchao's float8 training; here, what each
+term and the traffic owe to it, in bytes worked out from the model's shapes, and how the
+option is read and refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import meshconf
+from meshconf.features.plan.estimate.communication import traffic
+from meshconf.features.plan.estimate.memory import estimate_memory
+from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.training import Parallelism, Training
+
+LLAMA = PRESETS["llama3-8b"]
+# Llama 3 8B's linear weights a block: wq and wo (4096 x 4096), wk and wv (1024 x 4096),
+# w1, w3 and w2 (14336 x 4096)
+LINEAR = 32 * (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096)
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_zero_1_and_2_keep_the_linear_weights_in_one_byte(zero_stage: int) -> None:
+    par = Parallelism(dp_shard=8)
+    bf16 = estimate_memory(LLAMA, par, Training(zero_stage=zero_stage))
+    fp8 = estimate_memory(LLAMA, par, Training(zero_stage=zero_stage, fp8_param_gather=True))
+    assert bf16.params - fp8.params == LINEAR * (2 - 1)
+    assert (fp8.grads, fp8.optimizer, fp8.gathers) == (bf16.grads, bf16.optimizer, bf16.gathers)
+
+
+def test_zero_3_gathers_two_blocks_linear_weights_in_one_byte() -> None:
+    par = Parallelism(dp_shard=8)
+    bf16 = estimate_memory(LLAMA, par, Training())
+    fp8 = estimate_memory(LLAMA, par, Training(fp8_param_gather=True))
+    # the block run and the one prefetched; the sharded parameters stay in bf16
+    assert bf16.gathers - fp8.gathers == 2 * (LINEAR // 32) * (2 - 1)
+    assert (fp8.params, fp8.grads, fp8.optimizer) == (bf16.params, bf16.grads, bf16.optimizer)
+
+
+@pytest.mark.parametrize(("zero_stage", "gathers"), [(3, 2), (1, 1)])
+def test_fsdp_traffic_gathers_the_linear_weights_in_one_byte(zero_stage: int, gathers: int) -> None:
+    par = Parallelism(dp_shard=8)
+    sent = {
+        fp8: traffic(LLAMA, par, Training(zero_stage=zero_stage, fp8_param_gather=fp8), {})[
+            "fsdp"
+        ].bytes
+        for fp8 in (False, True)
+    }
+    # ZeRO 3 gathers in the forward and the backward pass of the one micro-batch, ZeRO 1
+    # once after the optimizer; a ring all-gather sends 7/8 of it
+    assert sent[False] - sent[True] == pytest.approx(gathers * LINEAR * (2 - 1) * 7 / 8, abs=1)
+
+
+def test_the_option_needs_a_zero_stage_that_gathers(run_cli) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "plan", "--world-size", "8", "--model", "llama3-8b", "--fp8-param-gather",
+        "--zero-stage", "0",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        "meshconf: error: --fp8-param-gather needs a ZeRO stage of 1, 2 or 3: ZeRO 0 keeps "
+        "the parameters whole on every rank and gathers none\n"
+    )
+
+
+def test_the_training_block_refuses_it_at_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_text(
+        "world_size: 8\ndegrees: {dp_shard: 8}\n"
+        "training:\n  zero_stage: 0\n  fp8_param_gather: true\n"
+    )
+    with pytest.raises(meshconf.ConfigError) as raised:
+        meshconf.load_config(path)
+    (diagnostic,) = raised.value.diagnostics
+    assert diagnostic.render() == (
+        f"{path}:5:3: training.fp8_param_gather: fp8_param_gather needs zero_stage 1, 2 or 3: "
+        "ZeRO 0 keeps the parameters whole on every rank and gathers none"
+    )
+
+
+def test_the_block_and_the_option_give_the_same_estimate(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "mesh.yaml"
+    path.write_text("world_size: 8\ndegrees: {dp_shard: 8}\ntraining:\n  fp8_param_gather: true\n")
+    from_block = run_cli("show", str(path), "--model", "llama3-8b", "--format", "json")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
+    from_option = run_cli(
+        "show", str(plain), "--model", "llama3-8b", "--format", "json", "--fp8-param-gather"
+    )
+    assert from_block.returncode == 0, from_block.stderr
+    assert from_block.stdout == from_option.stdout.replace(str(plain), str(path))
+    assert "; fp8 param gather" in run_cli("show", str(path), "--model", "llama3-8b").stdout
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        (
+            "--use-distributed-optimizer --fp8-param-gather",
+            {"zero_stage": 1, "fp8_param_gather": True},
+        ),
+        ("--use-distributed-optimizer", {"zero_stage": 1}),
+        ("", {"zero_stage": 0}),
+    ],
+)
+def test_megatron_s_fp8_param_gather_is_converted(
+    run_cli, tmp_path: Path, written: str, expected: dict[str, object]
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "converted.yaml"
+    result = run_cli(
+        "convert", "--from", "megatron", "--args", f"--tensor-model-parallel-size 2 {written}",
+        "--world-size", "16", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None
+    assert training.estimate_settings() == expected
+
+
+def test_megatron_s_fp8_param_gather_without_its_distributed_optimizer_is_refused(
+    run_cli,
+) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "convert", "--from", "megatron", "--args", "--tensor-model-parallel-size 2 "
+        "--fp8-param-gather", "--world-size", "16",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == (
+        "--args:1:32: --fp8-param-gather: fp8_param_gather needs zero_stage 1, 2 or 3: ZeRO 0 "
+        "keeps the parameters whole on every rank and gathers none\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "zero_stage", "problem"),
+    [
+        ("false", 0, None),
+        ("true", 1, None),
+        (
+            "'yes'",
+            None,
+            "model.use_distributed_optimizer: expected true or false, got the string 'yes'",
+        ),
+    ],
+)
+def test_nemo_s_distributed_optimizer_is_read_by_its_value(
+    run_cli, tmp_path: Path, value: str, zero_stage: int | None, problem: str | None
+) -> None:  # type: ignore[no-untyped-def]
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text(
+        "trainer: {devices: 8, num_nodes: 1}\n"
+        f"model:\n  tensor_model_parallel_size: 2\n  use_distributed_optimizer: {value}\n"
+    )
+    out = tmp_path / "converted.yaml"
+    result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
+    if problem is not None:
+        assert (result.returncode, result.stdout) == (1, f"{nemo}:4:3: {problem}\n")
+        return
+    assert result.returncode == 0, result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None and training.zero_stage == zero_stage
