@@ -7,13 +7,14 @@ block, and what the CPU's norms keep beyond CUDA's."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike, tensor_parallel_plan
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
@@ -33,6 +34,11 @@ vocab: 512
 attention: {heads: 4, kv_heads: 2, head_dim: 64}
 """
 
+#: The same blocks under a vocabulary large beside them, and its model file.
+LARGE_VOCABULARY = replace(ARCH, name="small-large-vocabulary", vocab=16384)
+LARGE_VOCABULARY_FILE = MODEL_FILE.replace("name: small", f"name: {LARGE_VOCABULARY.name}").replace(
+    "vocab: 512", "vocab: 16384"
+)
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
@@ -126,13 +132,15 @@ def block_activations(tracker: Any, blocks: str) -> tuple[list[int], int]:
     return ends, last_backward
 
 
-def _step(model: torch.nn.Module) -> TrainingStep:
+def _step(model: torch.nn.Module, arch: Architecture = ARCH, batch: int = BATCH) -> TrainingStep:
     optimizer = torch.optim.AdamW(model.parameters())
-    tokens = torch.randint(0, ARCH.vocab, (BATCH, SEQ))
+    tokens = torch.randint(0, arch.vocab, (batch, SEQ))
 
     def forward_backward() -> None:
-        logits = model(tokens).float()
-        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        # no name holds the logits through the backward pass, as torchtitan's train step
+        # deletes them
+        loss = F.cross_entropy(model(tokens).float().flatten(0, 1), tokens.flatten())
+        loss.backward()
 
     return TrainingStep(model, optimizer, forward_backward)
 
@@ -150,8 +158,12 @@ def _fsdp(context: DistributedContext, mode: str, fp8: bool = False) -> Training
             model, config=config, module_filter_fn=lambda module, fqn: fqn != "output"
         )
     model = checkpointed(model, mode)
+    # torchtitan's groups (apply_fsdp): the embedding, each block, the final norm with the
+    # output (kept gathered from its forward to its backward pass), then the root
+    fully_shard(model.embedding, mesh=mesh)
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
+    fully_shard([model.norm, model.output], mesh=mesh, reshard_after_forward=False)
     fully_shard(model, mesh=mesh)
     return _step(model)
 
@@ -169,6 +181,22 @@ def fsdp_selective(context: DistributedContext) -> TrainingStep:
 def fsdp_full(context: DistributedContext) -> TrainingStep:
     """As :func:`fsdp`, each block recomputed whole in the backward pass."""
     return _fsdp(context, "full")
+
+
+def fsdp_large_vocabulary(context: DistributedContext) -> TrainingStep:
+    """:data:`LARGE_VOCABULARY` under torchtitan's FSDP groups and mixed precision (fp32
+    shards gathered in bf16, gradients reduced in fp32), one sequence a micro-batch."""
+    mesh = context.mesh_for("dense")["fsdp"]
+    model = LlamaLike(LARGE_VOCABULARY)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(model.embedding, mesh=mesh, mp_policy=policy)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(
+        [model.norm, model.output], mesh=mesh, mp_policy=policy, reshard_after_forward=False
+    )
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return _step(model, LARGE_VOCABULARY, batch=1)
 
 
 def fsdp_fp8(context: DistributedContext) -> TrainingStep:

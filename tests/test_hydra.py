@@ -24,9 +24,11 @@ from meshconf.integrations.hydra import (
     InsideNodeNode,
     MeshConfigNode,
     RuntimeNode,
+    TrainingNode,
     instantiate,
     register_configs,
 )
+from meshconf.model.training import TrainingOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "hydra_app"
@@ -150,6 +152,8 @@ def test_schema_node_has_the_models_keys() -> None:
     assert set(DegreesNode.__dataclass_fields__) == set(degrees.model_fields)
     assert set(RuntimeNode.__dataclass_fields__) == set(runtime.model_fields)
     assert set(InsideNodeNode.__dataclass_fields__) == set(InsideNode.model_fields)
+    # in the models' order, as the Hydra schema lists them
+    assert list(TrainingNode.__dataclass_fields__) == list(TrainingOptions.model_fields)
 
 
 def test_inside_node_left_unset_means_plain_row_major(composer) -> None:

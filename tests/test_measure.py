@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from measure_builds import ARCH, BATCH, MODEL_FILE, SEQ, cpu_norm_extra
+from measure_builds import (
+    ARCH,
+    BATCH,
+    LARGE_VOCABULARY,
+    LARGE_VOCABULARY_FILE,
+    MODEL_FILE,
+    SEQ,
+    cpu_norm_extra,
+)
 
 HERE = Path(__file__).parent
 TRAINING = [
@@ -68,9 +76,13 @@ def test_fsdp_at_a_large_world_matches_the_estimate_term_by_term(tmp_path: Path)
     assert measured["optimizer"] == estimate["optimizer"]
     # at the peak (the backward pass) the sharded gradients are only partly there
     assert 0 < measured["grads"] <= estimate["grads"]
-    assert _close(measured["gathers"], estimate["gathers"], 0.15)
-    assert _close(measured["activations"], estimate["activations"], 0.10)
-    assert _close(measured["peak"], estimate["total"], 0.05)
+    # the block run, the next prefetched, the previous block's gradient in its reduce-scatter
+    # buffer, under torchtitan's FSDP groups
+    assert measured["gathers"] == estimate["gathers"]
+    # The estimate adds one block's gradients in flight to what every block stores; at the
+    # peak, at the start of the last block's backward pass, they are not there yet.
+    assert 0.85 * estimate["activations"] <= measured["activations"] <= estimate["activations"]
+    assert 0.93 * estimate["total"] <= measured["peak"] <= estimate["total"]
     assert measured["other"] == 0
 
 
@@ -86,16 +98,37 @@ def test_checkpointed_blocks_at_a_large_world_match_the_estimate(
     )  # fmt: skip
     measured, estimate = report["measured_bytes"], report["estimate_bytes"]
     assert measured["params"] == estimate["params"]
-    assert _close(measured["gathers"], estimate["gathers"], 0.15)
+    assert measured["gathers"] == estimate["gathers"]
     # The peak falls in a block's backward pass. There the block's norms, recomputed, keep
-    # on CPU the normalized input as well (tests/test_plan_activations.py), and the tracker
-    # counts as temporaries the block's unsharded weight gradients as autograd makes them,
-    # before FSDP copies them into its reduce-scatter buffer: the estimate has one block's
-    # gradients (that buffer), so it stays below the measured peak, by at most 10%.
+    # on CPU the normalized input as well (tests/test_plan_activations.py).
     cpu_norms = cpu_norm_extra(ARCH).bytes(SEQ * BATCH, 1, 4)
     activations, peak = measured["activations"] - cpu_norms, measured["peak"] - cpu_norms
-    assert _close(activations, estimate["activations"], 0.30)
-    assert estimate["total"] < peak <= 1.10 * estimate["total"]
+    assert _close(activations, estimate["activations"], 0.15)
+    assert _close(peak, estimate["total"], 0.05)
+
+
+def test_a_large_vocabulary_peaks_when_fsdp_gathers_the_output_again(tmp_path: Path) -> None:
+    """torchtitan's FSDP groups keep the final norm and the output gathered through the
+    loss's backward pass, and FSDP2 gathers them again for the norm's: with a vocabulary
+    large beside the blocks, that is the peak (measure_builds.fsdp_large_vocabulary, in
+    torchtitan's bf16 mixed precision)."""
+    (tmp_path / "large.yaml").write_text(LARGE_VOCABULARY_FILE)
+    report = _report(
+        tmp_path, "world_size: 512\ndegrees: {dp_shard: -1}\n", "fsdp_large_vocabulary",
+        "--rank", "77", "--model-file", str(tmp_path / "large.yaml"), "--micro-batch", "1",
+        "--param-dtype", "bf16",
+    )  # fmt: skip
+    measured, estimate = report["measured_bytes"], report["estimate_bytes"]
+    assert report["estimate"]["memory_peak_phase"] == "output"
+    # the output in bf16 and its all-gather buffer, its gradient in fp32 in its
+    # reduce-scatter buffer; the estimate pads the final norm's 256 weights to 512 in each
+    output = LARGE_VOCABULARY.vocab * LARGE_VOCABULARY.hidden
+    assert 0 <= estimate["gathers"] - measured["gathers"] <= 256 * (2 + 2 + 4)
+    assert estimate["gathers"] == (output + 512) * (2 + 2 + 4)
+    # what the CPU's composite norms keep beyond CUDA's fused ones: an fp32 copy of the
+    # input and of its normalization, per norm (8 in the blocks, the final one)
+    cpu_norms = 9 * 2 * SEQ * LARGE_VOCABULARY.hidden * 4
+    assert _close(measured["peak"] - cpu_norms, estimate["total"], 0.05)
 
 
 def test_fp8_gathers_shrink_by_what_the_estimate_says(tmp_path: Path) -> None:
@@ -120,7 +153,9 @@ def test_fp8_gathers_shrink_by_what_the_estimate_says(tmp_path: Path) -> None:
     assert 0 <= estimated - saved <= 2 * len(rows) * 8
     measured, estimate = fp8["measured_bytes"], fp8["estimate_bytes"]
     assert measured["params"] == estimate["params"]
-    assert _close(measured["peak"], estimate["total"], 0.05)
+    assert measured["gathers"] == estimate["gathers"] + (estimated - saved)
+    # as without fp8, one block's gradients in flight are not there yet at the peak
+    assert 0.92 * estimate["total"] <= measured["peak"] <= estimate["total"]
 
 
 def test_tensor_parallel_model_state_matches_the_estimate(tmp_path: Path) -> None:
@@ -128,7 +163,8 @@ def test_tensor_parallel_model_state_matches_the_estimate(tmp_path: Path) -> Non
     measured, estimate = report["measured_bytes"], report["estimate_bytes"]
     assert report["tracker"] == "MemTracker"
     assert measured["params"] == estimate["params"]
-    assert _close(measured["grads"], estimate["grads"], 0.05)
+    # at the peak (the backward pass) the gradients are only partly there
+    assert 0 < measured["grads"] <= estimate["grads"]
     assert measured["gathers"] == estimate["gathers"] == 0
 
 
@@ -139,7 +175,9 @@ def test_the_text_report_sets_each_term_beside_its_estimate(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("rank 0 of 8: measure_builds:fsdp, 2 training steps under fake")
+    assert lines[0].startswith(
+        "rank 0 of 8: measure_builds:fsdp, the second of two training steps under fake"
+    )
     assert lines[0].endswith("'s FSDPMemTracker")
     assert lines[2].split() == ["term", "MiB", "at", "the", "peak", "estimate"]
     assert [line.split()[0] for line in lines[3:]] == [

@@ -17,7 +17,8 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "params": "torchtitan's tensor-parallel plan; ZeRO (SC 2020) figure 1; FSDP2's padding",
         "grads": "ZeRO (SC 2020) figure 1",
         "optimizer": "torch.optim.AdamW's state; ZeRO's K = 12",
-        "gathers": "FSDP2's reshard_after_forward and prefetch; torch.distributed.pipelining",
+        "gathers": "FSDP2's reshard_after_forward, prefetch and reduce-scatter buffer; "
+        "torchtitan's FSDP groups (apply_fsdp); torch.distributed.pipelining",
         "activations": "Korthikanti et al. (MLSys 2023) section 4; Narayanan et al. (SC 2021) "
         "section 2.2; the loss measured with torch's MemTracker; selective: torchtitan's "
         "SelectiveAC",
@@ -29,6 +30,17 @@ _SHARDED = (
     "the optimizer state and the gradients",
     "the optimizer state, the gradients and the parameters",
 )
+
+
+#: What FSDP holds gathered when the peak falls outside the blocks (``Memory.phase``).
+_END_GATHERS = {
+    "loss": "the final norm and the output gathered, as FSDP keeps them from their forward "
+    "pass to their backward pass",
+    "output": "the final norm and the output gathered again for the norm's backward pass, "
+    "their all-gather buffer, and the output's gradient in its reduce-scatter buffer",
+    "embedding": "the embedding gathered, its all-gather buffer, and its gradient in its "
+    "reduce-scatter buffer",
+}
 
 
 def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
@@ -44,8 +56,13 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         gathered = "nothing: no weight is sharded (fsdp and efsdp are 1)"
     elif stage == 2:
         gathered = "one block's gradient before its reduce-scatter"
+    elif memory.phase in _END_GATHERS:
+        gathered = _END_GATHERS[memory.phase]
     elif training.reshards(2 if pipelined else 1):
-        gathered = "one block gathered, the next prefetched, one block's unsharded gradient"
+        gathered = (
+            "one block gathered, the next prefetched, the previous block's gradient in its "
+            "reduce-scatter buffer"
+        )
     elif pipelined:
         gathered = (
             "every block of the rank gathered, and its gradients unsharded until the last "
@@ -55,27 +72,36 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         gathered = "every block of the rank gathered from its forward to its backward pass"
     weights = f"in {training.param_dtype}"
     if training.fp8_param_gather and stage == 3:
-        gathered += "; the blocks' dense linear weights gathered in fp8" if memory.gathers else ""
+        in_blocks = memory.gathers and memory.phase == "block"
+        gathered += "; the blocks' dense linear weights gathered in fp8" if in_blocks else ""
     elif training.fp8_param_gather:
         weights += ", the blocks' dense linear weights in fp8"
     stored = memory.activations - memory.output_head - memory.block_backward
-    if memory.output_head:
-        after = (
-            f"{gib(memory.output_head):.2f} GiB for the final norm and the loss's fp32 copies "
-            "of the logits"
-        )
+    if memory.phase == "embedding":
+        held = "nothing: the peak falls in the embedding's backward pass, which comes last"
     else:
-        after = (
-            f"{gib(memory.block_backward):.2f} GiB for one block's backward pass, what it "
-            "recomputes and the gradients in flight"
+        held = (
+            f"{gib(stored):.2f} GiB stored by the blocks of {memory.in_flight} "
+            f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, "
         )
+        if memory.output_head:
+            held += (
+                f"{gib(memory.output_head):.2f} GiB for the final norm and the loss's fp32 "
+                "copies of the logits"
+            )
+        elif memory.phase == "output":
+            held += "at the final norm's backward pass"
+        else:
+            held += (
+                f"{gib(memory.block_backward):.2f} GiB for one block's backward pass, what it "
+                "recomputes and the gradients in flight"
+            )
     holds = {
         "params": f"the rank's weights after tp, ep and etp, {weights}; {sharding}",
         "grads": f"the rank's gradients in {training.grad_dtype}",
         "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
         "gathers": gathered,
-        "activations": f"{gib(stored):.2f} GiB stored by the blocks of {memory.in_flight} "
-        f"chunk-micro-batch{'' if memory.in_flight == 1 else 'es'} in flight, {after}",
+        "activations": held,
     }
     return [
         {

@@ -9,6 +9,7 @@ from typing import Any
 
 from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.training import Training
 
@@ -36,6 +37,13 @@ _REMEDIES: Mapping[str, str] = MappingProxyType(
 )
 
 
+def remedy(memory: Memory, term: str) -> str:
+    """What lowers ``term`` at the phase where ``memory`` peaks."""
+    if term == "gathers" and memory.phase != "block":
+        return "split the output and the embedding with tp, which splits their vocabulary"
+    return _REMEDIES[term]
+
+
 def headroom_gib(found: Estimate, gpu_memory_gib: float) -> float:
     """GiB left on the GPU; negative for a layout that does not fit."""
     return round(gpu_memory_gib - found.memory.total / GIB, 2)
@@ -54,6 +62,7 @@ def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
             "total": gib(memory.total),
         },
         "memory_pp_rank": memory.pp_rank,
+        "memory_peak_phase": memory.phase,
         "headroom_gib": headroom_gib(found, gpu_memory_gib),
         "largest_term": largest_term(found),
         "fits": found.fits,
@@ -116,7 +125,7 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
         term = largest_term(found)
         verdict = (
             f"does NOT fit in {gpu_memory_gib:g} GiB, {-headroom:g} GiB over; the largest "
-            f"term is {term} ({gib(getattr(memory, term)):g}): {_REMEDIES[term]}"
+            f"term is {term} ({gib(getattr(memory, term)):g}): {remedy(memory, term)}"
         )
     share = ""
     if training.mfu_over == "step":

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_simulation_size(world_size, 1)
         check_simulation_memory(world_size)
-        from meshconf.runtime.measure import STEPS, load_build, measure_memory
+        from meshconf.runtime.measure import load_build, measure_memory
     except MeshconfError as error:
         return usage_error(str(error))
     try:
@@ -86,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
     def text() -> None:
         print(
-            f"rank {measured.rank} of {measured.world_size}: {args.build}, {STEPS} training steps "
-            f"under fake tensors and torch's fake process group, measured by torch "
-            f"{measured.torch_version}'s {measured.tracker}"
+            f"rank {measured.rank} of {measured.world_size}: {args.build}, the second of two "
+            "training steps under fake tensors and torch's fake process group, measured by "
+            f"torch {measured.torch_version}'s {measured.tracker}"
         )
         if settings is not None:
             print(settings)
@@ -117,9 +117,10 @@ def add_parser(subparsers: Any) -> None:
         "DistributedContext and returns a meshconf.runtime.TrainingStep (the parallelized "
         "model, its optimizer and a callable that runs one step's forward and backward "
         "passes), for one rank of the config's world, under fake tensors and torch's fake "
-        "process group, on CPU. torch's memory tracker follows two training steps; the "
-        "memory at the peak is split into the estimate's terms, beside the estimate when a "
-        "model is given (docs/estimate.md). Needs the torch extra.",
+        "process group, on CPU. torch's memory tracker follows the second of two training "
+        "steps (the first creates the optimizer's state); the memory at the peak is split "
+        "into the estimate's terms, beside the estimate when a model is given "
+        "(docs/estimate.md). Needs the torch extra.",
     )
     parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(

@@ -70,6 +70,7 @@ class RuntimeNode:
 @dataclass
 class TrainingNode:
     zero_stage: Optional[int] = None  # noqa: UP045
+    activation_checkpointing: Optional[str] = None  # noqa: UP045
     reshard_after_forward: Optional[str] = None  # noqa: UP045
     pp_schedule: Optional[str] = None  # noqa: UP045
     virtual_stages: Optional[int] = None  # noqa: UP045
@@ -78,6 +79,7 @@ class TrainingNode:
     moe_max_nodes: Optional[int] = None  # noqa: UP045
     ep_overlap: Optional[bool] = None  # noqa: UP045
     dispatch_dtype: Optional[str] = None  # noqa: UP045
+    fp8_param_gather: Optional[bool] = None  # noqa: UP045
 
 
 @dataclass

@@ -16,6 +16,7 @@ from meshconf.core.training import (
     FP8_WITHOUT_GATHERS,
     TRAINING_BOUNDS,
     ZERO_STAGES,
+    Checkpointing,
     DispatchDtype,
     Resharding,
     Schedule,
@@ -57,6 +58,12 @@ class TrainingOptions(BaseModel):
         "the optimizer state (Megatron's distributed optimizer), 2 also the gradients, 3 also "
         "the parameters (FSDP; the default).",
         examples=[1],
+    )
+    activation_checkpointing: Checkpointing | None = Field(
+        None,
+        description="What the backward pass recomputes: none, selective (what torchtitan's "
+        "per-op policy does not keep) or full (every block); full by default.",
+        examples=["selective"],
     )
     reshard_after_forward: Resharding | None = Field(
         None,
@@ -151,7 +158,12 @@ class TrainingOptions(BaseModel):
         }
 
 
+#: Keys of the block whose setting the estimate names otherwise, after the command line's
+#: option (``--pp-schedule``, ``--activation-checkpointing``).
+_SETTING_NAMES = {"pp_schedule": "schedule", "activation_checkpointing": "checkpointing"}
+
+
 def setting_name(key: str) -> str:
-    """The estimate's name for a key of the block: the same, but ``pp_schedule`` (the
-    command line's ``--pp-schedule``), which the estimate calls ``schedule``."""
-    return "schedule" if key == "pp_schedule" else key
+    """The estimate's name for a key of the block: the same, but for ``pp_schedule`` and
+    ``activation_checkpointing`` (``schedule`` and ``checkpointing``)."""
+    return _SETTING_NAMES.get(key, key)

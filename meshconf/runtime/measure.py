@@ -59,9 +59,6 @@ _TERM_OF_KIND: Mapping[str, str] = MappingProxyType(
     }
 )
 
-#: Steps measured: the first creates the optimizer's state, the second runs with it.
-STEPS = 2
-
 
 class BuildError(MeshconfError):
     """The user's build function could not be loaded, failed, or returned something else
@@ -133,9 +130,9 @@ def load_build(spec: str) -> BuildFunction:
 def measure_memory(
     config: MeshConfig, build: BuildFunction, *, rank: int, world_size: int
 ) -> MeasuredMemory:
-    """Rank ``rank``'s memory at its peak over :data:`STEPS` training steps of what
-    ``build`` makes, in a world of ``world_size``. Needs a process without a default process
-    group; leaves none behind.
+    """Rank ``rank``'s memory at its peak over the second of two training steps of what
+    ``build`` makes (the first creates the optimizer's state), in a world of
+    ``world_size``. Needs a process without a default process group; leaves none behind.
 
     Raises:
         UnsupportedTorchError: this torch has no memory tracker meshconf knows.
@@ -157,19 +154,23 @@ def measure_memory(
                     f"the build function returned {type(step).__name__}, not a "
                     "meshconf.runtime.TrainingStep(model, optimizer, forward_backward)"
                 )
+            # The first step creates the optimizer's state. It runs untracked: under fake
+            # tensors, DTensor's sharding propagation of the state's zeros_like shows the
+            # tracker tensors of the weights' global size, which no GPU allocates.
+            _step_once(step)
             tracker, name = _tracker(step)
             with tracker:
-                for index in range(STEPS):
-                    if index:
-                        # the tracker takes one pass per module; its peak stays
-                        tracker.reset_mod_stats()
-                    _call("forward_backward", step.forward_backward)
-                    _call("the optimizer's step", step.optimizer.step)
-                    _call("the optimizer's zero_grad", step.optimizer.zero_grad)
+                _step_once(step)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         context.close()
     return MeasuredMemory(rank, world_size, name, torch.__version__, _terms(snapshot))
+
+
+def _step_once(step: TrainingStep) -> None:
+    _call("forward_backward", step.forward_backward)
+    _call("the optimizer's step", step.optimizer.step)
+    _call("the optimizer's zero_grad", step.optimizer.zero_grad)
 
 
 def _tracker(step: TrainingStep) -> tuple[Any, str]:

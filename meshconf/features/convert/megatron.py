@@ -123,6 +123,44 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
         draft.origins[("training", key)] = setting.key
         if key == "virtual_stages":
             draft.training["pp_schedule"] = "interleaved"
+    granularity = settings.get("recompute_granularity")
+    if granularity is not None and granularity.value is not None:
+        _recompute(draft, settings, granularity)
+
+
+def _recompute(draft: Draft, settings: Mapping[str, Setting], granularity: Setting) -> None:
+    """``training.activation_checkpointing`` from Megatron's recomputation, where the
+    estimate's modes say the same: each block recomputed whole, or Megatron's selective
+    recomputation, which keeps what no recomputation keeps under flash attention."""
+    key = ("training", "activation_checkpointing")
+    if granularity.value == "selective":
+        draft.training["activation_checkpointing"] = "none"
+        draft.origins[key] = granularity.key
+        draft.notes.append(
+            "--recompute-granularity selective recomputes the core attention, which the flash "
+            "attention kernel does not keep anyway: training.activation_checkpointing: none "
+            "(meshconf's selective is torchtitan's per-op policy)."
+        )
+        return
+    if granularity.value != "full":
+        draft.fail(
+            granularity.key, f"expected full or selective, got {describe_value(granularity.value)}"
+        )
+        return
+    method = settings.get("recompute_method")
+    layers = settings.get("recompute_num_layers")
+    count = None if layers is None or layers.value is None else _integer(draft, layers)
+    if method is not None and method.value == "uniform" and count == 1:
+        draft.training["activation_checkpointing"] = "full"
+        draft.origins[key] = granularity.key
+        return
+    how = "" if method is None else f" --recompute-method {method.value}"
+    how += "" if layers is None else f" --recompute-num-layers {layers.value}"
+    draft.notes.append(
+        f"--recompute-granularity full{how} is not converted: the estimate recomputes each "
+        "block whole (--recompute-method uniform --recompute-num-layers 1) or none; give "
+        "--activation-checkpointing to plan and show."
+    )
 
 
 def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> str:

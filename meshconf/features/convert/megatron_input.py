@@ -37,6 +37,9 @@ TRAINING_SETTINGS = {
     "virtual_pipeline_model_parallel_size": "virtual_stages",
     "moe_router_group_topk": "moe_max_nodes",
 }
+#: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
+#: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
+RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 #: Switches: present means true.
 FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer", "fp8_param_gather")
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
@@ -49,7 +52,7 @@ NEMO_WORLD: dict[tuple[str | int, ...], str] = {
     ("trainer", "num_nodes"): "nnodes",
 }
 
-_VALUED = (*SIZE_SETTINGS, *TRAINING_SETTINGS, ORDER_SETTING)
+_VALUED = (*SIZE_SETTINGS, *TRAINING_SETTINGS, *RECOMPUTE_SETTINGS, ORDER_SETTING)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 

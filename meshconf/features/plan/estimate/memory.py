@@ -7,8 +7,9 @@ Pure Python. Formulas and sources in docs/plan.md ("Memory per rank").
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Literal
 
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
@@ -24,12 +25,21 @@ MASTER_BYTES = 4
 Sizing = Callable[[Sequence[Weight], Parallelism], int]
 
 
+#: When a pipeline rank's memory peaks: in a block's backward pass, at the peak of the
+#: loss's backward pass, when FSDP gathers the final norm and the output again for the norm's
+#: backward pass, or in the embedding's backward pass (docs/plan.md, "Gathers").
+Phase = Literal["block", "loss", "output", "embedding"]
+
+
 @dataclass(frozen=True)
 class Memory:
-    """Bytes on one rank. ``gathers`` is FSDP's unsharded working set: when it reshards
-    after the forward pass, one block's parameters gathered, the next one prefetched and one
-    block's unsharded gradient; when it does not, every block of the rank gathered and, under
-    a pipeline, every gradient accumulated unsharded until the last micro-batch."""
+    """Bytes on one rank, at the ``phase`` of the step where its total peaks. ``gathers`` is
+    FSDP's unsharded working set then. In a block's backward pass, when it reshards after the
+    forward pass, one block's parameters gathered, the next one prefetched and the previous
+    block's gradient in its reduce-scatter buffer; when it does not, every block of the rank
+    gathered and, under a pipeline, every gradient accumulated unsharded until the last
+    micro-batch. The other phases hold the final norm and output, or the embedding
+    (docs/plan.md, "Gathers")."""
 
     params: int
     grads: int
@@ -38,13 +48,15 @@ class Memory:
     activations: int
     pp_rank: int
     #: Of ``activations``: the last stage's final norm and loss at the peak of the loss's
-    #: backward pass (0 on other stages, and when one block's backward pass needs more).
+    #: backward pass (0 in other phases).
     output_head: int = 0
     #: Of ``activations``: one block's backward pass, what it recomputes and the gradients
-    #: in flight (0 when the output head needs more).
+    #: in flight (0 in other phases).
     block_backward: int = 0
     #: Chunk-micro-batches whose activations the rank holds at its peak.
     in_flight: int = 0
+    #: Where in the step the rank's memory peaks.
+    phase: Phase = "block"
 
     @property
     def total(self) -> int:
@@ -102,17 +114,70 @@ def rank_memory(
         params = _stage_parameter_bytes(arch, par, training, stage, unsharded)
     grads = whole if training.zero_stage <= 1 else shard.elements
     held = _activations(arch, par, training, stage.rank, stage.chunks, stage.last)
-    return Memory(
+    block = Memory(
         params=params,
         grads=grads * training.grad_bytes,
         optimizer=optimizer,
         gathers=_gathers(arch, par, training, stage),
-        activations=held.total,
+        activations=held.stored + held.block_backward,
         pp_rank=stage.rank,
-        output_head=held.output_head,
         block_backward=held.block_backward,
         in_flight=held.in_flight,
     )
+    return max(_phases(arch, par, training, stage, held, block), key=lambda phase: phase.total)
+
+
+def _phases(
+    arch: Architecture,
+    par: Parallelism,
+    training: Training,
+    stage: RankStage,
+    held: _Held,
+    block: Memory,
+) -> list[Memory]:
+    """The rank's memory at each phase of the step that may be its peak, from ``block``'s
+    (in a block's backward pass)."""
+    phases = [block]
+    # FSDP groups the final norm with the output and keeps them gathered from their forward
+    # pass through the loss's backward pass (torchtitan's apply_fsdp); FSDP2 gathers the
+    # group again for the norm's backward pass, while the output's gradient waits in its
+    # reduce-scatter buffer. The embedding's backward pass comes last, every activation freed.
+    grouped = training.zero_stage == 3 and training.reshards(par.pp) and block.gathers > 0
+    p, g = training.param_bytes, training.grad_bytes
+    output = gathered(arch.output_weights(), par)
+    if stage.last:
+        phases.append(
+            replace(
+                block,
+                gathers=output * p if grouped else block.gathers,
+                activations=held.stored + held.output_head,
+                output_head=held.output_head,
+                block_backward=0,
+                phase="loss",
+            )
+        )
+    if grouped and stage.last:
+        phases.append(
+            replace(
+                block,
+                gathers=output * (2 * p + g),
+                activations=held.stored,
+                block_backward=0,
+                phase="output",
+            )
+        )
+    if grouped and stage.first:
+        phases.append(
+            replace(
+                block,
+                gathers=gathered(arch.embedding_weights(), par) * (2 * p + g),
+                activations=0,
+                block_backward=0,
+                in_flight=0,
+                phase="embedding",
+            )
+        )
+    return phases
 
 
 def _rank_shard(
@@ -233,7 +298,10 @@ def block_split(arch: Architecture, kind: LayerKind, par: Parallelism) -> tuple[
 
 @dataclass(frozen=True)
 class _Held:
-    total: int
+    """Activations of a rank: what its blocks store for the micro-batches in flight, the
+    loss's at its peak (the last stage), and one block's backward pass."""
+
+    stored: int
     output_head: int
     block_backward: int
     in_flight: int
@@ -261,7 +329,6 @@ def _activations(
     }
     chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in present) for chunk in kinds]
     in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
-    stored = in_flight * max(chunk_bytes)
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
     # and each block's backward pass runs alone
@@ -272,9 +339,7 @@ def _activations(
         ),
         default=0,
     )
-    if head >= working:
-        return _Held(stored + head, head, 0, in_flight)
-    return _Held(stored + working, 0, working, in_flight)
+    return _Held(in_flight * max(chunk_bytes), head, working, in_flight)
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
