@@ -93,6 +93,7 @@ degrees:
   etp: 1
 
 training:
+  activation_checkpointing: full
   reshard_after_forward: default
 """
 

@@ -1,7 +1,8 @@
-"""The config's ``training.activation_checkpointing``, and Megatron-LM's recomputation
-arguments read into it by ``meshconf convert``: where the estimate's modes say the same, the
-key is written; where they cannot (layers recomputed in groups, or only some of them), a note
-says so and the key is left to the estimate's default."""
+"""The config's ``training.activation_checkpointing`` (and ``fp8_param_gather``), read by
+``meshconf convert`` from Megatron-LM's recomputation arguments and from a torchtitan job
+TOML's ``[activation_checkpoint]`` and ``[quantize.linear.float8]`` tables: where the
+estimate's modes say the same, the key is written; where they cannot (layers recomputed in
+groups, or only some of them), a note says so and the key is left to the estimate's default."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 import meshconf
+from meshconf.features.convert import BY_NAME, TORCHTITAN
+from meshconf.features.convert.common import ConversionError
 
 ARGS = "--tensor-model-parallel-size 2 --use-distributed-optimizer "
 
@@ -91,3 +94,103 @@ def test_the_block_and_the_option_give_the_same_estimate(run_cli, tmp_path: Path
         "show", str(block), "--model", "llama3-8b", "--activation-checkpointing", "full"
     )
     assert "; full checkpointing," in overridden.stdout
+
+
+def _torchtitan(document: dict[str, object]) -> dict[str, object] | None:
+    """The training block converted from a torchtitan job TOML as read."""
+    table = {"data_parallel_shard_degree": 8}
+    conversion = BY_NAME[TORCHTITAN].convert(
+        table, world_size=8, document={"parallelism": table, **document}
+    )
+    training: dict[str, object] | None = conversion.data.get("training")
+    return training
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "mode"),
+    [
+        ({"mode": "full"}, "full"),
+        ({"mode": "none"}, "none"),
+        ({"mode": "selective", "selective_ac_option": "op"}, "selective"),
+        ({"mode": "selective", "selective_ac_option": "2"}, None),
+        ({"mode": "memory_budget"}, None),
+        (None, None),
+    ],
+)
+def test_torchtitan_s_checkpointing_is_converted_where_the_modes_say_the_same(
+    checkpoint: dict[str, str] | None, mode: str | None
+) -> None:
+    document = {} if checkpoint is None else {"activation_checkpoint": checkpoint}
+    training = _torchtitan(document) or {}
+    assert training.get("activation_checkpointing") == mode
+
+
+def test_torchtitan_s_default_checkpointing_is_named_in_a_note() -> None:
+    table = {"data_parallel_shard_degree": 8}
+    conversion = BY_NAME[TORCHTITAN].convert(table, world_size=8, document={"parallelism": table})
+    assert any(
+        note.startswith(
+            '[activation_checkpoint] mode = "selective" with selective_ac_option = "2" '
+            "(torchtitan default) recomputes one block in 2 whole"
+        )
+        for note in conversion.notes
+    )
+
+
+def test_a_bad_torchtitan_checkpointing_mode_is_reported_in_its_table() -> None:
+    with pytest.raises(ConversionError) as raised:
+        _torchtitan({"activation_checkpoint": {"mode": "some"}})
+    (problem,) = raised.value.problems
+    assert problem.render("job.toml") == (
+        "job.toml: [activation_checkpoint].mode: expected 'none', 'selective', 'full' or "
+        "'memory_budget', got the string 'some'"
+    )
+
+
+FLOAT8 = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
+
+
+@pytest.mark.parametrize(
+    ("document", "dp_shard", "gathered"),
+    [
+        ({**FLOAT8, "model": {"converters": ["quantize.linear.float8"]}}, 8, True),
+        # FSDP's fp8 all-gather needs data-parallel sharding; torchtitan turns it off
+        ({**FLOAT8, "model": {"converters": ["quantize.linear.float8"]}}, 1, None),
+        # without the converter, the linear layers are not float8 ones
+        (FLOAT8, 8, None),
+    ],
+)
+def test_torchtitan_s_fp8_all_gather_is_converted(
+    document: dict[str, object], dp_shard: int, gathered: bool | None
+) -> None:
+    table = {"data_parallel_shard_degree": dp_shard, "tensor_parallel_degree": 8 // dp_shard}
+    conversion = BY_NAME[TORCHTITAN].convert(
+        table, world_size=8, document={"parallelism": table, **document}
+    )
+    assert (conversion.data.get("training") or {}).get("fp8_param_gather") == gathered
+
+
+def test_a_bad_fp8_all_gather_switch_is_reported_in_its_table() -> None:
+    with pytest.raises(ConversionError) as raised:
+        _torchtitan({"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": 1}}}})
+    (problem,) = raised.value.problems
+    assert problem.render("job.toml") == (
+        "job.toml: [quantize.linear.float8].enable_fsdp_float8_all_gather: expected true or "
+        "false, got the integer 1"
+    )
+
+
+def test_a_torchtitan_job_toml_converts_its_training_tables(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\nconverters = ["quantize.linear.float8"]\n\n'
+        "[parallelism]\ndata_parallel_shard_degree = 8\n\n"
+        '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n\n'
+        "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
+    )
+    out = tmp_path / "converted.yaml"
+    result = run_cli("convert", str(job), "--world-size", "8", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None
+    assert training.estimate_settings() == {"checkpointing": "selective", "fp8_param_gather": True}

@@ -221,7 +221,7 @@ def _convert(args: argparse.Namespace) -> Conversion:
     document = _read_toml(args.path)
     source = chosen or _detect(args.path, document)
     table = None if source.table is None else document.get(source.table)
-    return source.convert(table, **sizes)
+    return source.convert(table, **sizes, document=document)
 
 
 def run(args: argparse.Namespace) -> int:

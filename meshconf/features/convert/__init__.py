@@ -62,9 +62,13 @@ def _toml_source(
     build: Callable[[Draft, Mapping[str, Any]], None],
 ) -> Source:
     def convert_table(
-        settings: Any, *, world_size: int | None = None, gpus_per_node: int | None = None
+        settings: Any,
+        *,
+        world_size: int | None = None,
+        gpus_per_node: int | None = None,
+        document: Mapping[str, Any] | None = None,
     ) -> Conversion:
-        draft = Draft(table, world_size, gpus_per_node)
+        draft = Draft(table, world_size, gpus_per_node, document=document)
         return _convert_table(name, tool, build, draft, settings)
 
     return Source(name, tool, reads, table, convert_table)

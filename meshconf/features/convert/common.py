@@ -12,6 +12,7 @@ from meshconf.core.degrees import AUTO, DEGREES
 from meshconf.core.errors import ConfigError, KeyPath, MeshconfError, describe_value
 from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
+from meshconf.model.training import TrainingOptions
 from meshconf.sources.loading import load_config
 
 #: Every tool defaults every degree to what meshconf does, so a key left out of the source
@@ -106,10 +107,14 @@ class Draft:
     domains: dict[str, tuple[str, ...]] | None = None
     #: Where each source key was written, for sources read as text.
     positions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: The whole TOML document, for the settings a source keeps in its other tables; None
+    #: when only the source's table was given.
+    document: Mapping[str, Any] | None = None
 
-    def fail(self, key: str | None, message: str) -> None:
-        position = None if key is None else self.positions.get(key)
-        self.problems.append(SourceProblem(self.table, key, message, position))
+    def fail(self, key: str | None, message: str, table: str | None = None) -> None:
+        """A problem with ``key`` of the source's table, or of another ``table``."""
+        position = None if key is None or table is not None else self.positions.get(key)
+        self.problems.append(SourceProblem(table or self.table, key, message, position))
 
     def check(self) -> None:
         if self.problems:
@@ -139,7 +144,12 @@ class Draft:
         if self.runtime:
             data["runtime"] = dict(self.runtime)
         if self.training:
-            data["training"] = dict(self.training)
+            # in the block's own order, whatever order the source gave them in
+            data["training"] = {
+                key: self.training[key]
+                for key in TrainingOptions.model_fields
+                if key in self.training
+            }
         return data
 
 

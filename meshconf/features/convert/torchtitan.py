@@ -1,12 +1,14 @@
 """torchtitan's ``[parallelism]`` table (torchtitan 0.2.1's ``Parallelism``) as meshconf
-degrees, its degrees being meshconf's one for one, and its FSDP resharding policy as the
-``training`` block's."""
+degrees, its degrees being meshconf's one for one, and as the ``training`` block its FSDP
+resharding policy, its activation checkpointing (``[activation_checkpoint]``) and its fp8
+all-gather (``[quantize.linear.float8]``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import Draft, integers, unknown_keys
 
 #: Every field of torchtitan 0.2.1's ``Parallelism`` dataclass, in its order.
@@ -76,10 +78,84 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
             'pipeline_parallel_schedule = "DualPipeV" with expert parallelism overlaps the '
             "experts' dispatch and combine with compute: training.ep_overlap: true."
         )
+    if draft.document is not None:
+        _checkpointing(draft, draft.document)
+        _fp8_all_gather(draft, draft.document)
+        draft.check()
     converted = {*TORCHTITAN_DEGREES, "fsdp_reshard_after_forward"}
     not_converted = [key for key in TORCHTITAN_FIELDS if key in table and key not in converted]
     if not_converted:
         draft.notes.append(
             f"Not converted, as they are not mesh settings (keep them in the torchtitan job "
             f"config): {', '.join(not_converted)}."
+        )
+
+
+#: torchtitan 0.2.1's ``ActivationCheckpoint`` defaults: selective, every second block.
+_DEFAULT_CHECKPOINTING = {"mode": "selective", "selective_ac_option": "2"}
+_CHECKPOINT_TABLE = "activation_checkpoint"
+_FLOAT8_TABLE = "quantize.linear.float8"
+_FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
+
+
+def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
+    """``training.activation_checkpointing`` from ``[activation_checkpoint]``, where the
+    estimate's modes say the same (selective with ``selective_ac_option = "op"`` is the
+    per-op policy); torchtitan's default checkpoints every second block, which they do not."""
+    table = document.get(_CHECKPOINT_TABLE)
+    if not isinstance(table, Mapping):
+        table = {}
+    settings = {**_DEFAULT_CHECKPOINTING, **table}
+    mode, option = settings["mode"], settings["selective_ac_option"]
+    if mode in ("none", "full") or (mode == "selective" and option == "op"):
+        draft.training["activation_checkpointing"] = mode
+        return
+    if mode == "selective":
+        draft.notes.append(
+            f'[activation_checkpoint] mode = "selective" with selective_ac_option = '
+            f'"{option}"{"" if table else " (torchtitan default)"} recomputes one block in '
+            f"{option} whole and keeps the others' activations: the estimate's modes (none, the "
+            "per-op selective policy, full) do not say this, so the training block leaves it "
+            "out; give --activation-checkpointing to plan and show."
+        )
+    elif mode == "memory_budget":
+        draft.notes.append(
+            '[activation_checkpoint] mode = "memory_budget" leaves what to recompute to the '
+            "compiler: the training block leaves it out; give --activation-checkpointing."
+        )
+    else:
+        draft.fail(
+            "mode",
+            f"expected 'none', 'selective', 'full' or 'memory_budget', got {describe_value(mode)}",
+            _CHECKPOINT_TABLE,
+        )
+
+
+def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
+    """``training.fp8_param_gather`` when the job trains its linear layers in float8 and
+    FSDP gathers them so: torchtitan turns it on only with data-parallel sharding, and only
+    for tensorwise scaling (no recipe)."""
+    model = document.get("model")
+    converters = model.get("converters", ()) if isinstance(model, Mapping) else ()
+    quantize = document.get("quantize")
+    linear = quantize.get("linear") if isinstance(quantize, Mapping) else None
+    float8 = linear.get("float8") if isinstance(linear, Mapping) else None
+    if not isinstance(float8, Mapping) or "enable_fsdp_float8_all_gather" not in float8:
+        return
+    enabled = float8["enable_fsdp_float8_all_gather"]
+    if not isinstance(enabled, bool):
+        draft.fail(
+            "enable_fsdp_float8_all_gather",
+            f"expected true or false, got {describe_value(enabled)}",
+            _FLOAT8_TABLE,
+        )
+        return
+    trained = isinstance(converters, list) and any(
+        name in converters for name in _FLOAT8_CONVERTERS
+    )
+    if enabled and trained and draft.degrees.get("dp_shard", -1) != 1:
+        draft.training["fp8_param_gather"] = True
+        draft.notes.append(
+            "[quantize.linear.float8] enable_fsdp_float8_all_gather gathers the float8 linear "
+            "layers' weights in fp8: training.fp8_param_gather: true."
         )
