@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import meshconf
-from meshconf.features.convert import BY_NAME, TORCHTITAN
+from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
 from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.megatron_input import read_command_line
 
 ARGS = "--tensor-model-parallel-size 2 --use-distributed-optimizer "
 
@@ -137,14 +139,28 @@ def test_torchtitan_s_default_checkpointing_is_named_in_a_note() -> None:
     )
 
 
-def test_a_bad_torchtitan_checkpointing_mode_is_reported_in_its_table() -> None:
+@pytest.mark.parametrize(
+    ("checkpoint", "problem"),
+    [
+        (
+            {"mode": "some"},
+            "[activation_checkpoint].mode: expected 'none', 'selective', 'full' or "
+            "'memory_budget', got the string 'some'",
+        ),
+        (
+            {"mode": "selective", "selective_ac_option": "every"},
+            "[activation_checkpoint].selective_ac_option: expected 'op' or a number of blocks "
+            "such as '2', got the string 'every'",
+        ),
+    ],
+)
+def test_bad_torchtitan_checkpointing_is_reported_in_its_table(
+    checkpoint: dict[str, str], problem: str
+) -> None:
     with pytest.raises(ConversionError) as raised:
-        _torchtitan({"activation_checkpoint": {"mode": "some"}})
-    (problem,) = raised.value.problems
-    assert problem.render("job.toml") == (
-        "job.toml: [activation_checkpoint].mode: expected 'none', 'selective', 'full' or "
-        "'memory_budget', got the string 'some'"
-    )
+        _torchtitan({"activation_checkpoint": checkpoint})
+    (found,) = raised.value.problems
+    assert found.render("job.toml") == f"job.toml: {problem}"
 
 
 FLOAT8 = {"quantize": {"linear": {"float8": {"enable_fsdp_float8_all_gather": True}}}}
@@ -194,3 +210,74 @@ def test_a_torchtitan_job_toml_converts_its_training_tables(run_cli, tmp_path: P
     training = meshconf.load_config(out).training
     assert training is not None
     assert training.estimate_settings() == {"checkpointing": "selective", "fp8_param_gather": True}
+
+
+#: Any value a TOML document holds, and the words the tables use.
+TOML_VALUES = st.recursive(
+    st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=6)
+    | st.sampled_from(["none", "full", "selective", "memory_budget", "op", "2", "0", "-1"]),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@given(
+    checkpoint=st.dictionaries(
+        st.sampled_from(["mode", "selective_ac_option", "early_stop"]), TOML_VALUES, max_size=3
+    )
+    | TOML_VALUES,
+    float8=st.dictionaries(st.just("enable_fsdp_float8_all_gather"), TOML_VALUES, max_size=1)
+    | TOML_VALUES,
+    converters=TOML_VALUES,
+)
+@settings(max_examples=300, deadline=None)
+def test_any_torchtitan_training_tables_convert_or_are_refused_at_their_key(
+    checkpoint: object, float8: object, converters: object
+) -> None:
+    document = {
+        "activation_checkpoint": checkpoint,
+        "quantize": {"linear": {"float8": float8}},
+        "model": {"converters": converters},
+    }
+    try:
+        training = _torchtitan(document) or {}
+    except ConversionError as error:
+        assert {(problem.table, problem.key) for problem in error.problems} <= {
+            ("activation_checkpoint", "mode"),
+            ("activation_checkpoint", "selective_ac_option"),
+            ("quantize.linear.float8", "enable_fsdp_float8_all_gather"),
+        }
+        return
+    assert training.get("activation_checkpointing") in (None, "none", "selective", "full")
+    assert training.get("fp8_param_gather") in (None, True)
+
+
+WORDS = st.sampled_from(["full", "selective", "uniform", "block", "1", "2", "0", "x", "-1", "1e3"])
+
+
+@given(granularity=WORDS, method=st.none() | WORDS, layers=st.none() | WORDS)
+@settings(max_examples=200, deadline=None)
+def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
+    granularity: str, method: str | None, layers: str | None
+) -> None:
+    line = f"{ARGS}--recompute-granularity {granularity}"
+    line += "" if method is None else f" --recompute-method {method}"
+    line += "" if layers is None else f" --recompute-num-layers {layers}"
+    try:
+        conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
+    except ConversionError as error:
+        assert {problem.key for problem in error.problems} <= {
+            "--recompute-granularity",
+            "--recompute-num-layers",
+        }
+        return
+    mode = (conversion.data.get("training") or {}).get("activation_checkpointing")
+    expected = {"selective": "none"}.get(granularity)
+    if (granularity, method, layers) == ("full", "uniform", "1"):
+        expected = "full"
+    assert mode == expected

@@ -107,6 +107,13 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
         table = {}
     settings = {**_DEFAULT_CHECKPOINTING, **table}
     mode, option = settings["mode"], settings["selective_ac_option"]
+    if mode == "selective" and not (option == "op" or _positive(option)):
+        draft.fail(
+            "selective_ac_option",
+            f"expected 'op' or a number of blocks such as '2', got {describe_value(option)}",
+            _CHECKPOINT_TABLE,
+        )
+        return
     if mode in ("none", "full") or (mode == "selective" and option == "op"):
         draft.training["activation_checkpointing"] = mode
         return
@@ -133,8 +140,7 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
 
 def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
     """``training.fp8_param_gather`` when the job trains its linear layers in float8 and
-    FSDP gathers them so: torchtitan turns it on only with data-parallel sharding, and only
-    for tensorwise scaling (no recipe)."""
+    FSDP gathers them so, which torchtitan turns on only with data-parallel sharding."""
     model = document.get("model")
     converters = model.get("converters", ()) if isinstance(model, Mapping) else ()
     quantize = document.get("quantize")
@@ -159,3 +165,7 @@ def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
             "[quantize.linear.float8] enable_fsdp_float8_all_gather gathers the float8 linear "
             "layers' weights in fp8: training.fp8_param_gather: true."
         )
+
+
+def _positive(option: object) -> bool:
+    return isinstance(option, str) and option.isdecimal() and int(option) > 0
