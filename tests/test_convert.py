@@ -70,7 +70,7 @@ runtime:
 
 TORCHTITAN_OUTPUT = """\
 # yaml-language-server: $schema=schemas/meshconf.schema.json
-# Converted by meshconf convert from the [parallelism] table of
+# Converted by meshconf convert from the [parallelism] and [activation_checkpoint] tables of
 # examples/migration/torchtitan_llama3_70b.toml (torchtitan). What differs from torchtitan:
 #
 # - world_size is not in the TOML: torchtitan takes it from the launcher. 64 comes from

@@ -210,6 +210,11 @@ def test_a_torchtitan_job_toml_converts_its_training_tables(run_cli, tmp_path: P
     training = meshconf.load_config(out).training
     assert training is not None
     assert training.estimate_settings() == {"checkpointing": "selective", "fp8_param_gather": True}
+    comments = " ".join(line[2:] for line in out.read_text().splitlines() if line[:2] == "# ")
+    assert (
+        "Converted by meshconf convert from the [parallelism], [activation_checkpoint] and "
+        f"[quantize.linear.float8] tables of {job} (torchtitan)."
+    ) in comments
 
 
 #: Any value a TOML document holds, and the words the tables use.

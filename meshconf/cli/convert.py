@@ -183,7 +183,13 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
     """The YAML file: modeline, what it came from, one paragraph per note, then the keys."""
     tool = BY_NAME[conversion.source].tool
     lines = [f"# yaml-language-server: $schema={schema}"]
-    origin = f"the [{conversion.table}] table of " if conversion.table else ""
+    tables = [f"[{name}]" for name in (conversion.table, *conversion.other_tables) if name]
+    if not tables:
+        origin = ""
+    elif len(tables) == 1:
+        origin = f"the {tables[0]} table of "
+    else:
+        origin = f"the {', '.join(tables[:-1])} and {tables[-1]} tables of "
     lines += _comment(
         f"Converted by meshconf convert from {origin}{source_path} ({tool}). What differs "
         f"from {tool}:",

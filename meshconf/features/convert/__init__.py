@@ -142,4 +142,5 @@ def _convert_table(
         data=draft.config_data({name: degrees[name] for name in DEGREE_NAMES}),
         comments=draft.comments,
         notes=tuple(notes),
+        other_tables=tuple(draft.other_tables),
     )

@@ -81,6 +81,8 @@ class Conversion:
     comments: dict[str, str]
     #: One paragraph per semantic difference between the tool and meshconf.
     notes: tuple[str, ...]
+    #: The source's other tables that settings were read from.
+    other_tables: tuple[str, ...] = ()
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Draft:
     #: The whole TOML document, for the settings a source keeps in its other tables; None
     #: when only the source's table was given.
     document: Mapping[str, Any] | None = None
+    #: The other tables of ``document`` that settings were read from.
+    other_tables: list[str] = field(default_factory=list)
 
     def fail(self, key: str | None, message: str, table: str | None = None) -> None:
         """A problem with ``key`` of the source's table, or of another ``table``."""

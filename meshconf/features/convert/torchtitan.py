@@ -103,7 +103,9 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
     estimate's modes say the same (selective with ``selective_ac_option = "op"`` is the
     per-op policy); torchtitan's default checkpoints every second block, which they do not."""
     table = document.get(_CHECKPOINT_TABLE)
-    if not isinstance(table, Mapping):
+    if isinstance(table, Mapping):
+        draft.other_tables.append(_CHECKPOINT_TABLE)
+    else:
         table = {}
     settings = {**_DEFAULT_CHECKPOINTING, **table}
     mode, option = settings["mode"], settings["selective_ac_option"]
@@ -148,6 +150,7 @@ def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
     float8 = linear.get("float8") if isinstance(linear, Mapping) else None
     if not isinstance(float8, Mapping) or "enable_fsdp_float8_all_gather" not in float8:
         return
+    draft.other_tables.append(_FLOAT8_TABLE)
     enabled = float8["enable_fsdp_float8_all_gather"]
     if not isinstance(enabled, bool):
         draft.fail(
