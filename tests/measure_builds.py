@@ -157,15 +157,20 @@ def _fsdp(context: DistributedContext, mode: str, fp8: bool = False) -> Training
         convert_to_float8_training(
             model, config=config, module_filter_fn=lambda module, fqn: fqn != "output"
         )
-    model = checkpointed(model, mode)
-    # torchtitan's groups (apply_fsdp): the embedding, each block, the final norm with the
-    # output (kept gathered from its forward to its backward pass), then the root
-    fully_shard(model.embedding, mesh=mesh)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard([model.norm, model.output], mesh=mesh, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh)
-    return _step(model)
+    return _step(_sharded_as_torchtitan(checkpointed(model, mode), mesh))
+
+
+def _sharded_as_torchtitan(model: ModelT, mesh: Any, **policy: Any) -> ModelT:
+    """FSDP2 in torchtitan's groups (``apply_fsdp``): the embedding, each block, the final
+    norm with the output (kept gathered from its forward to its backward pass), then the
+    root; ``policy``, fully_shard's other settings (``mp_policy``)."""
+    fully_shard(model.embedding, mesh=mesh, **policy)
+    layers: Any = model.layers
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, **policy)
+    fully_shard([model.norm, model.output], mesh=mesh, reshard_after_forward=False, **policy)
+    fully_shard(model, mesh=mesh, **policy)
+    return model
 
 
 def fsdp(context: DistributedContext) -> TrainingStep:
@@ -186,16 +191,9 @@ def fsdp_full(context: DistributedContext) -> TrainingStep:
 def fsdp_large_vocabulary(context: DistributedContext) -> TrainingStep:
     """:data:`LARGE_VOCABULARY` under torchtitan's FSDP groups and mixed precision (fp32
     shards gathered in bf16, gradients reduced in fp32), one sequence a micro-batch."""
-    mesh = context.mesh_for("dense")["fsdp"]
-    model = LlamaLike(LARGE_VOCABULARY)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    fully_shard(model.embedding, mesh=mesh, mp_policy=policy)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(
-        [model.norm, model.output], mesh=mesh, mp_policy=policy, reshard_after_forward=False
-    )
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    mesh = context.mesh_for("dense")["fsdp"]
+    model = _sharded_as_torchtitan(LlamaLike(LARGE_VOCABULARY), mesh, mp_policy=policy)
     return _step(model, LARGE_VOCABULARY, batch=1)
 
 

@@ -1,4 +1,5 @@
-"""The config's ``training.activation_checkpointing`` (and ``fp8_param_gather``), read by
+"""The config's ``training.activation_checkpointing`` (and ``fp8_param_gather`` and
+``zero_stage``), read by
 ``meshconf convert`` from Megatron-LM's recomputation arguments and from a torchtitan job
 TOML's ``[activation_checkpoint]`` and ``[quantize.linear.float8]`` tables: where the
 estimate's modes say the same, the key is written; where they cannot (layers recomputed in
@@ -77,25 +78,96 @@ def test_an_unknown_granularity_is_refused_at_its_argument(run_cli) -> None:  # 
     )
 
 
-def test_the_block_and_the_option_give_the_same_estimate(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("key", "option", "said"),
+    [
+        ("activation_checkpointing: selective", ("--activation-checkpointing", "selective"),
+         "; selective checkpointing,"),
+        ("fp8_param_gather: true", ("--fp8-param-gather",), "; fp8 param gather"),
+    ],
+)  # fmt: skip
+def test_the_block_and_the_option_give_the_same_estimate(
+    run_cli, tmp_path: Path, key: str, option: tuple[str, ...], said: str
+) -> None:  # type: ignore[no-untyped-def]
+    block = tmp_path / "block.yaml"
+    block.write_text(f"world_size: 8\ndegrees: {{dp_shard: 8}}\ntraining:\n  {key}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
+    from_block = run_cli("show", str(block), "--model", "llama3-8b", "--format", "json")
+    from_option = run_cli("show", str(plain), "--model", "llama3-8b", "--format", "json", *option)
+    assert from_block.returncode == 0, from_block.stderr
+    assert json.loads(from_block.stdout)["estimate"] == json.loads(from_option.stdout)["estimate"]
+    assert said in run_cli("show", str(block), "--model", "llama3-8b").stdout
+
+
+def test_an_option_overrides_the_block(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     block = tmp_path / "block.yaml"
     block.write_text(
         "world_size: 8\ndegrees: {dp_shard: 8}\ntraining:\n  activation_checkpointing: selective\n"
     )
-    plain = tmp_path / "plain.yaml"
-    plain.write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
-    from_block = run_cli("show", str(block), "--model", "llama3-8b", "--format", "json")
-    from_option = run_cli(
-        "show", str(plain), "--model", "llama3-8b", "--format", "json",
-        "--activation-checkpointing", "selective",
-    )  # fmt: skip
-    assert from_block.returncode == 0, from_block.stderr
-    assert json.loads(from_block.stdout)["estimate"] == json.loads(from_option.stdout)["estimate"]
-    # the option overrides the block
     overridden = run_cli(
         "show", str(block), "--model", "llama3-8b", "--activation-checkpointing", "full"
     )
     assert "; full checkpointing," in overridden.stdout
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        ("--fp8-param-gather", {"zero_stage": 1, "fp8_param_gather": True}),
+        ("", {"zero_stage": 1}),
+    ],
+)
+def test_megatron_s_fp8_param_gather_is_converted(
+    run_cli, tmp_path: Path, written: str, expected: dict[str, object]
+) -> None:  # type: ignore[no-untyped-def]
+    config, _ = _converted(run_cli, tmp_path, written)
+    assert config.training is not None
+    assert config.training.estimate_settings() == expected
+
+
+def test_megatron_s_fp8_param_gather_without_its_distributed_optimizer_is_refused(
+    run_cli,
+) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "convert", "--from", "megatron", "--args", "--tensor-model-parallel-size 2 "
+        "--fp8-param-gather", "--world-size", "16",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == (
+        "--args:1:32: --fp8-param-gather: fp8_param_gather needs zero_stage 1, 2 or 3: ZeRO 0 "
+        "keeps the parameters whole on every rank and gathers none\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "zero_stage", "problem"),
+    [
+        ("false", 0, None),
+        ("true", 1, None),
+        (
+            "'yes'",
+            None,
+            "model.use_distributed_optimizer: expected true or false, got the string 'yes'",
+        ),
+    ],
+)
+def test_nemo_s_distributed_optimizer_is_read_by_its_value(
+    run_cli, tmp_path: Path, value: str, zero_stage: int | None, problem: str | None
+) -> None:  # type: ignore[no-untyped-def]
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text(
+        "trainer: {devices: 8, num_nodes: 1}\n"
+        f"model:\n  tensor_model_parallel_size: 2\n  use_distributed_optimizer: {value}\n"
+    )
+    out = tmp_path / "converted.yaml"
+    result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
+    if problem is not None:
+        assert (result.returncode, result.stdout) == (1, f"{nemo}:4:3: {problem}\n")
+        return
+    assert result.returncode == 0, result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None and training.zero_stage == zero_stage
 
 
 def _torchtitan(document: dict[str, object]) -> dict[str, object] | None:

@@ -42,6 +42,8 @@ def _line_of(module: str, text: str) -> int:
 
 
 RAISING_LINE = _line_of("measure_builds.py", "raise ValueError")
+#: 512-way FSDP, the world the memory tests measure rank 77 of
+W512 = "world_size: 512\ndegrees: {dp_shard: -1}\n"
 
 
 def _measure(
@@ -69,7 +71,7 @@ def _close(measured: int, estimated: int, tolerance: float) -> bool:
 
 
 def test_fsdp_at_a_large_world_matches_the_estimate_term_by_term(tmp_path: Path) -> None:
-    report = _report(tmp_path, "world_size: 512\ndegrees: {dp_shard: -1}\n", "fsdp", "--rank", "77")
+    report = _report(tmp_path, W512, "fsdp", "--rank", "77")
     measured, estimate = report["measured_bytes"], report["estimate_bytes"]
     assert (report["rank"], report["world_size"], report["tracker"]) == (77, 512, "FSDPMemTracker")
     assert measured["params"] == estimate["params"]
@@ -93,7 +95,7 @@ def test_checkpointed_blocks_at_a_large_world_match_the_estimate(
     tmp_path: Path, build: str, mode: str
 ) -> None:
     report = _report(
-        tmp_path, "world_size: 512\ndegrees: {dp_shard: -1}\n", build, "--rank", "77",
+        tmp_path, W512, build, "--rank", "77",
         "--activation-checkpointing", mode,
     )  # fmt: skip
     measured, estimate = report["measured_bytes"], report["estimate_bytes"]
@@ -114,7 +116,7 @@ def test_a_large_vocabulary_peaks_when_fsdp_gathers_the_output_again(tmp_path: P
     torchtitan's bf16 mixed precision)."""
     (tmp_path / "large.yaml").write_text(LARGE_VOCABULARY_FILE)
     report = _report(
-        tmp_path, "world_size: 512\ndegrees: {dp_shard: -1}\n", "fsdp_large_vocabulary",
+        tmp_path, W512, "fsdp_large_vocabulary",
         "--rank", "77", "--model-file", str(tmp_path / "large.yaml"), "--micro-batch", "1",
         "--param-dtype", "bf16",
     )  # fmt: skip
@@ -134,9 +136,8 @@ def test_a_large_vocabulary_peaks_when_fsdp_gathers_the_output_again(tmp_path: P
 def test_fp8_gathers_shrink_by_what_the_estimate_says(tmp_path: Path) -> None:
     """torchao's float8 training with FSDP's fp8 all-gather (measure_builds.fsdp_fp8), as
     torchtitan's enable_fsdp_float8_all_gather runs it."""
-    world = "world_size: 512\ndegrees: {dp_shard: -1}\n"
-    plain = _report(tmp_path, world, "fsdp", "--rank", "77")
-    fp8 = _report(tmp_path, world, "fsdp_fp8", "--rank", "77", "--fp8-param-gather")
+    plain = _report(tmp_path, W512, "fsdp", "--rank", "77")
+    fp8 = _report(tmp_path, W512, "fsdp_fp8", "--rank", "77", "--fp8-param-gather")
     saved = plain["measured_bytes"]["gathers"] - fp8["measured_bytes"]["gathers"]
     estimated = plain["estimate_bytes"]["gathers"] - fp8["estimate_bytes"]["gathers"]
 

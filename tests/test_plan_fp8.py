@@ -1,8 +1,8 @@
 """``--fp8-param-gather`` (the config's ``training.fp8_param_gather``): data parallelism
 gathers the blocks' dense linear weights in fp8, and under ZeRO 1 and 2 keeps them in fp8.
 tests/test_measure.py measures the gathers under torchao's float8 training; here, what each
-term and the traffic owe to it, in bytes worked out from the model's shapes, and how the
-option is read and refused."""
+term and the traffic owe to it, in bytes worked out from the model's shapes, and where the
+option is refused (tests/test_convert_recompute.py has its conversions)."""
 
 from __future__ import annotations
 
@@ -83,86 +83,3 @@ def test_the_training_block_refuses_it_at_its_key(tmp_path: Path) -> None:
         f"{path}:5:3: training.fp8_param_gather: fp8_param_gather needs zero_stage 1, 2 or 3: "
         "ZeRO 0 keeps the parameters whole on every rank and gathers none"
     )
-
-
-def test_the_block_and_the_option_give_the_same_estimate(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    path = tmp_path / "mesh.yaml"
-    path.write_text("world_size: 8\ndegrees: {dp_shard: 8}\ntraining:\n  fp8_param_gather: true\n")
-    from_block = run_cli("show", str(path), "--model", "llama3-8b", "--format", "json")
-    plain = tmp_path / "plain.yaml"
-    plain.write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
-    from_option = run_cli(
-        "show", str(plain), "--model", "llama3-8b", "--format", "json", "--fp8-param-gather"
-    )
-    assert from_block.returncode == 0, from_block.stderr
-    assert from_block.stdout == from_option.stdout.replace(str(plain), str(path))
-    assert "; fp8 param gather" in run_cli("show", str(path), "--model", "llama3-8b").stdout
-
-
-@pytest.mark.parametrize(
-    ("written", "expected"),
-    [
-        (
-            "--use-distributed-optimizer --fp8-param-gather",
-            {"zero_stage": 1, "fp8_param_gather": True},
-        ),
-        ("--use-distributed-optimizer", {"zero_stage": 1}),
-        ("", {"zero_stage": 0}),
-    ],
-)
-def test_megatron_s_fp8_param_gather_is_converted(
-    run_cli, tmp_path: Path, written: str, expected: dict[str, object]
-) -> None:  # type: ignore[no-untyped-def]
-    out = tmp_path / "converted.yaml"
-    result = run_cli(
-        "convert", "--from", "megatron", "--args", f"--tensor-model-parallel-size 2 {written}",
-        "--world-size", "16", "--out", str(out),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    training = meshconf.load_config(out).training
-    assert training is not None
-    assert training.estimate_settings() == expected
-
-
-def test_megatron_s_fp8_param_gather_without_its_distributed_optimizer_is_refused(
-    run_cli,
-) -> None:  # type: ignore[no-untyped-def]
-    result = run_cli(
-        "convert", "--from", "megatron", "--args", "--tensor-model-parallel-size 2 "
-        "--fp8-param-gather", "--world-size", "16",
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert result.stdout == (
-        "--args:1:32: --fp8-param-gather: fp8_param_gather needs zero_stage 1, 2 or 3: ZeRO 0 "
-        "keeps the parameters whole on every rank and gathers none\n"
-    )
-
-
-@pytest.mark.parametrize(
-    ("value", "zero_stage", "problem"),
-    [
-        ("false", 0, None),
-        ("true", 1, None),
-        (
-            "'yes'",
-            None,
-            "model.use_distributed_optimizer: expected true or false, got the string 'yes'",
-        ),
-    ],
-)
-def test_nemo_s_distributed_optimizer_is_read_by_its_value(
-    run_cli, tmp_path: Path, value: str, zero_stage: int | None, problem: str | None
-) -> None:  # type: ignore[no-untyped-def]
-    nemo = tmp_path / "nemo.yaml"
-    nemo.write_text(
-        "trainer: {devices: 8, num_nodes: 1}\n"
-        f"model:\n  tensor_model_parallel_size: 2\n  use_distributed_optimizer: {value}\n"
-    )
-    out = tmp_path / "converted.yaml"
-    result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
-    if problem is not None:
-        assert (result.returncode, result.stdout) == (1, f"{nemo}:4:3: {problem}\n")
-        return
-    assert result.returncode == 0, result.stderr
-    training = meshconf.load_config(out).training
-    assert training is not None and training.zero_stage == zero_stage

@@ -21,6 +21,7 @@ from meshconf.cli.common import (
     usage_error,
     write_file,
 )
+from meshconf.core.messages import spoken_list
 from meshconf.features.convert import (
     BY_NAME,
     SOURCES,
@@ -105,7 +106,7 @@ def _detect(path: str, document: dict[str, Any]) -> Source:
     if len(present) == 1:
         return present[0]
     tables = [f"a [{source.table}] table ({source.tool})" for source in TOML_SOURCES]
-    joined = f"{', '.join(tables[:-1])} and {tables[-1]}"
+    joined = spoken_list(tables)
     has = f"both {joined}" if present else f"neither {joined.replace(' and ', ' nor ')}"
     choices = " or ".join(f"--from {source.name}" for source in TOML_SOURCES)
     others = ", ".join(
@@ -184,12 +185,8 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
     tool = BY_NAME[conversion.source].tool
     lines = [f"# yaml-language-server: $schema={schema}"]
     tables = [f"[{name}]" for name in (conversion.table, *conversion.other_tables) if name]
-    if not tables:
-        origin = ""
-    elif len(tables) == 1:
-        origin = f"the {tables[0]} table of "
-    else:
-        origin = f"the {', '.join(tables[:-1])} and {tables[-1]} tables of "
+    plural = "s" if len(tables) > 1 else ""
+    origin = f"the {spoken_list(tables)} table{plural} of " if tables else ""
     lines += _comment(
         f"Converted by meshconf convert from {origin}{source_path} ({tool}). What differs "
         f"from {tool}:",

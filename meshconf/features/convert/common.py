@@ -179,6 +179,13 @@ def integer_problem(value: Any, *, auto: bool, hint: str = "") -> str | None:
     return None
 
 
+def boolean_problem(value: Any) -> str | None:
+    """Why ``value`` is not a switch (true or false), if it is not."""
+    return (
+        None if isinstance(value, bool) else f"expected true or false, got {describe_value(value)}"
+    )
+
+
 def integers(draft: Draft, table: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, int]:
     """The degrees among ``keys`` (source key -> meshconf name) that the table sets, by
     meshconf name; a bad value is a problem on its key. Only ``dp_shard`` may be -1 in

@@ -21,6 +21,7 @@ from meshconf.features.convert.common import (
     Conversion,
     ConversionError,
     Draft,
+    boolean_problem,
     integer_problem,
     validate,
     world_size_note,
@@ -100,8 +101,9 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
     """The config's ``training`` block from Megatron's settings: the ZeRO stage its
     distributed optimizer gives, and each of :data:`TRAINING_SETTINGS` given."""
     optimizer = settings.get("use_distributed_optimizer")
-    if optimizer is not None and not isinstance(optimizer.value, bool):
-        draft.fail(optimizer.key, f"expected true or false, got {describe_value(optimizer.value)}")
+    problem = None if optimizer is None else boolean_problem(optimizer.value)
+    if optimizer is not None and problem is not None:
+        draft.fail(optimizer.key, problem)
     distributed = optimizer is not None and optimizer.value is True
     draft.training["zero_stage"] = 1 if distributed else 0
     if optimizer is not None:

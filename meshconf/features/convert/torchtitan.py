@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.common import Draft, integers, unknown_keys
+from meshconf.features.convert.common import Draft, boolean_problem, integers, unknown_keys
 
 #: Every field of torchtitan 0.2.1's ``Parallelism`` dataclass, in its order.
 TORCHTITAN_FIELDS = (
@@ -152,12 +152,9 @@ def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
         return
     draft.other_tables.append(_FLOAT8_TABLE)
     enabled = float8["enable_fsdp_float8_all_gather"]
-    if not isinstance(enabled, bool):
-        draft.fail(
-            "enable_fsdp_float8_all_gather",
-            f"expected true or false, got {describe_value(enabled)}",
-            _FLOAT8_TABLE,
-        )
+    problem = boolean_problem(enabled)
+    if problem is not None:
+        draft.fail("enable_fsdp_float8_all_gather", problem, _FLOAT8_TABLE)
         return
     trained = isinstance(converters, list) and any(
         name in converters for name in _FLOAT8_CONVERTERS

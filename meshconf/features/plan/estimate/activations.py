@@ -101,11 +101,7 @@ def matmuls(arch: Architecture, kind: LayerKind) -> tuple[Weight, ...]:
     """The matrix products that ``selective`` counts, in the order the forward pass runs
     them: every linear layer of the block but the router, which torchtitan always
     recomputes, and the routed experts, whose grouped products are not on its list."""
-    return tuple(
-        weight
-        for weight in arch.layer_weights(kind)
-        if weight.cols > 1 and not weight.experts and weight.name != "router"
-    )
+    return tuple(weight for weight in arch.layer_weights(kind) if weight.dense_linear)
 
 
 #: fp32 copies of the logits alive at the peak of the loss's backward pass, per logit:

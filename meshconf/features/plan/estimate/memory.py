@@ -103,7 +103,7 @@ def rank_memory(
     shard = _rank_shard(arch, par, layers, stage.first, stage.last)
     # ZeRO 3 (FSDP) keeps a shard of everything; 2 the parameters whole (after tp/ep/etp),
     # 1 the gradients too, and 0 the optimizer state as well.
-    whole = shard.elements if training.zero_stage == 3 else rank_unsharded(arch, par, stage)
+    whole = shard.elements if training.zero_stage == 3 else sum(_stage(arch, par, stage, unsharded))
     kept = whole if training.zero_stage == 0 else shard.elements
     optimizer = kept * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
@@ -111,7 +111,7 @@ def rank_memory(
     if training.zero_stage == 3:
         params = shard.elements * training.param_bytes
     else:
-        params = _stage_parameter_bytes(arch, par, training, stage, unsharded)
+        params = _parameter_bytes(_stage(arch, par, stage, unsharded), training)
     grads = whole if training.zero_stage <= 1 else shard.elements
     held = _activations(arch, par, training, stage.rank, stage.chunks, stage.last)
     block = Memory(
@@ -144,7 +144,7 @@ def _phases(
     # reduce-scatter buffer. The embedding's backward pass comes last, every activation freed.
     grouped = training.zero_stage == 3 and training.reshards(par.pp) and block.gathers > 0
     p, g = training.param_bytes, training.grad_bytes
-    output = gathered(arch.output_weights(), par)
+    output = gathered(arch.output_weights(), par) if stage.last else 0
     if stage.last:
         phases.append(
             replace(
@@ -200,52 +200,43 @@ def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard
     return local_shard(arch.layer_weights(kind), par)
 
 
-def rank_unsharded(arch: Architecture, par: Parallelism, stage: RankStage) -> int:
-    """Elements of the rank's weights after tp/ep/etp, before any data-parallel sharding."""
-    layers = stage.layers
-    held = sum(count * block_elements(arch, kind, par) for kind, count in layers.items() if count)
-    return held + unsharded(end_weights(arch, stage.first, stage.last), par)
-
-
 def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
     if training.zero_stage <= 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
         return 0
-    layers = stage.layers
-    kinds = [kind for kind, count in layers.items() if count]
-    largest = max((_gathered_block(arch, kind, par) for kind in kinds), default=0)
+    splits = [
+        linear_split(arch, kind, par, gathered) for kind, count in stage.layers.items() if count
+    ]
+    largest = max((sum(split) for split in splits), default=0)
     if training.zero_stage == 2:
         # whole parameters; one block's gradient before its reduce-scatter
         return largest * training.grad_bytes
     if training.reshards(par.pp):
-        splits = [linear_split(arch, kind, par, gathered) for kind in kinds]
         block = max((_parameter_bytes(split, training) for split in splits), default=0)
         return 2 * block + largest * training.grad_bytes
     # Parameters stay gathered from a block's forward pass to its backward pass. Under a
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
     # rank's gradients accumulate unsharded, in the reduction dtype.
-    held = sum(count * _gathered_block(arch, kind, par) for kind, count in layers.items() if count)
-    held += gathered(end_weights(arch, stage.first, stage.last), par)
+    held = _stage(arch, par, stage, gathered)
     accumulated = par.pp > 1 and microbatches(par, training) > 1
-    grads = held if accumulated else largest
-    params = _stage_parameter_bytes(arch, par, training, stage, gathered)
-    return params + grads * training.grad_bytes
+    grads = sum(held) if accumulated else largest
+    return _parameter_bytes(held, training) + grads * training.grad_bytes
 
 
-def _stage_parameter_bytes(
-    arch: Architecture, par: Parallelism, training: Training, stage: RankStage, size: Sizing
-) -> int:
-    """The rank's parameters, sized by ``size`` (as tp/ep/etp leave them, or as FSDP
-    gathers them), in bytes: the blocks' dense linear weights in ``training.linear_bytes``."""
-    blocks = sum(
-        count * _parameter_bytes(linear_split(arch, kind, par, size), training)
-        for kind, count in stage.layers.items()
-        if count
-    )
-    return blocks + size(end_weights(arch, stage.first, stage.last), par) * training.param_bytes
+def _stage(arch: Architecture, par: Parallelism, stage: RankStage, size: Sizing) -> tuple[int, int]:
+    """Elements of the rank's weights, sized by ``size`` (as tp/ep/etp leave them, or as
+    FSDP gathers them): its blocks' dense linear weights, and the rest."""
+    linear = rest = 0
+    for kind, count in stage.layers.items():
+        if count:
+            block_linear, block_rest = linear_split(arch, kind, par, size)
+            linear += count * block_linear
+            rest += count * block_rest
+    return linear, rest + size(end_weights(arch, stage.first, stage.last), par)
 
 
 def _parameter_bytes(split: tuple[int, int], training: Training) -> int:
+    """Bytes of weights split as :func:`linear_split` splits them, in ``training``'s dtypes."""
     linear, rest = split
     return linear * training.linear_bytes + rest * training.param_bytes
 
@@ -271,21 +262,10 @@ def gathered(weights: Sequence[Weight], par: Parallelism) -> int:
     )
 
 
-@lru_cache(maxsize=4096)
-def _gathered_block(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
-    return gathered(arch.layer_weights(kind), par)
-
-
 def end_weights(arch: Architecture, first: bool, last: bool) -> tuple[Weight, ...]:
     """The weights the first pipeline rank (the embedding) and the last (the final norm and
     the output) hold besides their blocks."""
     return (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
-
-
-def block_elements(arch: Architecture, kind: LayerKind, par: Parallelism) -> int:
-    """Elements of one block after tp/ep/etp, before any data-parallel sharding."""
-    dense, experts = block_split(arch, kind, Parallelism(tp=par.tp, ep=par.ep, etp=par.etp))
-    return dense + experts
 
 
 @lru_cache(maxsize=4096)
