@@ -77,8 +77,7 @@ TORCHTITAN_OUTPUT = """\
 #   --world-size; at start-up meshconf checks that the launcher's world size agrees.
 #
 # - Not converted, as they are not mesh settings (keep them in the torchtitan job config):
-#   enable_async_tensor_parallel, pipeline_parallel_schedule,
-#   pipeline_parallel_microbatch_size.
+#   enable_async_tensor_parallel, pipeline_parallel_microbatch_size.
 
 world_size: 64
 gpus_per_node: 8
@@ -95,6 +94,10 @@ degrees:
 training:
   activation_checkpointing: full
   reshard_after_forward: default
+  pp_schedule: interleaved
+  virtual_stages: 2  # torchtitan's default for Interleaved1F1B
+  embedding_as_layers: 1  # torchtitan's default pipeline_parallel_first_stage_less_layers
+  output_as_layers: 1  # torchtitan's default pipeline_parallel_last_stage_less_layers
 """
 
 WORLD_FROM_OPTION = (
@@ -261,24 +264,31 @@ def test_torchtitan_etp_with_experts_is_kept() -> None:
 @pytest.mark.parametrize(
     ("table", "training"),
     [
-        ({"fsdp_reshard_after_forward": "never"}, {"reshard_after_forward": "never"}),
+        ({"fsdp_reshard_after_forward": "never"},
+         {"reshard_after_forward": "never", "pp_schedule": "1f1b"}),
         ({"pipeline_parallel_schedule": "DualPipeV"}, {"ep_overlap": True}),
-        (
-            {"pipeline_parallel_schedule": "DualPipeV",
-             "pipeline_parallel_expert_parallel_overlap": False},
-            None,
-        ),
-        ({"pipeline_parallel_schedule": "Interleaved1F1B"}, None),
+        # torch's get_schedule_class ignores case
+        ({"pipeline_parallel_schedule": "dualpipev"}, {"ep_overlap": True}),
+        ({"pipeline_parallel_schedule": "DualPipeV",
+          "pipeline_parallel_expert_parallel_overlap": False}, {}),
+        ({"pipeline_parallel_schedule": "Interleaved1F1B"},
+         {"pp_schedule": "interleaved", "virtual_stages": 2}),
+        ({"pipeline_parallel_schedule": "interleaved1f1b"},
+         {"pp_schedule": "interleaved", "virtual_stages": 2}),
     ],
 )  # fmt: skip
 def test_torchtitan_training_settings_become_the_training_block(
-    table: dict[str, object], training: dict[str, object] | None
+    table: dict[str, object], training: dict[str, object]
 ) -> None:
     """The resharding policy is the training block's; DualPipeV overlaps the experts' traffic
-    when torchtitan's switch (on by default) is on, with pipeline and expert parallelism."""
+    when torchtitan's switch (on by default) is on, with pipeline and expert parallelism; the
+    schedules the estimate models are written with their model chunks per rank, and with pp
+    the embedding and output count as a layer each in the split, as torchtitan's defaults
+    say."""
     degrees = {"pipeline_parallel_degree": 2, "expert_parallel_degree": 2}
     conversion = convert(TORCHTITAN, degrees | table, world_size=8)
-    assert conversion.data.get("training") == training
+    split = {"embedding_as_layers": 1, "output_as_layers": 1}
+    assert conversion.data.get("training") == training | split
 
 
 def test_a_bad_torchtitan_resharding_policy_is_reported_at_its_key() -> None:
@@ -299,8 +309,7 @@ def test_torchtitan_fields_that_are_not_mesh_settings_are_listed_in_field_order(
     }
     assert convert(TORCHTITAN, table).notes[1:] == (
         "Not converted, as they are not mesh settings (keep them in the torchtitan job config): "
-        "disable_loss_parallel, module_fqns_per_model_part, pipeline_parallel_schedule, "
-        "expert_parallel_comm_backend.",
+        "disable_loss_parallel, module_fqns_per_model_part, expert_parallel_comm_backend.",
     )
 
 

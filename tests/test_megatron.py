@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from megatron_rank_generator import RankGenerator
+from megatron_code import RankGenerator
 
 from meshconf.core.layout import DomainLayout
 from meshconf.features.convert import ConversionError, convert_megatron

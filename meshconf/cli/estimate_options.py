@@ -23,10 +23,12 @@ from meshconf.core.training import (
     MFU_OVER,
     RESHARDING,
     SCHEDULES,
+    SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     ZERO_STAGES,
     fp8_without_gathers,
     schedule_mismatch,
+    split_conflict,
 )
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
@@ -47,6 +49,8 @@ _INTEGERS = (
     "virtual_stages",
     "first_stage_layers",
     "last_stage_layers",
+    "embedding_as_layers",
+    "output_as_layers",
     "moe_max_nodes",
 )
 _NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
@@ -81,6 +85,8 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "virtual_stages": "--virtual-stages",
         "first_stage_layers": "--first-stage-layers",
         "last_stage_layers": "--last-stage-layers",
+        "embedding_as_layers": "--embedding-as-layers",
+        "output_as_layers": "--output-as-layers",
         "reshard_after_forward": "--reshard-after-forward",
         "zero_stage": "--zero-stage",
         "moe_max_nodes": "--moe-max-nodes",
@@ -145,6 +151,21 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "last_stage_layers",
         metavar="N",
         help="layers of the last pipeline chunk (0: the output and loss alone)",
+    )
+    option(
+        "embedding_as_layers",
+        metavar="N",
+        help="the embedding counts as N layers when the layers are shared among pipeline "
+        "chunks, the first chunk holding N fewer (torchtitan's "
+        "pipeline_parallel_first_stage_less_layers, 1 there by default; Megatron's "
+        "--account-for-embedding-in-pipeline-split: 1; default: an even split)",
+    )
+    option(
+        "output_as_layers",
+        metavar="N",
+        help="the output and loss count as N layers, the last chunk holding N fewer "
+        "(torchtitan's pipeline_parallel_last_stage_less_layers; Megatron's "
+        "--account-for-loss-in-pipeline-split: 1; default: an even split)",
     )
     option(
         "reshard_after_forward",
@@ -308,6 +329,12 @@ def _value(name: str, text: Any) -> int | float | str:
 def _settings_problem(training: Training) -> str | None:
     if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
         return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
+    weights = (training.embedding_as_layers, training.output_as_layers)
+    if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
+        return (
+            "--embedding-as-layers and --output-as-layers exclude --first-stage-layers and "
+            f"--last-stage-layers: {SPLIT_CONFLICT}"
+        )
     mismatch = schedule_mismatch(training.schedule, training.virtual_stages)
     if mismatch is None:
         return None

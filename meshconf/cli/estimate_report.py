@@ -103,6 +103,15 @@ def settings_line(model: Architecture, training: Training) -> str:
         resharding += f"; MFU {training.mfu:g} over the step"
     if schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
+    ends, weights = (
+        (training.first_stage_layers, training.last_stage_layers),
+        training.split_weights,
+    )
+    if ends != (None, None):
+        first, last = ("-" if size is None else str(size) for size in ends)
+        schedule += f" (first and last chunks of {first} and {last} layers)"
+    elif weights is not None:
+        schedule += f" (the embedding and output as {weights[0]} and {weights[1]} layers)"
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "

@@ -63,6 +63,8 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
     "last_stage_layers": Bound(0, 100_000, "more layers than any model has"),
+    "embedding_as_layers": Bound(0, 100_000, "more layers than any model has"),
+    "output_as_layers": Bound(0, 100_000, "more layers than any model has"),
     "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
     "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
     "inter_node_gbps": Bound(0.01, 100_000, "faster than any network between nodes"),
@@ -79,6 +81,17 @@ def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -
     """Whether parameters are to be gathered in fp8 where data parallelism gathers none:
     ZeRO 0 keeps them whole on every rank."""
     return bool(fp8_param_gather) and zero_stage == 0
+
+
+#: Why the layers of the end chunks and the weights of the embedding and output exclude each
+#: other, for each reader's message (Megatron-LM refuses them together too).
+SPLIT_CONFLICT = "both set the layers of the first and last pipeline chunks"
+
+
+def split_conflict(ends: Ends, weights: tuple[int | None, int | None]) -> bool:
+    """Whether the first or last chunk's layers are given beside a weight of the embedding
+    or the output."""
+    return ends != (None, None) and weights != (None, None)
 
 
 def schedule_mismatch(schedule: str | None, virtual_stages: int | None) -> str | None:

@@ -76,6 +76,8 @@ class TrainingNode:
     virtual_stages: Optional[int] = None  # noqa: UP045
     first_stage_layers: Optional[int] = None  # noqa: UP045
     last_stage_layers: Optional[int] = None  # noqa: UP045
+    embedding_as_layers: Optional[int] = None  # noqa: UP045
+    output_as_layers: Optional[int] = None  # noqa: UP045
     moe_max_nodes: Optional[int] = None  # noqa: UP045
     ep_overlap: Optional[bool] = None  # noqa: UP045
     dispatch_dtype: Optional[str] = None  # noqa: UP045

@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 from meshconf.core.errors import describe_value
 from meshconf.core.training import (
     FP8_WITHOUT_GATHERS,
+    SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     ZERO_STAGES,
     Checkpointing,
@@ -22,6 +23,7 @@ from meshconf.core.training import (
     Schedule,
     fp8_without_gathers,
     schedule_mismatch,
+    split_conflict,
 )
 from meshconf.model.errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
@@ -90,6 +92,22 @@ class TrainingOptions(BaseModel):
         description="Layers of the last pipeline chunk (0: the output and loss alone).",
         examples=[0],
     )
+    embedding_as_layers: Annotated[int, _bounded("embedding_as_layers")] | None = Field(
+        None,
+        description="How many layers the embedding counts as when the layers are shared among "
+        "pipeline chunks, the first chunk holding that many fewer: torchtitan's "
+        "pipeline_parallel_first_stage_less_layers (1 there by default), Megatron's "
+        "--account-for-embedding-in-pipeline-split (1); by default the layers are shared evenly.",
+        examples=[1],
+    )
+    output_as_layers: Annotated[int, _bounded("output_as_layers")] | None = Field(
+        None,
+        description="How many layers the output and loss count as, the last chunk holding that "
+        "many fewer: torchtitan's pipeline_parallel_last_stage_less_layers (1 there by "
+        "default), Megatron's --account-for-loss-in-pipeline-split (1); by default the layers "
+        "are shared evenly.",
+        examples=[1],
+    )
     moe_max_nodes: Annotated[int, _bounded("moe_max_nodes")] | None = Field(
         None,
         description="Node-limited routing: each token goes to experts on at most this many "
@@ -129,6 +147,21 @@ class TrainingOptions(BaseModel):
                         "fp8_without_gathers",
                         f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
                         input=self.fp8_param_gather,
+                    )
+                ],
+            )
+        weights = (self.embedding_as_layers, self.output_as_layers)
+        if split_conflict((self.first_stage_layers, self.last_stage_layers), weights):
+            weighted = "embedding_as_layers" if self.embedding_as_layers else "output_as_layers"
+            raise validation_error(
+                "TrainingOptions",
+                [
+                    FieldError(
+                        (weighted,),
+                        "split_conflict",
+                        f"{weighted} and first_stage_layers or last_stage_layers exclude each "
+                        f"other: {SPLIT_CONFLICT}",
+                        input=getattr(self, weighted),
                     )
                 ],
             )

@@ -35,7 +35,11 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
-from meshconf.features.convert.megatron_input import TRAINING_SETTINGS, Setting
+from meshconf.features.convert.megatron_input import (
+    SPLIT_WEIGHT_SETTINGS,
+    TRAINING_SETTINGS,
+    Setting,
+)
 from meshconf.features.convert.shell import unexpanded
 from meshconf.model.config import MeshConfig
 
@@ -99,7 +103,8 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
 
 def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
     """The config's ``training`` block from Megatron's settings: the ZeRO stage its
-    distributed optimizer gives, and each of :data:`TRAINING_SETTINGS` given."""
+    distributed optimizer gives, the pipeline split's weights (:data:`SPLIT_WEIGHT_SETTINGS`),
+    and each of :data:`TRAINING_SETTINGS` given."""
     optimizer = settings.get("use_distributed_optimizer")
     problem = None if optimizer is None else boolean_problem(optimizer.value)
     if optimizer is not None and problem is not None:
@@ -113,6 +118,14 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
         # validated with the config, and a problem reported at Megatron's key
         draft.training["fp8_param_gather"] = fp8.value
         draft.origins[("training", "fp8_param_gather")] = fp8.key
+    for name, key in SPLIT_WEIGHT_SETTINGS.items():
+        switch = settings.get(name)
+        problem = None if switch is None else boolean_problem(switch.value)
+        if switch is not None and problem is not None:
+            draft.fail(switch.key, problem)
+        elif switch is not None and switch.value is True:
+            draft.training[key] = 1
+            draft.origins[("training", key)] = switch.key
     for name, key in TRAINING_SETTINGS.items():
         setting = settings.get(name)
         # NeMo writes null for a setting it leaves to Megatron's default

@@ -40,8 +40,19 @@ TRAINING_SETTINGS = {
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+#: Megatron's switches that count the embedding or the loss as a layer of the pipeline split,
+#: and the key of the ``training`` block each one sets to 1.
+SPLIT_WEIGHT_SETTINGS = {
+    "account_for_embedding_in_pipeline_split": "embedding_as_layers",
+    "account_for_loss_in_pipeline_split": "output_as_layers",
+}
 #: Switches: present means true.
-FLAG_SETTINGS = ("use_tp_pp_dp_mapping", "use_distributed_optimizer", "fp8_param_gather")
+FLAG_SETTINGS = (
+    "use_tp_pp_dp_mapping",
+    "use_distributed_optimizer",
+    "fp8_param_gather",
+    *SPLIT_WEIGHT_SETTINGS,
+)
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
 ORDER_SETTING = "order"
 #: torchrun's options that give the world size.

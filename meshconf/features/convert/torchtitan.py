@@ -1,7 +1,7 @@
 """torchtitan's ``[parallelism]`` table (torchtitan 0.2.1's ``Parallelism``) as meshconf
 degrees, its degrees being meshconf's one for one, and as the ``training`` block its FSDP
-resharding policy, its activation checkpointing (``[activation_checkpoint]``) and its fp8
-all-gather (``[quantize.linear.float8]``)."""
+resharding policy, its pipeline schedule and split, its activation checkpointing
+(``[activation_checkpoint]``) and its fp8 all-gather (``[quantize.linear.float8]``)."""
 
 from __future__ import annotations
 
@@ -64,10 +64,11 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
         # validated with the config, and a problem reported at torchtitan's key
         draft.training["reshard_after_forward"] = table["fsdp_reshard_after_forward"]
         draft.origins[("training", "reshard_after_forward")] = "fsdp_reshard_after_forward"
+    schedule = _pipeline(draft, table)
     overlap = table.get("pipeline_parallel_expert_parallel_overlap", True)
     degrees = draft.degrees
     if (
-        table.get("pipeline_parallel_schedule") == "DualPipeV"
+        schedule == "DualPipeV"
         and overlap is True
         and degrees.get("pp", 1) > 1
         and degrees.get("ep", 1) > 1
@@ -81,14 +82,93 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
     if draft.document is not None:
         _checkpointing(draft, draft.document)
         _fp8_all_gather(draft, draft.document)
-        draft.check()
-    converted = {*TORCHTITAN_DEGREES, "fsdp_reshard_after_forward"}
+    draft.check()
+    converted = {*TORCHTITAN_DEGREES, "fsdp_reshard_after_forward", *_PIPELINE_CONVERTED}
     not_converted = [key for key in TORCHTITAN_FIELDS if key in table and key not in converted]
     if not_converted:
         draft.notes.append(
             f"Not converted, as they are not mesh settings (keep them in the torchtitan job "
             f"config): {', '.join(not_converted)}."
         )
+
+
+#: The pipeline schedules ``torch.distributed.pipelining`` knows (torchtitan passes the name to
+#: its ``get_schedule_class``, which ignores case), and the estimate's name for the two it
+#: models: one model chunk per rank, and the interleaved 1F1B.
+_SCHEDULES = (
+    "1F1B",
+    "Interleaved1F1B",
+    "GPipe",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "PipelineScheduleSingle",
+    "PipelineScheduleMulti",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
+_ESTIMATED_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved"}
+#: torchtitan's weights of the embedding and the output in the pipeline split (1 each by
+#: default), and the key of the ``training`` block each one is.
+_SPLIT_WEIGHTS = {
+    "pipeline_parallel_first_stage_less_layers": "embedding_as_layers",
+    "pipeline_parallel_last_stage_less_layers": "output_as_layers",
+}
+_PIPELINE_CONVERTED = ("pipeline_parallel_schedule", *_SPLIT_WEIGHTS)
+
+
+def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
+    """With pp above 1, ``training.pp_schedule`` (and its model chunks per rank) where the
+    estimate models torchtitan's schedule, and the embedding's and output's weights in the
+    split, which torchtitan always applies; the schedule's name as torch spells it, or None
+    when it is not one."""
+    written = table.get("pipeline_parallel_schedule", "1F1B")
+    names = {name.lower(): name for name in _SCHEDULES}
+    schedule = names.get(written.lower()) if isinstance(written, str) else None
+    if schedule is None:
+        draft.fail(
+            "pipeline_parallel_schedule",
+            f"expected one of torch's pipeline schedules ({', '.join(_SCHEDULES)}), got "
+            f"{describe_value(written)}",
+        )
+        return None
+    if draft.degrees.get("pp", 1) == 1:
+        return schedule
+    if "module_fqns_per_model_part" in table:
+        draft.notes.append(
+            "module_fqns_per_model_part names the modules of each model chunk, and torchtitan "
+            "splits the pipeline by it: the training block leaves the split and the schedule "
+            "out; give --pp-schedule, --virtual-stages and --first-stage-layers and "
+            "--last-stage-layers to plan and show."
+        )
+        return schedule
+    for key, name in _SPLIT_WEIGHTS.items():
+        # validated with the config, and a problem reported at torchtitan's key
+        draft.training[name] = table.get(key, 1)
+        if key in table:
+            draft.origins[("training", name)] = key
+        else:
+            draft.comments[f"training.{name}"] = f"torchtitan's default {key}"
+    per_stage = table.get("pipeline_parallel_layers_per_stage")
+    if schedule not in _ESTIMATED_SCHEDULES:
+        draft.notes.append(
+            f'pipeline_parallel_schedule = "{schedule}" is not converted: the estimate models '
+            "1F1B and Interleaved1F1B; give --pp-schedule and --virtual-stages to plan and show."
+        )
+    elif schedule == "1F1B" or per_stage is None:
+        draft.training["pp_schedule"] = _ESTIMATED_SCHEDULES[schedule]
+        if "pipeline_parallel_schedule" in table:
+            draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
+        if schedule == "Interleaved1F1B":
+            draft.training["virtual_stages"] = 2
+            draft.comments["training.virtual_stages"] = "torchtitan's default for Interleaved1F1B"
+    else:
+        draft.notes.append(
+            f'pipeline_parallel_schedule = "{schedule}" with pipeline_parallel_layers_per_stage '
+            f"= {describe_value(per_stage)} is not converted: the model chunks per rank follow "
+            "from the model's layer count, which the config does not hold; give --pp-schedule "
+            "interleaved and --virtual-stages to plan and show."
+        )
+    return schedule
 
 
 #: torchtitan 0.2.1's ``ActivationCheckpoint`` defaults: selective, every second block.

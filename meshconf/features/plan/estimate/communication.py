@@ -87,7 +87,9 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
     """The pipeline rank with the most layers (the first such rank)."""
     # only tp, ep and etp split the weights before FSDP: rows share the answer
     split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
-    return _busiest_stage(arch, split, training.chunks_per_stage, training.stage_ends)
+    return _busiest_stage(
+        arch, split, training.chunks_per_stage, training.stage_ends(arch.layers, par.pp)
+    )
 
 
 @lru_cache(maxsize=4096)

@@ -88,7 +88,9 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
     """The memory of the pipeline rank with the largest total."""
-    stages = rank_stages(arch, par.pp, training.chunks_per_stage, training.stage_ends)
+    stages = rank_stages(
+        arch, par.pp, training.chunks_per_stage, training.stage_ends(arch.layers, par.pp)
+    )
     return max(
         (rank_memory(arch, par, training, stage) for stage in stages),
         key=lambda memory: memory.total,

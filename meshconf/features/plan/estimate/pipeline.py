@@ -1,6 +1,7 @@
 """How a model's layers are cut into pipeline chunks, and what each pipeline rank holds:
 the even split (the first and last chunks the smaller), an explicit first and last chunk,
-the splits that cannot be made, and the ranks that can need the most memory.
+the split that counts the embedding and the output as layers, the splits that cannot be
+made, and the ranks that can need the most memory.
 
 Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 """
@@ -64,6 +65,39 @@ def explicit_sizes(layers: int, count: int, ends: Ends) -> list[int]:
     for index, chunk in enumerate(free):
         sizes[chunk] = base + (1 if index < extra else 0)
     return sizes
+
+
+def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
+    """The layers of the first and last of ``count`` chunks when the embedding counts as
+    ``embedding`` layers and the output as ``output``, as torchtitan's
+    ``generate_llm_fqn_per_model_part`` splits them (``pipeline_parallel_first_stage_less_layers``
+    and ``..._last_...``; Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split`` are weights of 1, on a split that divides
+    evenly). The ``layers + embedding + output`` weighted layers are shared evenly, the
+    earlier chunks taking one more; :func:`explicit_sizes` then gives the middle chunks
+    exactly that. :func:`weights_problem` says when a weight is more than a chunk holds (a
+    size is then never below 0)."""
+    base, extra = divmod(layers + embedding + output, count)
+    return (max(0, base + (1 if extra else 0) - embedding), max(0, base - output))
+
+
+def weights_problem(layers: int, count: int, embedding: int, output: int) -> str | None:
+    """Why the embedding and output cannot count as ``embedding`` and ``output`` layers in
+    a split of ``layers`` into ``count`` chunks (torchtitan refuses the same), or None."""
+    weighted = layers + embedding + output
+    per_chunk = weighted // count
+    counted = f"the embedding and output counted as {embedding} and {output} layers"
+    if count < 2:
+        return None
+    if per_chunk == 0:
+        return f"{count} pipeline chunks for {weighted} layers ({counted}): some chunk holds none"
+    heaviest = max(embedding, output)
+    if heaviest <= per_chunk:
+        return None
+    return (
+        f"{counted} make {weighted} layers for {count} pipeline chunks, {per_chunk} a chunk: "
+        f"fewer than the {heaviest} layers one end counts as"
+    )
 
 
 def split_problem(layers: int, count: int, ends: Ends) -> str | None:

@@ -21,7 +21,7 @@ from meshconf.features.plan.estimate.communication import (
     traffic,
 )
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
-from meshconf.features.plan.estimate.pipeline import split_problem
+from meshconf.features.plan.estimate.pipeline import split_problem, weights_problem
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 
@@ -78,7 +78,10 @@ def estimate(
             compute, compute_mfu = at_peak, None
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
-    problem = split_problem(arch.layers, chunks, training.stage_ends)
+    weights = training.split_weights
+    problem = (None if weights is None else weights_problem(arch.layers, chunks, *weights)) or (
+        split_problem(arch.layers, chunks, training.stage_ends(arch.layers, par.pp))
+    )
     return Estimate(
         memory=memory,
         fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,

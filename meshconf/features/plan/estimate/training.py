@@ -22,6 +22,7 @@ from meshconf.core.training import (
     Schedule,
     ZeroStage,
 )
+from meshconf.features.plan.estimate.pipeline import weighted_ends
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Training:
     zero_stage: ZeroStage = 3
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    #: How many layers the embedding and the output count as when the layers are shared
+    #: among pipeline chunks (torchtitan's split); None and None, the even split.
+    embedding_as_layers: int | None = None
+    output_as_layers: int | None = None
     #: Node-limited routing: each token goes to experts on at most this many units of the
     #: level its expert group crosses (DeepSeek-V3: 4 nodes); None, no limit.
     moe_max_nodes: int | None = None
@@ -77,9 +82,24 @@ class Training:
         return DTYPE_BYTES[self.grad_dtype]
 
     @property
-    def stage_ends(self) -> Ends:
-        """Layers of the first and the last pipeline chunk, where given."""
-        return (self.first_stage_layers, self.last_stage_layers)
+    def split_weights(self) -> tuple[int, int] | None:
+        """How many layers the embedding and the output count as in the pipeline split, when
+        either is given (the other then counts as none)."""
+        weights = (self.embedding_as_layers, self.output_as_layers)
+        if weights == (None, None):
+            return None
+        return (self.embedding_as_layers or 0, self.output_as_layers or 0)
+
+    def stage_ends(self, layers: int, pp: int) -> Ends:
+        """Layers of the first and the last pipeline chunk of a model of ``layers`` layers
+        over ``pp`` ranks: as given, or as the embedding's and output's weights leave them;
+        None where the even split decides."""
+        given = (self.first_stage_layers, self.last_stage_layers)
+        chunks = pp * self.chunks_per_stage
+        weights = self.split_weights
+        if given != (None, None) or chunks < 2 or weights is None:
+            return given
+        return weighted_ends(layers, chunks, *weights)
 
     def reshards(self, pp: int) -> bool:
         """Whether FSDP frees a block's gathered parameters after its forward pass."""
