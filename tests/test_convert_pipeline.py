@@ -39,6 +39,12 @@ def _torchtitan(table: dict[str, object]) -> tuple[dict[str, object], tuple[str,
             {"pp_schedule": "interleaved", "virtual_stages": 2, "embedding_as_layers": 1,
              "output_as_layers": 1},
         ),
+        (
+            {"pipeline_parallel_schedule": "Interleaved1F1B",
+             "pipeline_parallel_layers_per_stage": 4},
+            {"pp_schedule": "interleaved", "layers_per_stage": 4, "embedding_as_layers": 1,
+             "output_as_layers": 1},
+        ),
     ],
 )  # fmt: skip
 def test_torchtitan_s_split_and_schedule_are_converted(
@@ -61,14 +67,6 @@ def test_without_a_pipeline_nothing_of_it_is_written() -> None:
             {"pipeline_parallel_schedule": "ZBVZeroBubble"},
             'pipeline_parallel_schedule = "ZBVZeroBubble" is not converted: the estimate models '
             "1F1B and Interleaved1F1B; give --pp-schedule and --virtual-stages to plan and show.",
-        ),
-        (
-            {"pipeline_parallel_schedule": "Interleaved1F1B",
-             "pipeline_parallel_layers_per_stage": 4},
-            'pipeline_parallel_schedule = "Interleaved1F1B" with pipeline_parallel_layers_per_stage '
-            "= the integer 4 is not converted: the model chunks per rank follow from the model's "
-            "layer count, which the config does not hold; give --pp-schedule interleaved and "
-            "--virtual-stages to plan and show.",
         ),
         (
             {"module_fqns_per_model_part": [["tok_embeddings", "layers.0"], ["layers.1"]]},
@@ -101,6 +99,11 @@ def test_what_the_estimate_cannot_say_is_left_with_a_note(
             {"pipeline_parallel_first_stage_less_layers": -1},
             "[parallelism].pipeline_parallel_first_stage_less_layers",
             "expected an integer >= 0, got -1",
+        ),
+        (
+            {"pipeline_parallel_layers_per_stage": 0},
+            "[parallelism].pipeline_parallel_layers_per_stage",
+            "expected an integer >= 1, got 0",
         ),
         (
             {"pipeline_parallel_last_stage_less_layers": "1"},
@@ -208,7 +211,7 @@ def test_any_torchtitan_pipeline_settings_convert_or_are_refused_at_their_key(
     try:
         training, _ = _torchtitan(table)
     except ConversionError as error:
-        assert {problem.key for problem in error.problems} <= set(PIPELINE_KEYS[:3])
+        assert {problem.key for problem in error.problems} <= set(PIPELINE_KEYS)
         return
     assert training.get("pp_schedule") in (None, "1f1b", "interleaved")
     for key in ("embedding_as_layers", "output_as_layers"):

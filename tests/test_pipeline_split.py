@@ -1,18 +1,26 @@
 """The pipeline split that counts the embedding and the output as layers
 (``--embedding-as-layers``, ``--output-as-layers`` and the training block's keys): the layers
 of every chunk as torchtitan's ``generate_llm_fqn_per_model_part`` and Megatron-Core's
-``get_num_layers_to_build`` give them, the splits both refuse, and the settings it excludes."""
+``get_num_layers_to_build`` give them, the splits both refuse, and the settings it excludes;
+and the chunks per rank that layers per chunk make (``--layers-per-stage``), as torchtitan's
+``pipeline_parallel_layers_per_stage`` makes them."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from megatron_code import get_num_layers_to_build
 
-from meshconf.features.plan.estimate.pipeline import split_problem, stage_layers, weights_problem
+from meshconf.features.plan.estimate.pipeline import (
+    chunks_from_layers,
+    split_problem,
+    stage_layers,
+    weights_problem,
+)
 from meshconf.features.plan.estimate.training import Training
 
 
@@ -194,3 +202,91 @@ def test_the_block_gives_what_the_options_give(run_cli, tmp_path: Path) -> None:
     # 34 weighted layers over 4 stages: 8, 9, 8 and 7 layers; the last stage, with the
     # output, peaks
     assert "pipeline rank 3" in estimate
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "per_stage", "weights", "interleaved", "per_rank", "problem"),
+    [
+        # torchtitan: num_virtual_stages = ceil((layers + weights) / layers_per_stage)
+        (30, 4, 4, (1, 1), True, 2, None),
+        (32, 4, 8, (0, 0), False, 1, None),
+        (32, 4, 3, (1, 1), True, 3, None),
+        # "Number of virtual stages (9) must be divisible by pipeline parallel size (4)"
+        (32, 4, 4, (1, 1), True, 2, "4 layers a chunk make 9 chunks of 34 layers: not a multiple "
+         "of pp 4"),
+        # "Single stage schedule requires exactly 1 stage per rank, but got 2"
+        (32, 2, 8, (0, 0), False, 2, "8 layers a chunk make 4 chunks of 32 layers, 2 a pipeline "
+         "rank: 1f1b runs one"),
+        # "Multi-stage schedule requires at least 2 stages per rank, but got 1"
+        (32, 4, 8, (0, 0), True, 1, "8 layers a chunk make 4 chunks of 32 layers, 1 a pipeline "
+         "rank: interleaved needs at least 2"),
+    ],
+)  # fmt: skip
+def test_layers_per_stage_set_the_chunks_as_torchtitan_does(
+    layers: int,
+    pp: int,
+    per_stage: int,
+    weights: tuple[int, int],
+    interleaved: bool,
+    per_rank: int,
+    problem: str | None,
+) -> None:
+    assert chunks_from_layers(layers, pp, per_stage, weights, interleaved) == (per_rank, problem)
+
+
+def test_layers_per_stage_split_the_chunks_as_torchtitan_does() -> None:
+    # 30 layers and the two ends make 32, 4 a chunk: 8 chunks, 2 a rank
+    training = Training(
+        schedule="interleaved", layers_per_stage=4, embedding_as_layers=1, output_as_layers=1
+    )
+    resolved, problem = training.for_model(30, 4)
+    assert (problem, resolved.virtual_stages, resolved.layers_per_stage) == (None, 2, None)
+    assert _chunk_sizes(30, 4, 2, resolved) == [3, 4, 4, 4, 4, 4, 4, 3]
+
+
+def test_layers_per_stage_estimate_what_the_chunks_they_make_estimate(
+    run_cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Llama 3 8B: 32 layers and the two ends, 3 a chunk, make 12 chunks, 3 a rank at pp 4;
+    at pp 2, 6 a rank."""
+    split = "embedding_as_layers: 1, output_as_layers: 1, pp_schedule: interleaved"
+    for pp, virtual in ((4, 3), (2, 6)):
+        by_layers = tmp_path / "layers.yaml"
+        by_layers.write_text(
+            f"world_size: 64\ndegrees: {{pp: {pp}, tp: 8, dp_shard: -1}}\n"
+            f"training: {{{split}, layers_per_stage: 3}}\n"
+        )
+        by_count = tmp_path / "count.yaml"
+        by_count.write_text(
+            f"world_size: 64\ndegrees: {{pp: {pp}, tp: 8, dp_shard: -1}}\n"
+            f"training: {{{split}, virtual_stages: {virtual}}}\n"
+        )
+        found = [
+            run_cli("show", str(path), "--model", "llama3-8b", "--format", "json")
+            for path in (by_layers, by_count)
+        ]
+        assert found[0].returncode == 0, found[0].stderr
+        assert json.loads(found[0].stdout)["estimate"] == json.loads(found[1].stdout)["estimate"]
+
+
+def test_layers_per_stage_and_virtual_stages_exclude_each_other(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "plan", "--world-size", "64", "--model", "llama3-8b", "--pp", "4", "--pp-schedule",
+        "interleaved", "--virtual-stages", "2", "--layers-per-stage", "4",
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.endswith(
+        "meshconf: error: --virtual-stages and --layers-per-stage exclude each other: both set "
+        "the model chunks per pipeline rank\n"
+    )
+    path = tmp_path / "mesh.yaml"
+    path.write_text(
+        "world_size: 64\ndegrees: {pp: 4, dp_shard: -1}\ntraining:\n  pp_schedule: interleaved\n"
+        "  virtual_stages: 2\n  layers_per_stage: 4\n"
+    )
+    result = run_cli("validate", str(path))
+    assert result.returncode == 1
+    assert (
+        f"{path}:5:3: training.virtual_stages: virtual_stages and layers_per_stage exclude each "
+        "other: both set the model chunks per pipeline rank"
+    ) in result.stdout + result.stderr

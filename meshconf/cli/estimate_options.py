@@ -47,6 +47,7 @@ _INTEGERS = (
     "micro_batch",
     "global_batch_tokens",
     "virtual_stages",
+    "layers_per_stage",
     "first_stage_layers",
     "last_stage_layers",
     "embedding_as_layers",
@@ -83,6 +84,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "checkpointing": "--activation-checkpointing",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
+        "layers_per_stage": "--layers-per-stage",
         "first_stage_layers": "--first-stage-layers",
         "last_stage_layers": "--last-stage-layers",
         "embedding_as_layers": "--embedding-as-layers",
@@ -140,6 +142,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "virtual_stages",
         metavar="V",
         help="model chunks per pipeline rank, for --pp-schedule interleaved",
+    )
+    option(
+        "layers_per_stage",
+        metavar="N",
+        help="layers of each model chunk, the embedding's and output's weights counted: the "
+        "chunks per pipeline rank follow from the model, as torchtitan's "
+        "pipeline_parallel_layers_per_stage sets them (excludes --virtual-stages)",
     )
     option(
         "first_stage_layers",
@@ -335,12 +344,16 @@ def _settings_problem(training: Training) -> str | None:
             "--embedding-as-layers and --output-as-layers exclude --first-stage-layers and "
             f"--last-stage-layers: {SPLIT_CONFLICT}"
         )
-    mismatch = schedule_mismatch(training.schedule, training.virtual_stages)
-    if mismatch is None:
-        return None
-    if mismatch == "stages":
-        return "--pp-schedule interleaved needs --virtual-stages V with V >= 2"
-    return "--virtual-stages needs --pp-schedule interleaved"
+    # a virtual_stages of the default, 1, counts as not given
+    virtual_stages = None if training.virtual_stages == 1 else training.virtual_stages
+    mismatch = schedule_mismatch(training.schedule, virtual_stages, training.layers_per_stage)
+    return {
+        None: None,
+        "stages": "--pp-schedule interleaved needs --virtual-stages V with V >= 2",
+        "schedule": "--virtual-stages needs --pp-schedule interleaved",
+        "both": "--virtual-stages and --layers-per-stage exclude each other: both set the model "
+        "chunks per pipeline rank",
+    }[mismatch]
 
 
 def config_estimate(

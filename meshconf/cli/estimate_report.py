@@ -101,7 +101,9 @@ def settings_line(model: Architecture, training: Training) -> str:
         resharding += "; fp8 param gather"
     if training.mfu_over == "step":
         resharding += f"; MFU {training.mfu:g} over the step"
-    if schedule == "interleaved":
+    if training.layers_per_stage is not None:
+        schedule += f", {training.layers_per_stage} layers a chunk"
+    elif schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
     ends, weights = (
         (training.first_stage_layers, training.last_stage_layers),

@@ -60,6 +60,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
+    "layers_per_stage": Bound(1, 100_000, "more layers than any model has"),
     "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
     "last_stage_layers": Bound(0, 100_000, "more layers than any model has"),
@@ -94,10 +95,16 @@ def split_conflict(ends: Ends, weights: tuple[int | None, int | None]) -> bool:
     return ends != (None, None) and weights != (None, None)
 
 
-def schedule_mismatch(schedule: str | None, virtual_stages: int | None) -> str | None:
-    """Why a schedule and its model chunks per pipeline rank do not go together: ``stages``
-    when the interleaved schedule has fewer than 2, ``schedule`` when chunks are given
-    without it; None when they fit. Each reader words it with its own option names."""
+def schedule_mismatch(
+    schedule: str | None, virtual_stages: int | None, layers_per_stage: int | None = None
+) -> str | None:
+    """Why a schedule and its model chunks per pipeline rank do not go together: ``both``
+    when the chunks are given as a count and as layers per chunk, ``stages`` when the
+    interleaved schedule has fewer than 2, ``schedule`` when chunks are given without it;
+    None when they fit (chunks given as layers per chunk are checked against the model).
+    Each reader words it with its own option names."""
+    if layers_per_stage is not None:
+        return "both" if virtual_stages is not None else None
     if schedule == "interleaved":
         return "stages" if virtual_stages is None or virtual_stages < 2 else None
     return "schedule" if virtual_stages not in (None, 1) else None

@@ -81,6 +81,14 @@ class TrainingOptions(BaseModel):
         description="Model chunks per pipeline rank, with pp_schedule interleaved.",
         examples=[8],
     )
+    layers_per_stage: Annotated[int, _bounded("layers_per_stage")] | None = Field(
+        None,
+        description="Layers of each model chunk, the embedding's and output's weights "
+        "(embedding_as_layers, output_as_layers) counted: the chunks per pipeline rank follow "
+        "from the model, ceil((layers + weights) / layers_per_stage) / pp, as torchtitan's "
+        "pipeline_parallel_layers_per_stage sets them. Excludes virtual_stages.",
+        examples=[4],
+    )
     first_stage_layers: Annotated[int, _bounded("first_stage_layers")] | None = Field(
         None,
         description="Layers of the first pipeline chunk (0: the embedding alone); by default "
@@ -152,7 +160,11 @@ class TrainingOptions(BaseModel):
             )
         weights = (self.embedding_as_layers, self.output_as_layers)
         if split_conflict((self.first_stage_layers, self.last_stage_layers), weights):
-            weighted = "embedding_as_layers" if self.embedding_as_layers else "output_as_layers"
+            weighted = (
+                "embedding_as_layers"
+                if self.embedding_as_layers is not None
+                else "output_as_layers"
+            )
             raise validation_error(
                 "TrainingOptions",
                 [
@@ -165,13 +177,14 @@ class TrainingOptions(BaseModel):
                     )
                 ],
             )
-        mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages)
+        mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages, self.layers_per_stage)
         if mismatch is not None:
-            message = (
-                "pp_schedule interleaved needs virtual_stages >= 2"
-                if mismatch == "stages"
-                else "virtual_stages needs pp_schedule interleaved"
-            )
+            message = {
+                "stages": "pp_schedule interleaved needs virtual_stages >= 2",
+                "schedule": "virtual_stages needs pp_schedule interleaved",
+                "both": "virtual_stages and layers_per_stage exclude each other: both set the "
+                "model chunks per pipeline rank",
+            }[mismatch]
             raise validation_error(
                 "TrainingOptions",
                 [

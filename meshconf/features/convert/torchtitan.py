@@ -113,7 +113,11 @@ _SPLIT_WEIGHTS = {
     "pipeline_parallel_first_stage_less_layers": "embedding_as_layers",
     "pipeline_parallel_last_stage_less_layers": "output_as_layers",
 }
-_PIPELINE_CONVERTED = ("pipeline_parallel_schedule", *_SPLIT_WEIGHTS)
+_PIPELINE_CONVERTED = (
+    "pipeline_parallel_schedule",
+    "pipeline_parallel_layers_per_stage",
+    *_SPLIT_WEIGHTS,
+)
 
 
 def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
@@ -148,26 +152,22 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
             draft.origins[("training", name)] = key
         else:
             draft.comments[f"training.{name}"] = f"torchtitan's default {key}"
-    per_stage = table.get("pipeline_parallel_layers_per_stage")
     if schedule not in _ESTIMATED_SCHEDULES:
         draft.notes.append(
             f'pipeline_parallel_schedule = "{schedule}" is not converted: the estimate models '
             "1F1B and Interleaved1F1B; give --pp-schedule and --virtual-stages to plan and show."
         )
-    elif schedule == "1F1B" or per_stage is None:
-        draft.training["pp_schedule"] = _ESTIMATED_SCHEDULES[schedule]
-        if "pipeline_parallel_schedule" in table:
-            draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
-        if schedule == "Interleaved1F1B":
-            draft.training["virtual_stages"] = 2
-            draft.comments["training.virtual_stages"] = "torchtitan's default for Interleaved1F1B"
-    else:
-        draft.notes.append(
-            f'pipeline_parallel_schedule = "{schedule}" with pipeline_parallel_layers_per_stage '
-            f"= {describe_value(per_stage)} is not converted: the model chunks per rank follow "
-            "from the model's layer count, which the config does not hold; give --pp-schedule "
-            "interleaved and --virtual-stages to plan and show."
-        )
+        return schedule
+    draft.training["pp_schedule"] = _ESTIMATED_SCHEDULES[schedule]
+    if "pipeline_parallel_schedule" in table:
+        draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
+    if "pipeline_parallel_layers_per_stage" in table:
+        # validated with the config, and a problem reported at torchtitan's key
+        draft.training["layers_per_stage"] = table["pipeline_parallel_layers_per_stage"]
+        draft.origins[("training", "layers_per_stage")] = "pipeline_parallel_layers_per_stage"
+    elif schedule == "Interleaved1F1B":
+        draft.training["virtual_stages"] = 2
+        draft.comments["training.virtual_stages"] = "torchtitan's default for Interleaved1F1B"
     return schedule
 
 

@@ -67,6 +67,26 @@ def explicit_sizes(layers: int, count: int, ends: Ends) -> list[int]:
     return sizes
 
 
+def chunks_from_layers(
+    layers: int, pp: int, layers_per_stage: int, weights: tuple[int, int], interleaved: bool
+) -> tuple[int, str | None]:
+    """The model chunks per pipeline rank when each chunk holds ``layers_per_stage`` of the
+    ``layers`` plus the ends' ``weights``, as torchtitan's ``pipeline_parallel_layers_per_stage``
+    sets them (the chunk count rounded up); with why the schedule cannot run them (torchtitan
+    refuses the same), or None. The count returned is at least 1."""
+    weighted = layers + sum(weights)
+    chunks = -(-weighted // layers_per_stage)
+    per_rank = max(1, chunks // pp)
+    made = f"{layers_per_stage} layers a chunk make {chunks} chunks of {weighted} layers"
+    if chunks % pp:
+        return per_rank, f"{made}: not a multiple of pp {pp}"
+    if not interleaved and per_rank != 1:
+        return per_rank, f"{made}, {per_rank} a pipeline rank: 1f1b runs one"
+    if interleaved and per_rank < 2:
+        return per_rank, f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
+    return per_rank, None
+
+
 def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
     """The layers of the first and last of ``count`` chunks when the embedding counts as
     ``embedding`` layers and the output as ``output``, as torchtitan's

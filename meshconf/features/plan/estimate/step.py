@@ -59,6 +59,7 @@ def estimate(
     """Memory, fit, communication and step time of ``par``; ``crosses`` says, per dim, how
     many levels its groups cross, and ``bandwidths`` the bandwidth at each count
     (:func:`~meshconf.features.plan.estimate.communication.traffic`)."""
+    training, chunking = training.for_model(arch.layers, par.pp)
     memory = estimate_memory(arch, par, training)
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
@@ -79,8 +80,10 @@ def estimate(
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
     weights = training.split_weights
-    problem = (None if weights is None else weights_problem(arch.layers, chunks, *weights)) or (
-        split_problem(arch.layers, chunks, training.stage_ends(arch.layers, par.pp))
+    problem = (
+        chunking
+        or (None if weights is None else weights_problem(arch.layers, chunks, *weights))
+        or split_problem(arch.layers, chunks, training.stage_ends(arch.layers, par.pp))
     )
     return Estimate(
         memory=memory,

@@ -4,7 +4,7 @@ training settings (with their defaults, which ``docs/plan.md`` states)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_FORMULAS
@@ -22,7 +22,7 @@ from meshconf.core.training import (
     Schedule,
     ZeroStage,
 )
-from meshconf.features.plan.estimate.pipeline import weighted_ends
+from meshconf.features.plan.estimate.pipeline import chunks_from_layers, weighted_ends
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Training:
     virtual_stages: int = 1
     reshard_after_forward: Resharding = "default"
     zero_stage: ZeroStage = 3
+    #: Layers of each model chunk, the ends' weights counted: the chunks per pipeline rank
+    #: then follow from the model (:meth:`for_model`), and ``virtual_stages`` is not given.
+    layers_per_stage: int | None = None
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     #: How many layers the embedding and the output count as when the layers are shared
@@ -89,6 +92,19 @@ class Training:
         if weights == (None, None):
             return None
         return (self.embedding_as_layers or 0, self.output_as_layers or 0)
+
+    def for_model(self, layers: int, pp: int) -> tuple[Training, str | None]:
+        """These settings with the model chunks per pipeline rank that ``layers_per_stage``
+        gives a model of ``layers`` layers over ``pp`` ranks, and why the schedule cannot run
+        them, or None; the settings themselves without ``layers_per_stage``."""
+        if self.layers_per_stage is None:
+            return self, None
+        interleaved = self.schedule == "interleaved"
+        per_rank, problem = chunks_from_layers(
+            layers, pp, self.layers_per_stage, self.split_weights or (0, 0), interleaved
+        )
+        virtual = per_rank if interleaved else 1
+        return replace(self, layers_per_stage=None, virtual_stages=virtual), problem
 
     def stage_ends(self, layers: int, pp: int) -> Ends:
         """Layers of the first and the last pipeline chunk of a model of ``layers`` layers
