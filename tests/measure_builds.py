@@ -78,13 +78,20 @@ def per_op_policy(
 
 
 def checkpointed(
-    model: ModelT, mode: str, recomputed: frozenset[tuple[int, ...]] = frozenset()
+    model: ModelT,
+    mode: str,
+    recomputed: frozenset[tuple[int, ...]] = frozenset(),
+    every: int = 1,
 ) -> ModelT:
     """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full):
     without early stop, so that the recomputation runs the whole block; ``recomputed`` as
-    for :func:`per_op_policy`."""
+    for :func:`per_op_policy`. With ``full`` and ``every`` N, only every N-th block, counted
+    from 1, as torchtitan's layer-wise selective checkpointing (``selective_ac_option =
+    "N"``) counts the blocks it wraps."""
     layers: Any = model.layers
     for index, layer in enumerate(layers):
+        if mode == "full" and (index + 1) % every:
+            continue
         if mode == "selective":
             layers[index] = checkpoint_wrapper(
                 layer,

@@ -2,8 +2,10 @@
 ``zero_stage``), read by
 ``meshconf convert`` from Megatron-LM's recomputation arguments and from a torchtitan job
 TOML's ``[activation_checkpoint]`` and ``[quantize.linear.float8]`` tables: where the
-estimate's modes say the same, the key is written; where they cannot (layers recomputed in
-groups, or only some of them), a note says so and the key is left to the estimate's default."""
+estimate's modes say the same, the key is written (torchtitan's layer-wise selective
+checkpointing as ``full`` with ``checkpoint_every``); where they cannot (Megatron's layers
+recomputed in groups, or only some of them), a note says so and the key is left to the
+estimate's default."""
 
 from __future__ import annotations
 
@@ -186,28 +188,31 @@ def _torchtitan(document: dict[str, object]) -> dict[str, object] | None:
         ({"mode": "full"}, "full"),
         ({"mode": "none"}, "none"),
         ({"mode": "selective", "selective_ac_option": "op"}, "selective"),
-        ({"mode": "selective", "selective_ac_option": "2"}, None),
+        # torchtitan's layer-wise selective checkpointing: every N-th block recomputed
+        ({"mode": "selective", "selective_ac_option": "3"}, ("full", 3)),
+        ({"mode": "selective", "selective_ac_option": "1"}, "full"),
+        # int("0") is 0, and torchtitan then wraps every block
+        ({"mode": "selective", "selective_ac_option": "0"}, "full"),
         ({"mode": "memory_budget"}, None),
-        (None, None),
+        (None, ("full", 2)),
     ],
 )
-def test_torchtitan_s_checkpointing_is_converted_where_the_modes_say_the_same(
-    checkpoint: dict[str, str] | None, mode: str | None
+def test_torchtitan_s_checkpointing_is_converted(
+    checkpoint: dict[str, str] | None, mode: str | tuple[str, int] | None
 ) -> None:
     document = {} if checkpoint is None else {"activation_checkpoint": checkpoint}
     training = _torchtitan(document) or {}
-    assert training.get("activation_checkpointing") == mode
+    found = training.get("activation_checkpointing")
+    if "checkpoint_every" in training:
+        found = (found, training["checkpoint_every"])
+    assert found == mode
 
 
-def test_torchtitan_s_default_checkpointing_is_named_in_a_note() -> None:
+def test_torchtitan_s_default_checkpointing_is_named_in_a_comment() -> None:
     table = {"data_parallel_shard_degree": 8}
     conversion = BY_NAME[TORCHTITAN].convert(table, world_size=8, document={"parallelism": table})
-    assert any(
-        note.startswith(
-            '[activation_checkpoint] mode = "selective" with selective_ac_option = "2" '
-            "(torchtitan default) recomputes one block in 2 whole"
-        )
-        for note in conversion.notes
+    assert conversion.comments["training.checkpoint_every"] == (
+        'torchtitan\'s default selective_ac_option = "2"'
     )
 
 
@@ -331,6 +336,8 @@ def test_any_torchtitan_training_tables_convert_or_are_refused_at_their_key(
         }
         return
     assert training.get("activation_checkpointing") in (None, "none", "selective", "full")
+    every = training.get("checkpoint_every")
+    assert every is None or (type(every) is int and 2 <= every <= 100_000)
     assert training.get("fp8_param_gather") in (None, True)
 
 

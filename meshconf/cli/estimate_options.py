@@ -26,6 +26,7 @@ from meshconf.core.training import (
     SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     ZERO_STAGES,
+    every_without_full,
     fp8_without_gathers,
     schedule_mismatch,
     split_conflict,
@@ -46,6 +47,7 @@ _INTEGERS = (
     "seq_len",
     "micro_batch",
     "global_batch_tokens",
+    "checkpoint_every",
     "virtual_stages",
     "layers_per_stage",
     "first_stage_layers",
@@ -82,6 +84,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "param_dtype": "--param-dtype",
         "grad_dtype": "--grad-dtype",
         "checkpointing": "--activation-checkpointing",
+        "checkpoint_every": "--checkpoint-every",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
         "layers_per_stage": "--layers-per-stage",
@@ -136,6 +139,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=CHECKPOINTING,
         help="what the backward pass recomputes: nothing, what torchtitan's per-op selective "
         f"policy does not keep, or every block ({_DEFAULTS.checkpointing})",
+    )
+    option(
+        "checkpoint_every",
+        metavar="N",
+        help="with full checkpointing, only every N-th block of a pipeline rank is recomputed "
+        'and the others keep their activations (torchtitan\'s selective_ac_option = "N", '
+        "its default 2; default: every block)",
     )
     option("schedule", choices=SCHEDULES, help=f"pipeline schedule ({_DEFAULTS.schedule})")
     option(
@@ -338,6 +348,8 @@ def _value(name: str, text: Any) -> int | float | str:
 def _settings_problem(training: Training) -> str | None:
     if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
         return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
+    if every_without_full(training.checkpointing, training.checkpoint_every):
+        return "--checkpoint-every needs --activation-checkpointing full"
     weights = (training.embedding_as_layers, training.output_as_layers)
     if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
         return (

@@ -105,19 +105,21 @@ def settings_line(model: Architecture, training: Training) -> str:
         schedule += f", {training.layers_per_stage} layers a chunk"
     elif schedule == "interleaved":
         schedule += f" x{training.virtual_stages}"
-    ends, weights = (
-        (training.first_stage_layers, training.last_stage_layers),
-        training.split_weights,
-    )
+    ends = (training.first_stage_layers, training.last_stage_layers)
+    weights = training.split_weights
     if ends != (None, None):
         first, last = ("-" if size is None else str(size) for size in ends)
         schedule += f" (first and last chunks of {first} and {last} layers)"
     elif weights is not None:
         schedule += f" (the embedding and output as {weights[0]} and {weights[1]} layers)"
+    every = (
+        "" if training.checkpoint_every is None else f" of 1 block in {training.checkpoint_every}"
+    )
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
-        f"{training.checkpointing} checkpointing, {schedule}; {training.param_dtype} params, "
+        f"{training.checkpointing} checkpointing{every}, {schedule}; {training.param_dtype} "
+        f"params, "
         f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU{resharding}"
     )
 

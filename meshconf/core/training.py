@@ -60,6 +60,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
+    "checkpoint_every": Bound(1, 100_000, "more layers than any model has"),
     "layers_per_stage": Bound(1, 100_000, "more layers than any model has"),
     "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
@@ -82,6 +83,12 @@ def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -
     """Whether parameters are to be gathered in fp8 where data parallelism gathers none:
     ZeRO 0 keeps them whole on every rank."""
     return bool(fp8_param_gather) and zero_stage == 0
+
+
+def every_without_full(checkpointing: str | None, checkpoint_every: int | None) -> bool:
+    """Whether blocks are to be recomputed every so many where no block is recomputed whole
+    (``full`` is the default)."""
+    return checkpoint_every is not None and checkpointing not in (None, "full")
 
 
 #: Why the layers of the end chunks and the weights of the embedding and output exclude each

@@ -71,6 +71,7 @@ class RuntimeNode:
 class TrainingNode:
     zero_stage: Optional[int] = None  # noqa: UP045
     activation_checkpointing: Optional[str] = None  # noqa: UP045
+    checkpoint_every: Optional[int] = None  # noqa: UP045
     reshard_after_forward: Optional[str] = None  # noqa: UP045
     pp_schedule: Optional[str] = None  # noqa: UP045
     virtual_stages: Optional[int] = None  # noqa: UP045

@@ -21,6 +21,7 @@ from meshconf.core.training import (
     DispatchDtype,
     Resharding,
     Schedule,
+    every_without_full,
     fp8_without_gathers,
     schedule_mismatch,
     split_conflict,
@@ -66,6 +67,13 @@ class TrainingOptions(BaseModel):
         description="What the backward pass recomputes: none, selective (what torchtitan's "
         "per-op policy does not keep) or full (every block); full by default.",
         examples=["selective"],
+    )
+    checkpoint_every: Annotated[int, _bounded("checkpoint_every")] | None = Field(
+        None,
+        description="With activation_checkpointing full, only every this many-th block of a "
+        "pipeline rank is recomputed and the others keep their activations: torchtitan's "
+        'selective_ac_option = "N" (its default, 2); by default every block.',
+        examples=[2],
     )
     reshard_after_forward: Resharding | None = Field(
         None,
@@ -155,6 +163,19 @@ class TrainingOptions(BaseModel):
                         "fp8_without_gathers",
                         f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
                         input=self.fp8_param_gather,
+                    )
+                ],
+            )
+        if every_without_full(self.activation_checkpointing, self.checkpoint_every):
+            raise validation_error(
+                "TrainingOptions",
+                [
+                    FieldError(
+                        ("checkpoint_every",),
+                        "every_without_full",
+                        "checkpoint_every needs activation_checkpointing full: only full "
+                        "checkpointing recomputes whole blocks",
+                        input=self.checkpoint_every,
                     )
                 ],
             )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshconf.core.errors import describe_value
+from meshconf.core.training import TRAINING_BOUNDS
 from meshconf.features.convert.common import Draft, boolean_problem, integers, unknown_keys
 
 #: Every field of torchtitan 0.2.1's ``Parallelism`` dataclass, in its order.
@@ -179,9 +180,10 @@ _FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
 
 
 def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
-    """``training.activation_checkpointing`` from ``[activation_checkpoint]``, where the
-    estimate's modes say the same (selective with ``selective_ac_option = "op"`` is the
-    per-op policy); torchtitan's default checkpoints every second block, which they do not."""
+    """``training.activation_checkpointing`` from ``[activation_checkpoint]``: the modes say
+    the same (selective with ``selective_ac_option = "op"`` is the per-op policy), and
+    torchtitan's layer-wise selective checkpointing (its default: ``"2"``) recomputes every
+    N-th block whole, ``full`` with ``checkpoint_every`` N (``"0"`` and ``"1"``, every block)."""
     table = document.get(_CHECKPOINT_TABLE)
     if isinstance(table, Mapping):
         draft.other_tables.append(_CHECKPOINT_TABLE)
@@ -189,7 +191,7 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
         table = {}
     settings = {**_DEFAULT_CHECKPOINTING, **table}
     mode, option = settings["mode"], settings["selective_ac_option"]
-    if mode == "selective" and not (option == "op" or _positive(option)):
+    if mode == "selective" and not (option == "op" or _count(option)):
         draft.fail(
             "selective_ac_option",
             f"expected 'op' or a number of blocks such as '2', got {describe_value(option)}",
@@ -200,13 +202,24 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
         draft.training["activation_checkpointing"] = mode
         return
     if mode == "selective":
-        draft.notes.append(
-            f'[activation_checkpoint] mode = "selective" with selective_ac_option = '
-            f'"{option}"{"" if table else " (torchtitan default)"} recomputes one block in '
-            f"{option} whole and keeps the others' activations: the estimate's modes (none, the "
-            "per-op selective policy, full) do not say this, so the training block leaves it "
-            "out; give --activation-checkpointing to plan and show."
-        )
+        every = int(option)
+        bound = TRAINING_BOUNDS["checkpoint_every"]
+        if every > bound.maximum:
+            draft.fail(
+                "selective_ac_option",
+                f"expected at most {int(bound.maximum)} blocks ({bound.beyond}), got {every}",
+                _CHECKPOINT_TABLE,
+            )
+            return
+        draft.training["activation_checkpointing"] = "full"
+        default = "" if table else "torchtitan's default "
+        written = f'{default}selective_ac_option = "{option}"'
+        if every > 1:
+            draft.training["checkpoint_every"] = every
+            draft.comments["training.checkpoint_every"] = written
+        else:
+            draft.comments["training.activation_checkpointing"] = f"{written}: every block"
+
     elif mode == "memory_budget":
         draft.notes.append(
             '[activation_checkpoint] mode = "memory_budget" leaves what to recompute to the '
@@ -247,5 +260,6 @@ def _fp8_all_gather(draft: Draft, document: Mapping[str, Any]) -> None:
         )
 
 
-def _positive(option: object) -> bool:
-    return isinstance(option, str) and option.isdecimal() and int(option) > 0
+def _count(option: object) -> bool:
+    """Whether ``option`` is a number of blocks, as torchtitan's ``int()`` reads it."""
+    return isinstance(option, str) and option.isdecimal()

@@ -170,8 +170,8 @@ def _bytes(
     tokens = training.seq_len * training.micro_batch // par.cp
     p, g = training.param_bytes, training.grad_bytes
     # passes over a block per micro-batch that move activations: forward and backward, and
-    # full recomputation's second forward
-    passes = 3 if training.checkpointing == "full" else 2
+    # full recomputation's second forward, for the share of the rank's blocks it recomputes
+    passes = 2 + training.recomputed_share(work.layers)
     # torchtitan's selective policy keeps the outputs of the attention kernel, reduce-scatter
     # and all-to-all, so its recomputation repeats only the all-gathers: half of what tp's
     # and etp's sequence-parallel collectives move in a pass

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
+from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
@@ -304,12 +305,16 @@ def _activations(
     def layer_bytes(per_token: activations.PerToken) -> int:
         return per_token.bytes(tokens, par.tp, dtype)
 
-    mode = training.checkpointing
-    present = [kind for kind in KINDS if any(chunk[kind] for chunk in kinds)]
+    # (kind, mode) -> how many of the rank's blocks run so, chunk by chunk
+    counts = _block_modes(kinds, training)
+    present = {block for chunk in counts for block, count in chunk.items() if count}
     per_layer = {
-        kind: layer_bytes(activations.block(arch, kind, mode, *parallel)) for kind in present
+        (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel))
+        for kind, mode in present
     }
-    chunk_bytes = [sum(per_layer[kind] * chunk[kind] for kind in present) for chunk in kinds]
+    chunk_bytes = [
+        sum(per_layer[block] * count for block, count in chunk.items() if count) for chunk in counts
+    ]
     in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
@@ -317,11 +322,36 @@ def _activations(
     working = max(
         (
             layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel))
-            for kind in present
+            for kind, mode in present
         ),
         default=0,
     )
-    return _Held(in_flight * max(chunk_bytes), head, working, in_flight)
+    return _Held(in_flight * max(chunk_bytes, default=0), head, working, in_flight)
+
+
+def _block_modes(
+    kinds: tuple[dict[LayerKind, int], ...], training: Training
+) -> list[dict[tuple[LayerKind, Checkpointing], int]]:
+    """For each chunk of a rank, how many of its blocks of each kind run under each
+    checkpointing mode: all under ``training.checkpointing``, but with ``checkpoint_every``,
+    where only the rank's recomputed blocks (:meth:`Training.recomputed`, in the rank's
+    order: chunk by chunk, each chunk's dense blocks before its blocks with experts) run
+    under ``full`` and the others under ``none``."""
+    found: list[dict[tuple[LayerKind, Checkpointing], int]] = []
+    before = 0
+    for chunk in kinds:
+        modes: dict[tuple[LayerKind, Checkpointing], int] = {}
+        for kind in KINDS:
+            count = chunk[kind]
+            if training.checkpoint_every is None:
+                modes[(kind, training.checkpointing)] = count
+            else:
+                recomputed = training.recomputed(before, count)
+                modes[(kind, "full")] = recomputed
+                modes[(kind, "none")] = count - recomputed
+            before += count
+        found.append(modes)
+    return found
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:

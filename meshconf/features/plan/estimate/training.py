@@ -36,6 +36,10 @@ class Training:
     param_dtype: str = "bf16"
     grad_dtype: str = "fp32"
     checkpointing: Checkpointing = "full"
+    #: With ``full`` checkpointing, only every this many-th block of a pipeline rank is
+    #: recomputed and the others keep their activations (torchtitan's layer-wise selective
+    #: checkpointing); None, every block.
+    checkpoint_every: int | None = None
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     reshard_after_forward: Resharding = "default"
@@ -83,6 +87,21 @@ class Training:
     @property
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
+
+    def recomputed(self, before: int, count: int) -> int:
+        """How many of ``count`` consecutive blocks of a pipeline rank, after the rank's
+        first ``before``, the backward pass recomputes whole: all of them under ``full``
+        checkpointing, but with ``checkpoint_every`` N only the N-th, 2N-th... of the rank's
+        blocks, as torchtitan counts the blocks it wraps across a rank's model chunks;
+        none under ``none`` and ``selective``."""
+        if self.checkpointing != "full":
+            return 0
+        every = self.checkpoint_every or 1
+        return (before + count) // every - before // every
+
+    def recomputed_share(self, blocks: int) -> float:
+        """The share of a pipeline rank's ``blocks`` that the backward pass recomputes whole."""
+        return self.recomputed(0, blocks) / blocks if blocks else 0.0
 
     @property
     def split_weights(self) -> tuple[int, int] | None:
