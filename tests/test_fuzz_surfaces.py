@@ -129,6 +129,16 @@ experts: {routed: 8, top_k: 2, ffn: 512}
 MODEL_NUMBERS = ["layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "routed", "top_k"]
 HUGE_NUMBERS = ["10" * 15, "1" + "0" * 29, "9" * 400, "-1", "0", "1e30", "0x10", "²", ".inf"]
 INTEGER_OPTIONS = ["--seq-len", "--micro-batch", "--global-batch-tokens", "--world-size"]
+#: How the pipeline is split and which blocks are recomputed.
+PIPELINE_OPTIONS = [
+    "--first-stage-layers",
+    "--last-stage-layers",
+    "--embedding-as-layers",
+    "--output-as-layers",
+    "--layers-per-stage",
+    "--checkpoint-every",
+    "--moe-max-nodes",
+]
 FLOAT_OPTIONS = ["--mfu", "--peak-tflops", "--inter-node-gbps", "--intra-node-gbps"]
 FLOATS = [
     "1e-300",
@@ -186,6 +196,24 @@ def models(rng: random.Random) -> Iterator[Case]:
             str(10**9),
         ],
     )
+    # each pipeline and recomputation setting at the largest value it accepts, over 2**20
+    # GPUs: an estimate that looked at every pipeline rank would not end in time; past it,
+    # refused
+    for option in PIPELINE_OPTIONS:
+        args = ["plan", "--world-size", str(2**20), "--model", "deepseek-v3", option]
+        yield Case("numbers", [*args, "100000"], valid=True)
+        for value in HUGE_NUMBERS:
+            # 0 is a size some of them take
+            yield Case("numbers", [*args, value], may_pass=value == "0")
+    # nor one that made a chunk for each layer the embedding counts as
+    yield Case(
+        "numbers",
+        [
+            "plan", "--world-size", "4096", "--model", "deepseek-v3", "--embedding-as-layers",
+            "100000", "--pp-schedule", "interleaved", "--layers-per-stage", "1",
+        ],
+        valid=True,
+    )  # fmt: skip
     yield Case(
         "numbers",
         [

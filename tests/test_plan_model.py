@@ -17,8 +17,9 @@ from meshconf.features.plan.estimate.architecture import (
 )
 from meshconf.features.plan.estimate.memory import estimate_memory, rank_memory
 from meshconf.features.plan.estimate.model_file import model_schema_text
-from meshconf.features.plan.estimate.pipeline import rank_stage, stage_layers
+from meshconf.features.plan.estimate.pipeline import candidate_ranks, rank_stage, stage_layers
 from meshconf.features.plan.estimate.presets import PRESETS
+from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.ranking import make_plan
 from meshconf.features.plan.request import Request
@@ -305,11 +306,23 @@ SMALL_MOE = Architecture(
 )
 
 
+#: The splits: even, the end chunks' layers given (one or both), the ends counted as layers.
+SPLITS: list[dict[str, int]] = [
+    {},
+    {"first_stage_layers": 1, "last_stage_layers": 0},
+    {"first_stage_layers": 3},
+    {"last_stage_layers": 2},
+    {"embedding_as_layers": 1, "output_as_layers": 1},
+    {"embedding_as_layers": 2},
+]
+
+
 @pytest.mark.parametrize("arch", [PRESETS["deepseek-v3"], PRESETS["llama3-405b"], SMALL_MOE])
 @pytest.mark.parametrize("pp", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("virtual", [1, 2, 3])
+@pytest.mark.parametrize("split", SPLITS)
 def test_the_candidate_ranks_find_the_rank_every_rank_would(
-    arch: Architecture, pp: int, virtual: int
+    arch: Architecture, pp: int, virtual: int, split: dict[str, int]
 ) -> None:
     """estimate_memory looks at a few pipeline ranks only; the largest of all is among them."""
     for microbatches in (1, 3, 64):
@@ -317,13 +330,29 @@ def test_the_candidate_ranks_find_the_rank_every_rank_would(
             schedule="interleaved" if virtual > 1 else "1f1b",
             virtual_stages=virtual,
             global_batch_tokens=microbatches * 8192,
+            **split,  # type: ignore[arg-type]
         )
         par = Parallelism(pp=pp)
+        ends = training.stage_ends(arch.layers, pp)
         every = max(
-            (rank_memory(arch, par, training, rank_stage(arch, pp, virtual, r)) for r in range(pp)),
+            (
+                rank_memory(arch, par, training, rank_stage(arch, pp, virtual, rank, ends))
+                for rank in range(pp)
+            ),
             key=lambda memory: memory.total,
         )
         assert estimate_memory(arch, par, training).total == every.total
+
+
+def test_a_split_of_the_ends_over_a_million_ranks_takes_a_few_ranks() -> None:
+    """With the end chunks' layers given, the ranks looked at are found from the split, not
+    by looking at every rank: a world of 2**20 pipeline ranks is estimated at once."""
+    arch = PRESETS["llama3-8b"]
+    ranks = candidate_ranks(arch, 2**20, 1024, (0, 0))
+    # the embedding alone, the 32 chunks of a layer, the empty ones, the output alone
+    assert ranks == [0, 1, 33, 2**20 - 1]
+    found = estimate(arch, Parallelism(pp=2**20), Training(first_stage_layers=0), {})
+    assert found.problem is not None
 
 
 def test_more_pipeline_chunks_than_layers_do_not_fit() -> None:

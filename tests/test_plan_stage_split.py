@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import meshconf
-from meshconf.features.plan.estimate.pipeline import explicit_sizes, rank_chunks, split_problem
+from meshconf.features.plan.estimate.pipeline import EndSplit, rank_chunks, split_problem
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
@@ -21,7 +21,8 @@ LLAMA_405B = PRESETS["llama3-405b"]
 
 
 def test_the_405b_split_leaves_the_first_and_last_chunk_to_embedding_and_output() -> None:
-    sizes = explicit_sizes(126, 128, (0, 0))
+    split = EndSplit.of(126, 128, (0, 0))
+    sizes = [split.size(chunk) for chunk in range(128)]
     assert sizes == [0] + [1] * 126 + [0]
     assert rank_chunks(126, 16, 8, 0, (0, 0))[:2] == [range(0, 0), range(15, 16)]
     assert rank_chunks(126, 16, 8, 15, (0, 0))[-1] == range(126, 126)

@@ -15,7 +15,12 @@ from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
-from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.training import (
+    Parallelism,
+    Training,
+    every_nth,
+    microbatches,
+)
 
 #: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
 ADAM_MOMENT_BYTES = 8
@@ -116,7 +121,7 @@ def rank_memory(
     else:
         params = _parameter_bytes(_stage(arch, par, stage, unsharded), training)
     grads = whole if training.zero_stage <= 1 else shard.elements
-    held = _activations(arch, par, training, stage.rank, stage.chunks, stage.last)
+    held = _activations(arch, par, training, stage)
     block = Memory(
         params=params,
         grads=grads * training.grad_bytes,
@@ -291,12 +296,7 @@ class _Held:
 
 
 def _activations(
-    arch: Architecture,
-    par: Parallelism,
-    training: Training,
-    rank: int,
-    kinds: tuple[dict[LayerKind, int], ...],
-    last: bool,
+    arch: Architecture, par: Parallelism, training: Training, stage: RankStage
 ) -> _Held:
     tokens = training.seq_len * training.micro_batch // par.cp
     dtype = training.param_bytes
@@ -305,18 +305,18 @@ def _activations(
     def layer_bytes(per_token: activations.PerToken) -> int:
         return per_token.bytes(tokens, par.tp, dtype)
 
-    # (kind, mode) -> how many of the rank's blocks run so, chunk by chunk
-    counts = _block_modes(kinds, training)
-    present = {block for chunk in counts for block, count in chunk.items() if count}
+    chunks = _chunk_blocks(stage.chunk_sizes, training.checkpointing, training.checkpoint_every)
+    present = {(kind, mode) for chunk in chunks for kind, mode, count in chunk if count}
     per_layer = {
         (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel))
         for kind, mode in present
     }
-    chunk_bytes = [
-        sum(per_layer[block] * count for block, count in chunk.items() if count) for chunk in counts
-    ]
-    in_flight = _in_flight_chunks(par.pp, rank, training, microbatches(par, training))
-    head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if last else 0
+    largest = max(
+        (sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count))
+        for chunk in chunks
+    )
+    in_flight = _in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))
+    head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if stage.last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
     # and each block's backward pass runs alone
     working = max(
@@ -326,32 +326,32 @@ def _activations(
         ),
         default=0,
     )
-    return _Held(in_flight * max(chunk_bytes, default=0), head, working, in_flight)
+    return _Held(in_flight * largest, head, working, in_flight)
 
 
-def _block_modes(
-    kinds: tuple[dict[LayerKind, int], ...], training: Training
-) -> list[dict[tuple[LayerKind, Checkpointing], int]]:
-    """For each chunk of a rank, how many of its blocks of each kind run under each
-    checkpointing mode: all under ``training.checkpointing``, but with ``checkpoint_every``,
-    where only the rank's recomputed blocks (:meth:`Training.recomputed`, in the rank's
-    order: chunk by chunk, each chunk's dense blocks before its blocks with experts) run
+@lru_cache(maxsize=4096)
+def _chunk_blocks(
+    sizes: tuple[tuple[int, ...], ...], mode: Checkpointing, every: int | None
+) -> frozenset[tuple[tuple[LayerKind, Checkpointing, int], ...]]:
+    """The distinct chunks of a rank (``sizes``: each chunk's layers of each kind), as how
+    many of their blocks of each kind run under each checkpointing mode: all under
+    ``mode``, but with ``every`` (``full`` only), the rank's N-th, 2N-th... blocks (in the
+    rank's order: chunk by chunk, each chunk's dense blocks before its blocks with experts)
     under ``full`` and the others under ``none``."""
-    found: list[dict[tuple[LayerKind, Checkpointing], int]] = []
+    if every is None:
+        return frozenset(
+            tuple(zip(KINDS, (mode,) * len(KINDS), chunk, strict=True)) for chunk in sizes
+        )
+    found = set()
     before = 0
-    for chunk in kinds:
-        modes: dict[tuple[LayerKind, Checkpointing], int] = {}
-        for kind in KINDS:
-            count = chunk[kind]
-            if training.checkpoint_every is None:
-                modes[(kind, training.checkpointing)] = count
-            else:
-                recomputed = training.recomputed(before, count)
-                modes[(kind, "full")] = recomputed
-                modes[(kind, "none")] = count - recomputed
+    for chunk in sizes:
+        blocks: list[tuple[LayerKind, Checkpointing, int]] = []
+        for kind, count in zip(KINDS, chunk, strict=True):
+            recomputed = every_nth(before, count, every)
+            blocks += [(kind, "full", recomputed), (kind, "none", count - recomputed)]
             before += count
-        found.append(modes)
-    return found
+        found.add(tuple(blocks))
+    return frozenset(found)
 
 
 def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:

@@ -8,11 +8,10 @@ Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
-from meshconf.core.training import Ends
+from meshconf.core.training import TRAINING_BOUNDS, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.
@@ -39,10 +38,11 @@ def rank_chunks(
     ``--decoder-last-pipeline-num-layers`` do (0 leaves a chunk the embedding or the output
     alone); the other chunks then share the rest, the earlier ones taking one more."""
     count = pp * chunks_per_stage
-    if ends != (None, None):
-        sizes = explicit_sizes(layers, count, ends)
-        starts = [0, *itertools.accumulate(sizes)]
-        return [range(starts[c], starts[c + 1]) for c in range(rank, count, pp)]
+    if ends != (None, None) and count >= 2:
+        split = EndSplit.of(layers, count, ends)
+        return [
+            range(split.start(c), split.start(c) + split.size(c)) for c in range(rank, count, pp)
+        ]
     base, extra = divmod(layers, count)
     found = []
     for chunk in range(rank, count, pp):
@@ -52,19 +52,57 @@ def rank_chunks(
     return found
 
 
-def explicit_sizes(layers: int, count: int, ends: Ends) -> list[int]:
-    """Chunk sizes with the first and last chunk's given (:func:`split_problem` says when
-    the rest cannot be shared; a size is then never below 0)."""
-    first, last = ends
-    fixed = {0: first, count - 1: last}
-    given = {chunk: size for chunk, size in fixed.items() if size is not None}
-    free = [chunk for chunk in range(count) if chunk not in given]
-    rest = max(0, layers - sum(given.values()))
-    base, extra = divmod(rest, len(free)) if free else (0, 0)
-    sizes = [given.get(chunk, 0) for chunk in range(count)]
-    for index, chunk in enumerate(free):
-        sizes[chunk] = base + (1 if index < extra else 0)
-    return sizes
+@dataclass(frozen=True)
+class EndSplit:
+    """A split of ``count`` (at least 2) chunks whose first or last chunk's layers are
+    given: the other chunks, the free ones, share the rest, the earlier ones taking one
+    more. Each chunk's size and first layer come in a few operations, whatever the count
+    (:func:`split_problem` says when the rest cannot be shared; a size is then never below
+    0)."""
+
+    count: int
+    first: int | None
+    last: int | None
+    #: Layers of each free chunk, and how many of the free chunks take one more.
+    base: int
+    extra: int
+
+    @classmethod
+    def of(cls, layers: int, count: int, ends: Ends) -> EndSplit:
+        first, last = ends
+        free = count - (first is not None) - (last is not None)
+        rest = max(0, layers - (first or 0) - (last or 0))
+        base, extra = divmod(rest, free) if free else (0, 0)
+        return cls(count, first, last, base, extra)
+
+    @property
+    def lead(self) -> int:
+        """The first free chunk: 1 when the first chunk's layers are given."""
+        return 0 if self.first is None else 1
+
+    def size(self, chunk: int) -> int:
+        if chunk == 0 and self.first is not None:
+            return self.first
+        if chunk == self.count - 1 and self.last is not None:
+            return self.last
+        return self.base + (1 if chunk - self.lead < self.extra else 0)
+
+    def start(self, chunk: int) -> int:
+        """The chunk's first layer: the first chunk's, then the free chunks' before it."""
+        before = min(max(0, chunk - self.lead), self.count - self.lead - (self.last is not None))
+        head = (self.first or 0) if chunk > 0 else 0
+        return head + before * self.base + min(before, self.extra)
+
+    def chunk_of(self, layer: int) -> int:
+        """The chunk that holds a layer (binary search on the chunks' first layers)."""
+        low, high = 0, self.count - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.start(middle) <= layer:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
 
 def chunks_from_layers(
@@ -73,18 +111,25 @@ def chunks_from_layers(
     """The model chunks per pipeline rank when each chunk holds ``layers_per_stage`` of the
     ``layers`` plus the ends' ``weights``, as torchtitan's ``pipeline_parallel_layers_per_stage``
     sets them (the chunk count rounded up); with why the schedule cannot run them (torchtitan
-    refuses the same), or None. The count returned is at least 1."""
+    refuses the same, and more than ``virtual_stages`` may give), or None. The count returned
+    is at least 1 and at most that bound."""
     weighted = layers + sum(weights)
     chunks = -(-weighted // layers_per_stage)
     per_rank = max(1, chunks // pp)
-    made = f"{layers_per_stage} layers a chunk make {chunks} chunks of {weighted} layers"
+    plural = "" if layers_per_stage == 1 else "s"
+    made = f"{layers_per_stage} layer{plural} a chunk make {chunks} chunks of {weighted} layers"
+    # the bound of virtual_stages, so that no estimate holds more chunks a rank
+    most = int(TRAINING_BOUNDS["virtual_stages"].maximum)
+    problem = None
     if chunks % pp:
-        return per_rank, f"{made}: not a multiple of pp {pp}"
-    if not interleaved and per_rank != 1:
-        return per_rank, f"{made}, {per_rank} a pipeline rank: 1f1b runs one"
-    if interleaved and per_rank < 2:
-        return per_rank, f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
-    return per_rank, None
+        problem = f"{made}: not a multiple of pp {pp}"
+    elif not interleaved and per_rank != 1:
+        problem = f"{made}, {per_rank} a pipeline rank: 1f1b runs one"
+    elif interleaved and per_rank < 2:
+        problem = f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
+    elif per_rank > most:
+        problem = f"{made}, {per_rank} a pipeline rank: more than {most}"
+    return min(per_rank, most), problem
 
 
 def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
@@ -94,7 +139,7 @@ def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
     and ``..._last_...``; Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
     ``--account-for-loss-in-pipeline-split`` are weights of 1, on a split that divides
     evenly). The ``layers + embedding + output`` weighted layers are shared evenly, the
-    earlier chunks taking one more; :func:`explicit_sizes` then gives the middle chunks
+    earlier chunks taking one more; :class:`EndSplit` then gives the middle chunks
     exactly that. :func:`weights_problem` says when a weight is more than a chunk holds (a
     size is then never below 0)."""
     base, extra = divmod(layers + embedding + output, count)
@@ -157,19 +202,28 @@ def candidate_ranks(
     numbers and kinds of layers differ only in the micro-batches in flight, which fall with
     the rank, so the first rank of each run of equal ranks is enough, with the last rank
     (the output). Runs end where a round of chunks crosses the chunks with one layer more
-    (chunks 1 to ``extra``) or the first layer with experts. With ``ends``, every rank."""
+    (chunks 1 to ``extra``; with ``ends``, the free chunks that take one more) or the first
+    layer with experts."""
     count = pp * chunks_per_stage
-    if ends != (None, None):
-        return list(range(pp))
-    middle = min(arch.layers % count, max(0, count - 2))
+    experts = arch.experts
+    if ends != (None, None) and count >= 2:
+        split = EndSplit.of(arch.layers, count, ends)
+        # the first chunk, the free chunks with one layer more, those without, the last
+        boundaries: tuple[int, ...] = (split.lead, split.lead + split.extra, count - 1)
+        chunk_of = split.chunk_of
+    else:
+        base, extra = divmod(arch.layers, count)
+        boundaries = (1, min(extra, max(0, count - 2)) + 1)
+
+        def chunk_of(layer: int) -> int:
+            return _chunk_of(layer, base, extra, count)
+
     edges = {0, pp - 1}
     for round_ in range(chunks_per_stage):
-        edges.update(boundary - round_ * pp for boundary in (1, middle + 1))
-    experts = arch.experts
+        edges.update(boundary - round_ * pp for boundary in boundaries)
     if experts is not None and 0 < experts.dense_layers < arch.layers:
-        base, extra = divmod(arch.layers, count)
         for layer in (experts.dense_layers - 1, experts.dense_layers):
-            chunk = _chunk_of(layer, base, extra, count)
+            chunk = chunk_of(layer)
             edges.update((chunk % pp, chunk % pp + 1))
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
@@ -196,9 +250,14 @@ class RankStage:
     first: bool
     last: bool
 
-    @property
+    @cached_property
     def layers(self) -> dict[LayerKind, int]:
         return {kind: sum(chunk[kind] for chunk in self.chunks) for kind in KINDS}
+
+    @cached_property
+    def chunk_sizes(self) -> tuple[tuple[int, ...], ...]:
+        """Each chunk's layers of each kind (in :data:`KINDS` order), hashable."""
+        return tuple(tuple(chunk[kind] for kind in KINDS) for chunk in self.chunks)
 
 
 @lru_cache(maxsize=1024)

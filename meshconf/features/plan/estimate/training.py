@@ -96,8 +96,7 @@ class Training:
         none under ``none`` and ``selective``."""
         if self.checkpointing != "full":
             return 0
-        every = self.checkpoint_every or 1
-        return (before + count) // every - before // every
+        return every_nth(before, count, self.checkpoint_every or 1)
 
     def recomputed_share(self, blocks: int) -> float:
         """The share of a pipeline rank's ``blocks`` that the backward pass recomputes whole."""
@@ -146,6 +145,12 @@ class Training:
     def chunks_per_stage(self) -> int:
         """Model chunks each pipeline rank holds: 1, or the virtual stages when interleaved."""
         return self.virtual_stages if self.schedule == "interleaved" else 1
+
+
+def every_nth(before: int, count: int, every: int) -> int:
+    """How many of ``count`` consecutive blocks after the first ``before`` are an
+    ``every``-th one, counted from 1."""
+    return (before + count) // every - before // every
 
 
 class Parallelism:
