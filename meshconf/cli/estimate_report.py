@@ -31,8 +31,8 @@ _REMEDIES: Mapping[str, str] = MappingProxyType(
         "it with tp or pp",
         "gathers": "reshard after each forward pass (--reshard-after-forward always), or hold "
         "fewer layers per rank (a larger pp)",
-        "activations": "recompute more (--activation-checkpointing full), run shorter "
-        "micro-batches, or split the sequence with tp or cp",
+        "activations": "recompute more (--activation-checkpointing full, every block), run "
+        "shorter micro-batches, or split the sequence with tp or cp",
     }
 )
 
@@ -118,9 +118,9 @@ def settings_line(model: Architecture, training: Training) -> str:
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
-        f"{training.checkpointing} checkpointing{every}, {schedule}; {training.param_dtype} "
-        f"params, "
-        f"{training.grad_dtype} grads; {training.gpu_memory_gib:g} GiB per GPU{resharding}"
+        f"{training.checkpointing} checkpointing{every}, {schedule}; "
+        f"{training.param_dtype} params, {training.grad_dtype} grads; "
+        f"{training.gpu_memory_gib:g} GiB per GPU{resharding}"
     )
 
 

@@ -312,7 +312,7 @@ def _activations(
         for kind, mode in present
     }
     largest = max(
-        (sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count))
+        sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count)
         for chunk in chunks
     )
     in_flight = _in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))

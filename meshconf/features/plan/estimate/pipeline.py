@@ -8,6 +8,7 @@ Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -94,15 +95,8 @@ class EndSplit:
         return head + before * self.base + min(before, self.extra)
 
     def chunk_of(self, layer: int) -> int:
-        """The chunk that holds a layer (binary search on the chunks' first layers)."""
-        low, high = 0, self.count - 1
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self.start(middle) <= layer:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        """The chunk that holds a layer."""
+        return _chunk_holding(layer, self.count, self.start)
 
 
 def chunks_from_layers(
@@ -216,7 +210,9 @@ def candidate_ranks(
         boundaries = (1, min(extra, max(0, count - 2)) + 1)
 
         def chunk_of(layer: int) -> int:
-            return _chunk_of(layer, base, extra, count)
+            return _chunk_holding(
+                layer, count, lambda chunk: chunk * base + _extras_before(chunk, extra, count)
+            )
 
     edges = {0, pp - 1}
     for round_ in range(chunks_per_stage):
@@ -228,12 +224,13 @@ def candidate_ranks(
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
 
-def _chunk_of(layer: int, base: int, extra: int, count: int) -> int:
-    """The chunk that holds a layer (binary search on the chunks' first layers)."""
+def _chunk_holding(layer: int, count: int, start: Callable[[int], int]) -> int:
+    """The chunk of ``count`` that holds a layer, by binary search on the chunks' first
+    layers (``start``)."""
     low, high = 0, count - 1
     while low < high:
         middle = (low + high + 1) // 2
-        if middle * base + _extras_before(middle, extra, count) <= layer:
+        if start(middle) <= layer:
             low = middle
         else:
             high = middle - 1
