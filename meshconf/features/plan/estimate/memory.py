@@ -315,7 +315,7 @@ def _activations(
         sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count)
         for chunk in chunks
     )
-    in_flight = _in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))
+    in_flight = in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if stage.last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
     # and each block's backward pass runs alone
@@ -354,7 +354,7 @@ def _chunk_blocks(
     return frozenset(found)
 
 
-def _in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
+def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
     """Micro-batches whose activations a pipeline rank holds at its peak (per model chunk
     for the interleaved schedule): 1F1B starts ``pp - rank`` before its first backward
     (Narayanan et al. 2021, section 2.2); the interleaved schedule of Megatron-LM warms up

@@ -1,0 +1,97 @@
+"""The micro-batches in flight that the estimate holds activations for, against torch's own
+pipeline schedules run for real: on ``pp`` gloo processes, over meshconf's ``pp`` mesh,
+``torch.distributed.pipelining``'s ``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` run a
+step of small stages. Each rank counts, over its model chunks, the chunk-micro-batches whose
+forward pass the schedule has run and whose backward pass it has not begun; the most at any
+time, on every rank, equals the estimate's in-flight count (Narayanan et al. 2021, section
+2.2): ``pp - rank`` for 1F1B, ``2 (pp - rank - 1) + (v - 1) pp + 1`` interleaved, never more
+than the step runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from distributed import run_ranks
+
+from meshconf import DistributedContext, load_config
+from meshconf.features.plan.estimate.memory import in_flight_chunks
+from meshconf.features.plan.estimate.training import Training
+
+WIDTH = 4
+
+
+class _Counter:
+    """Chunk-micro-batches whose forward pass ran and whose backward pass has not begun,
+    and the most there were at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+
+def _counted(stage: Any, counter: _Counter) -> Any:
+    """The stage, its schedule's forward and backward passes of one chunk-micro-batch
+    counted (not the stage's own forward pass that infers the shapes it sends)."""
+    forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def counted_forward(*args: Any, **kwargs: Any) -> Any:
+        counter.now += 1
+        counter.most = max(counter.most, counter.now)
+        return forward(*args, **kwargs)
+
+    def counted_backward(*args: Any, **kwargs: Any) -> Any:
+        counter.now -= 1
+        return backward(*args, **kwargs)
+
+    stage.forward_one_chunk, stage.backward_one_chunk = counted_forward, counted_backward
+    return stage
+
+
+def _most_in_flight(rank: int, environ: dict[str, str], pp: int, virtual: int, m: int) -> None:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+    config = load_config({"world_size": pp, "degrees": {"pp": pp}})
+    with DistributedContext(config, environ=environ) as ctx:
+        group = ctx.get_mesh("pp").get_group()
+        counter = _Counter()
+        stages = [
+            _counted(
+                PipelineStage(
+                    torch.nn.Linear(WIDTH, WIDTH),
+                    rank + chunk * pp,
+                    pp * virtual,
+                    "cpu",
+                    group=group,
+                ),
+                counter,
+            )
+            for chunk in range(virtual)
+        ]
+
+        def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(output, target)
+
+        if virtual == 1:
+            schedule: Any = Schedule1F1B(stages[0], m, loss_fn=loss)
+        else:
+            schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss)
+        torch.manual_seed(0)
+        inputs, target = torch.randn(m, WIDTH), torch.randn(m, WIDTH)
+        last = (pp * virtual - 1) % pp
+        kwargs: dict[str, Any] = {"target": target, "losses": []} if rank == last else {}
+        schedule.step(*([inputs] if rank == 0 else []), **kwargs)
+        assert counter.now == 0  # every backward pass ran
+        training = Training(
+            schedule="interleaved" if virtual > 1 else "1f1b", virtual_stages=virtual
+        )
+        assert counter.most == in_flight_chunks(pp, rank, training, m), (rank, counter.most)
+
+
+@pytest.mark.parametrize(
+    ("pp", "virtual", "m"),
+    [(2, 1, 4), (4, 1, 8), (3, 1, 5), (2, 2, 4), (4, 2, 8), (4, 2, 4), (2, 3, 6)],
+)
+def test_the_micro_batches_in_flight_are_torch_s_schedules(pp: int, virtual: int, m: int) -> None:
+    run_ranks(_most_in_flight, pp, pp, virtual, m)
