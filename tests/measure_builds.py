@@ -81,16 +81,16 @@ def checkpointed(
     model: ModelT,
     mode: str,
     recomputed: frozenset[tuple[int, ...]] = frozenset(),
-    every: int = 1,
+    wrapped: list[bool] | None = None,
 ) -> ModelT:
     """Each block wrapped as torchtitan wraps it for ``mode`` (none, selective or full):
     without early stop, so that the recomputation runs the whole block; ``recomputed`` as
-    for :func:`per_op_policy`. With ``full`` and ``every`` N, only every N-th block, counted
-    from 1, as torchtitan's layer-wise selective checkpointing (``selective_ac_option =
-    "N"``) counts the blocks it wraps."""
+    for :func:`per_op_policy`. With ``full`` and ``wrapped``, only the blocks it marks, as
+    torchtitan's layer-wise selective checkpointing and Megatron-LM's ``--recompute-method
+    block`` wrap some."""
     layers: Any = model.layers
     for index, layer in enumerate(layers):
-        if mode == "full" and (index + 1) % every:
+        if mode == "full" and wrapped is not None and not wrapped[index]:
             continue
         if mode == "selective":
             layers[index] = checkpoint_wrapper(

@@ -34,38 +34,41 @@ def _converted(run_cli, tmp_path: Path, arguments: str):  # type: ignore[no-unty
 
 
 @pytest.mark.parametrize(
-    ("arguments", "mode"),
+    ("arguments", "mode", "first"),
     [
         (
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
             "full",
+            None,
         ),
-        ("--recompute-granularity selective", "none"),
+        # the first 4 blocks of each model chunk
+        (
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 4",
+            "full",
+            4,
+        ),
+        ("--recompute-granularity selective", "none", None),
     ],
 )
 def test_recomputation_the_estimate_can_say_is_converted(
-    run_cli, tmp_path: Path, arguments: str, mode: str
+    run_cli, tmp_path: Path, arguments: str, mode: str, first: int | None
 ) -> None:  # type: ignore[no-untyped-def]
     config, _ = _converted(run_cli, tmp_path, arguments)
     assert config.training is not None
     assert config.training.activation_checkpointing == mode
+    assert config.training.checkpoint_first == first
 
 
-@pytest.mark.parametrize(
-    "arguments",
-    [
-        "--recompute-granularity full --recompute-method block --recompute-num-layers 4",
-        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
-    ],
-)
-def test_recomputation_it_cannot_say_is_left_with_a_note(
-    run_cli, tmp_path: Path, arguments: str
-) -> None:  # type: ignore[no-untyped-def]
+def test_recomputation_in_groups_is_left_with_a_note(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    arguments = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
     config, text = _converted(run_cli, tmp_path, arguments)
     assert config.training is not None
     assert config.training.activation_checkpointing is None
     note = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
-    assert f"{arguments} is not converted: the estimate recomputes each block whole" in note
+    assert (
+        f"{arguments} is not converted: the estimate recomputes blocks one at a time "
+        "(--recompute-method uniform --recompute-num-layers 1, or block), not in groups"
+    ) in note
 
 
 def test_an_unknown_granularity_is_refused_at_its_argument(run_cli) -> None:  # type: ignore[no-untyped-def]
@@ -360,8 +363,12 @@ def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
             "--recompute-num-layers",
         }
         return
-    mode = (conversion.data.get("training") or {}).get("activation_checkpointing")
+    training = conversion.data.get("training") or {}
     expected = {"selective": "none"}.get(granularity)
+    first = None
     if (granularity, method, layers) == ("full", "uniform", "1"):
         expected = "full"
-    assert mode == expected
+    if (granularity, method) == ("full", "block") and layers in ("1", "2"):
+        expected, first = "full", int(layers)
+    assert training.get("activation_checkpointing") == expected
+    assert training.get("checkpoint_first") == first

@@ -137,6 +137,7 @@ PIPELINE_OPTIONS = [
     "--output-as-layers",
     "--layers-per-stage",
     "--checkpoint-every",
+    "--checkpoint-first",
     "--moe-max-nodes",
 ]
 FLOAT_OPTIONS = ["--mfu", "--peak-tflops", "--inter-node-gbps", "--intra-node-gbps"]

@@ -32,14 +32,16 @@ from meshconf.features.plan.estimate.architecture import (
 )
 from meshconf.features.plan.estimate.memory import estimate_memory
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.training import Parallelism, Training, recomputed_blocks
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2
 
 
-def _model(arch: Architecture, mode: str, fp8: bool = False, every: int = 1) -> LlamaLike:
-    """The model, its blocks wrapped for ``mode`` (``full`` only every ``every``-th);
+def _model(
+    arch: Architecture, mode: str, fp8: bool = False, wrapped: list[bool] | None = None
+) -> LlamaLike:
+    """The model, its blocks wrapped for ``mode`` (``full`` only those ``wrapped`` says);
     with experts, routed as torchtitan routes them (tests/routed_moe.py) and the router's
     product recomputed, as torchtitan's policy recomputes it; with ``fp8``, the blocks'
     linear layers trained in fp8 by torchao."""
@@ -49,7 +51,7 @@ def _model(arch: Architecture, mode: str, fp8: bool = False, every: int = 1) -> 
             from torchao.float8 import convert_to_float8_training
 
             convert_to_float8_training(model, module_filter_fn=lambda _, fqn: fqn != "output")
-        return checkpointed(model, mode, every=every)
+        return checkpointed(model, mode, wrapped=wrapped)
     model = LlamaLike(arch, 0, arch.experts.routed)
     for layer in model.layers:
         if layer.moe is not None:
@@ -58,7 +60,7 @@ def _model(arch: Architecture, mode: str, fp8: bool = False, every: int = 1) -> 
 
 
 def _tracked(
-    mode: str, arch: Architecture = ARCH, fp8: bool = False, every: int = 1
+    mode: str, arch: Architecture = ARCH, fp8: bool = False, wrapped: list[bool] | None = None
 ) -> tuple[list[int], int]:
     """The tracked activations at each block's end of forward, and at the peak of the last
     block's backward pass, in bytes."""
@@ -68,7 +70,7 @@ def _tracked(
     # real tensors for experts: the meta kernel of the grouped products takes bf16 only
     with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
         torch.manual_seed(0)
-        model = _model(arch, mode, fp8, every)
+        model = _model(arch, mode, fp8, wrapped)
         tokens = torch.randint(0, arch.vocab, (BATCH, SEQ))
         tracker = MemTracker()
         tracker.track_external(model)
@@ -153,33 +155,50 @@ def test_a_block_at_its_backward_pass_holds_the_same_in_every_mode(
         assert held["selective"] == held["none"]
 
 
-@pytest.mark.parametrize("every", [2, 3])
-def test_one_block_in_every_n_recomputed_is_the_estimate(every: int) -> None:
-    """torchtitan's layer-wise selective checkpointing (``selective_ac_option = "N"``),
-    ``--checkpoint-every N``: the blocks it wraps store what ``full`` stores, the others what
-    ``none`` does, exactly; the last block's backward peak is within 5%."""
-    ends, measured = _tracked("full", ARCH, every=every)
+@pytest.mark.parametrize(
+    ("rule", "wrapped"),
+    [
+        ({"checkpoint_every": 2}, [False, True, False, True]),
+        ({"checkpoint_every": 3}, [False, False, True, False]),
+        ({"checkpoint_first": 1}, [True, False, False, False]),
+        ({"checkpoint_first": 3}, [True, True, True, False]),
+    ],
+)
+def test_some_blocks_recomputed_are_the_estimate(rule: dict[str, int], wrapped: list[bool]) -> None:
+    """torchtitan's layer-wise selective checkpointing (``selective_ac_option = "N"``,
+    ``--checkpoint-every N``: every N-th block wrapped) and Megatron-LM's ``--recompute-method
+    block`` (``--checkpoint-first N``: the first N of a chunk): the blocks recomputed store
+    what ``full`` stores, the others what ``none`` does, exactly, and the estimate picks the
+    same blocks; the last block's backward peak is within 5%."""
+    ends, measured = _tracked("full", ARCH, wrapped=wrapped)
     tokens = SEQ * BATCH
-    training = Training(checkpointing="full", checkpoint_every=every)
+    training = Training(checkpointing="full", **rule)  # type: ignore[arg-type]
     full = activations.block(ARCH, "dense", "full").bytes(tokens, 1, 4)
     kept = (activations.block(ARCH, "dense", "none") + cpu_norm_extra(ARCH)).bytes(tokens, 1, 4)
-    recomputed = [training.recomputed(block, 1) for block in range(ARCH.layers)]
-    assert recomputed == [1 if (block + 1) % every == 0 else 0 for block in range(ARCH.layers)]
-    stored = [full if wrapped else kept for wrapped in recomputed]
+    if training.checkpoint_every is not None:
+        # counted across the rank's blocks: chunks of one block each say which
+        one_each = ((1, 0),) * ARCH.layers
+        per_block = recomputed_blocks(one_each, "full", training.checkpoint_every, None)
+        assert [dense == 1 for dense, _ in per_block] == wrapped
+    else:
+        # the first of the chunk
+        chunk = ((ARCH.layers, 0),)
+        first = wrapped.count(True)
+        assert recomputed_blocks(chunk, "full", None, training.checkpoint_first) == ((first, 0),)
+        assert wrapped == [True] * first + [False] * (ARCH.layers - first)
+    stored = [full if whole else kept for whole in wrapped]
     assert [later - earlier for earlier, later in itertools.pairwise(ends)] == stored[1:]
     # the estimate of the whole rank stores the same, less the CPU norms' copies
     memory = estimate_memory(
         ARCH, Parallelism(), replace(training, seq_len=SEQ, micro_batch=BATCH, param_dtype="fp32")
     )
-    norms = recomputed.count(0) * cpu_norm_extra(ARCH).bytes(tokens, 1, 4)
+    norms = wrapped.count(False) * cpu_norm_extra(ARCH).bytes(tokens, 1, 4)
     assert memory.activations - memory.block_backward - memory.output_head == sum(stored) - norms
     # the last block's backward pass: what every block stored, and its own working set (with
     # its norms' CPU copies, when it is recomputed)
-    last = "full" if recomputed[-1] else "none"
+    last = "full" if wrapped[-1] else "none"
     working = activations.backward_working_set(ARCH, "dense", last).bytes(tokens, 1, 4)
-    working += cpu_norm_extra(ARCH).bytes(tokens, 1, 4) if recomputed[-1] else 0
+    working += cpu_norm_extra(ARCH).bytes(tokens, 1, 4) if wrapped[-1] else 0
     estimated = sum(stored) + working
-    print(
-        f"every {every}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}"
-    )
+    print(f"{rule}: estimated {estimated} measured {measured} ratio {estimated / measured:.3f}")
     assert estimated == pytest.approx(measured, rel=0.05)

@@ -26,8 +26,8 @@ from meshconf.core.training import (
     SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     ZERO_STAGES,
-    every_without_full,
     fp8_without_gathers,
+    recomputation_mismatch,
     schedule_mismatch,
     split_conflict,
 )
@@ -48,6 +48,7 @@ _INTEGERS = (
     "micro_batch",
     "global_batch_tokens",
     "checkpoint_every",
+    "checkpoint_first",
     "virtual_stages",
     "layers_per_stage",
     "first_stage_layers",
@@ -85,6 +86,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "grad_dtype": "--grad-dtype",
         "checkpointing": "--activation-checkpointing",
         "checkpoint_every": "--checkpoint-every",
+        "checkpoint_first": "--checkpoint-first",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
         "layers_per_stage": "--layers-per-stage",
@@ -146,6 +148,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="with full checkpointing, only every N-th block of a pipeline rank is recomputed "
         'and the others keep their activations (torchtitan\'s selective_ac_option = "N", '
         "its default 2; default: every block)",
+    )
+    option(
+        "checkpoint_first",
+        metavar="N",
+        help="with full checkpointing, only the first N blocks of each model chunk are "
+        "recomputed and the others keep their activations (Megatron's --recompute-method block "
+        "--recompute-num-layers N; default: every block)",
     )
     option("schedule", choices=SCHEDULES, help=f"pipeline schedule ({_DEFAULTS.schedule})")
     option(
@@ -348,8 +357,14 @@ def _value(name: str, text: Any) -> int | float | str:
 def _settings_problem(training: Training) -> str | None:
     if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
         return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
-    if every_without_full(training.checkpointing, training.checkpoint_every):
-        return "--checkpoint-every needs --activation-checkpointing full"
+    recomputation = recomputation_mismatch(
+        training.checkpointing, training.checkpoint_every, training.checkpoint_first
+    )
+    if recomputation == "both":
+        return "--checkpoint-every and --checkpoint-first exclude each other"
+    if recomputation == "mode":
+        chosen = "--checkpoint-every" if training.checkpoint_first is None else "--checkpoint-first"
+        return f"{chosen} needs --activation-checkpointing full"
     weights = (training.embedding_as_layers, training.output_as_layers)
     if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
         return (

@@ -115,6 +115,8 @@ def settings_line(model: Architecture, training: Training) -> str:
     every = (
         "" if training.checkpoint_every is None else f" of 1 block in {training.checkpoint_every}"
     )
+    if training.checkpoint_first is not None:
+        every = f" of the first {training.checkpoint_first} blocks of each chunk"
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "

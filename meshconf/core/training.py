@@ -61,6 +61,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
     "checkpoint_every": Bound(1, 100_000, "more layers than any model has"),
+    "checkpoint_first": Bound(1, 100_000, "more layers than any model has"),
     "layers_per_stage": Bound(1, 100_000, "more layers than any model has"),
     "first_stage_layers": Bound(0, 100_000, "more layers than any model has"),
     "moe_max_nodes": Bound(1, 2**20, "more nodes than any cluster has"),
@@ -85,10 +86,17 @@ def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -
     return bool(fp8_param_gather) and zero_stage == 0
 
 
-def every_without_full(checkpointing: str | None, checkpoint_every: int | None) -> bool:
-    """Whether blocks are to be recomputed every so many where no block is recomputed whole
-    (``full`` is the default)."""
-    return checkpoint_every is not None and checkpointing not in (None, "full")
+def recomputation_mismatch(
+    checkpointing: str | None, every: int | None, first: int | None
+) -> str | None:
+    """Why the blocks to recompute cannot be chosen as asked: ``both`` when every N-th and
+    the first N are given, ``mode`` when either is given without full checkpointing (the
+    default is full); None when they fit. Each reader words it with its own names."""
+    if every is not None and first is not None:
+        return "both"
+    if (every is not None or first is not None) and checkpointing not in (None, "full"):
+        return "mode"
+    return None
 
 
 #: Why the layers of the end chunks and the weights of the embedding and output exclude each

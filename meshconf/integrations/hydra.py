@@ -72,6 +72,7 @@ class TrainingNode:
     zero_stage: Optional[int] = None  # noqa: UP045
     activation_checkpointing: Optional[str] = None  # noqa: UP045
     checkpoint_every: Optional[int] = None  # noqa: UP045
+    checkpoint_first: Optional[int] = None  # noqa: UP045
     reshard_after_forward: Optional[str] = None  # noqa: UP045
     pp_schedule: Optional[str] = None  # noqa: UP045
     virtual_stages: Optional[int] = None  # noqa: UP045

@@ -21,8 +21,8 @@ from meshconf.core.training import (
     DispatchDtype,
     Resharding,
     Schedule,
-    every_without_full,
     fp8_without_gathers,
+    recomputation_mismatch,
     schedule_mismatch,
     split_conflict,
 )
@@ -74,6 +74,14 @@ class TrainingOptions(BaseModel):
         "pipeline rank is recomputed and the others keep their activations: torchtitan's "
         'selective_ac_option = "N" (its default, 2); by default every block.',
         examples=[2],
+    )
+    checkpoint_first: Annotated[int, _bounded("checkpoint_first")] | None = Field(
+        None,
+        description="With activation_checkpointing full, only the first this many blocks of "
+        "each model chunk are recomputed and the others keep their activations: Megatron's "
+        "--recompute-method block --recompute-num-layers N; by default every block. Excludes "
+        "checkpoint_every.",
+        examples=[4],
     )
     reshard_after_forward: Resharding | None = Field(
         None,
@@ -166,16 +174,23 @@ class TrainingOptions(BaseModel):
                     )
                 ],
             )
-        if every_without_full(self.activation_checkpointing, self.checkpoint_every):
+        mismatch = recomputation_mismatch(
+            self.activation_checkpointing, self.checkpoint_every, self.checkpoint_first
+        )
+        if mismatch is not None:
+            chosen = "checkpoint_every" if self.checkpoint_first is None else "checkpoint_first"
+            message = (
+                "checkpoint_every and checkpoint_first exclude each other: both choose the "
+                "blocks recomputed"
+                if mismatch == "both"
+                else f"{chosen} needs activation_checkpointing full: only full checkpointing "
+                "recomputes whole blocks"
+            )
             raise validation_error(
                 "TrainingOptions",
                 [
                     FieldError(
-                        ("checkpoint_every",),
-                        "every_without_full",
-                        "checkpoint_every needs activation_checkpointing full: only full "
-                        "checkpointing recomputes whole blocks",
-                        input=self.checkpoint_every,
+                        (chosen,), "recomputation_mismatch", message, input=getattr(self, chosen)
                     )
                 ],
             )

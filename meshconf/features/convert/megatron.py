@@ -145,8 +145,9 @@ def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
 
 def _recompute(draft: Draft, settings: Mapping[str, Setting], granularity: Setting) -> None:
     """``training.activation_checkpointing`` from Megatron's recomputation, where the
-    estimate's modes say the same: each block recomputed whole, or Megatron's selective
-    recomputation, which keeps what no recomputation keeps under flash attention."""
+    estimate's modes say the same: each block recomputed whole, the first blocks of each
+    chunk (``block``, with ``checkpoint_first``), or Megatron's selective recomputation, which
+    keeps what no recomputation keeps under flash attention."""
     key = ("training", "activation_checkpointing")
     if granularity.value == "selective":
         draft.training["activation_checkpointing"] = "none"
@@ -169,12 +170,20 @@ def _recompute(draft: Draft, settings: Mapping[str, Setting], granularity: Setti
         draft.training["activation_checkpointing"] = "full"
         draft.origins[key] = granularity.key
         return
+    if method is not None and method.value == "block" and layers is not None and count:
+        # the first recompute_num_layers blocks of each model chunk
+        draft.training["activation_checkpointing"] = "full"
+        draft.origins[key] = granularity.key
+        # validated with the config, and a problem reported at Megatron's key
+        draft.training["checkpoint_first"] = count
+        draft.origins[("training", "checkpoint_first")] = layers.key
+        return
     how = "" if method is None else f" --recompute-method {method.value}"
     how += "" if layers is None else f" --recompute-num-layers {layers.value}"
     draft.notes.append(
-        f"--recompute-granularity full{how} is not converted: the estimate recomputes each "
-        "block whole (--recompute-method uniform --recompute-num-layers 1) or none; give "
-        "--activation-checkpointing to plan and show."
+        f"--recompute-granularity full{how} is not converted: the estimate recomputes blocks "
+        "one at a time (--recompute-method uniform --recompute-num-layers 1, or block), not in "
+        "groups; give --activation-checkpointing to plan and show."
     )
 
 

@@ -14,11 +14,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshconf.core.levels import NODE, NVLINK, Level
-from meshconf.core.training import Ends
+from meshconf.core.training import Checkpointing, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import block_split, linear_split, unsharded
 from meshconf.features.plan.estimate.pipeline import rank_stages
-from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.training import (
+    Parallelism,
+    Training,
+    microbatches,
+    recomputed_blocks,
+)
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
@@ -81,6 +86,8 @@ class StageWork:
     #: Of ``dense_elements``: the blocks' dense linear weights (gathered in fp8 with
     #: ``fp8_param_gather``).
     linear_elements: int
+    #: Of ``layers``: those the backward pass recomputes whole.
+    recomputed_layers: int
 
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
@@ -88,13 +95,21 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
     # only tp, ep and etp split the weights before FSDP: rows share the answer
     split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
     return _busiest_stage(
-        arch, split, training.chunks_per_stage, training.stage_ends(arch.layers, par.pp)
+        arch,
+        split,
+        training.chunks_per_stage,
+        training.stage_ends(arch.layers, par.pp),
+        (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
     )
 
 
 @lru_cache(maxsize=4096)
 def _busiest_stage(
-    arch: Architecture, par: Parallelism, chunks_per_stage: int, ends: Ends
+    arch: Architecture,
+    par: Parallelism,
+    chunks_per_stage: int,
+    ends: Ends,
+    recomputation: tuple[Checkpointing, int | None, int | None],
 ) -> StageWork:
     stages = rank_stages(arch, par.pp, chunks_per_stage, ends)
     stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
@@ -108,7 +123,8 @@ def _busiest_stage(
             linear += count * linear_split(arch, kind, par)[0]
     lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
     dense += lookup + (unsharded(arch.output_weights(), par) if stage.last else 0)
-    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup, linear)
+    recomputed = sum(map(sum, recomputed_blocks(stage.chunk_sizes, *recomputation)))
+    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup, linear, recomputed)
 
 
 def traffic(
@@ -171,7 +187,7 @@ def _bytes(
     p, g = training.param_bytes, training.grad_bytes
     # passes over a block per micro-batch that move activations: forward and backward, and
     # full recomputation's second forward, for the share of the rank's blocks it recomputes
-    passes = 2 + training.recomputed_share(work.layers)
+    passes = 2 + (work.recomputed_layers / work.layers if work.layers else 0)
     # torchtitan's selective policy keeps the outputs of the attention kernel, reduce-scatter
     # and all-to-all, so its recomputation repeats only the all-gathers: half of what tp's
     # and etp's sequence-parallel collectives move in a pass

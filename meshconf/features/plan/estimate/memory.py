@@ -16,10 +16,11 @@ from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
 from meshconf.features.plan.estimate.training import (
+    ChunkSizes,
     Parallelism,
     Training,
-    every_nth,
     microbatches,
+    recomputed_blocks,
 )
 
 #: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
@@ -305,7 +306,12 @@ def _activations(
     def layer_bytes(per_token: activations.PerToken) -> int:
         return per_token.bytes(tokens, par.tp, dtype)
 
-    chunks = _chunk_blocks(stage.chunk_sizes, training.checkpointing, training.checkpoint_every)
+    chunks = _chunk_blocks(
+        stage.chunk_sizes,
+        training.checkpointing,
+        training.checkpoint_every,
+        training.checkpoint_first,
+    )
     present = {(kind, mode) for chunk in chunks for kind, mode, count in chunk if count}
     per_layer = {
         (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel))
@@ -331,27 +337,22 @@ def _activations(
 
 @lru_cache(maxsize=4096)
 def _chunk_blocks(
-    sizes: tuple[tuple[int, ...], ...], mode: Checkpointing, every: int | None
+    sizes: ChunkSizes, checkpointing: Checkpointing, every: int | None, first: int | None
 ) -> frozenset[tuple[tuple[LayerKind, Checkpointing, int], ...]]:
-    """The distinct chunks of a rank (``sizes``: each chunk's layers of each kind), as how
-    many of their blocks of each kind run under each checkpointing mode: all under
-    ``mode``, but with ``every`` (``full`` only), the rank's N-th, 2N-th... blocks (in the
-    rank's order: chunk by chunk, each chunk's dense blocks before its blocks with experts)
-    under ``full`` and the others under ``none``."""
-    if every is None:
-        return frozenset(
-            tuple(zip(KINDS, (mode,) * len(KINDS), chunk, strict=True)) for chunk in sizes
+    """The distinct chunks of a rank (``sizes``: each chunk's blocks of each kind), as how
+    many of their blocks of each kind run under each checkpointing mode: those recomputed
+    whole (:func:`recomputed_blocks`) under ``full``, the others under the mode that keeps
+    what they store (``none`` beside recomputed blocks, else the training's own)."""
+    kept: Checkpointing = "none" if checkpointing == "full" else checkpointing
+    recomputed = recomputed_blocks(sizes, checkpointing, every, first)
+    return frozenset(
+        tuple(
+            block
+            for kind, count, whole in zip(KINDS, chunk, wholes, strict=True)
+            for block in ((kind, "full", whole), (kind, kept, count - whole))
         )
-    found = set()
-    before = 0
-    for chunk in sizes:
-        blocks: list[tuple[LayerKind, Checkpointing, int]] = []
-        for kind, count in zip(KINDS, chunk, strict=True):
-            recomputed = every_nth(before, count, every)
-            blocks += [(kind, "full", recomputed), (kind, "none", count - recomputed)]
-            before += count
-        found.add(tuple(blocks))
-    return frozenset(found)
+        for chunk, wholes in zip(sizes, recomputed, strict=True)
+    )
 
 
 def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:

@@ -126,7 +126,7 @@ def _flops(
     so are the products ``selective`` runs again (:func:`activations.recomputed_weights`)."""
     tokens = m * training.micro_batch * training.seq_len // par.cp
     hardware = training.mfu_counts == "hardware"
-    passes = 3 + (training.recomputed_share(work.layers) if hardware else 0)
+    passes = 3 + (work.recomputed_layers / work.layers if hardware and work.layers else 0)
     # the embedding is a look-up, not a matrix product
     active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
     attention = arch.attention

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_FORMULAS
@@ -40,6 +41,9 @@ class Training:
     #: recomputed and the others keep their activations (torchtitan's layer-wise selective
     #: checkpointing); None, every block.
     checkpoint_every: int | None = None
+    #: With ``full`` checkpointing, only the first this many blocks of each model chunk are
+    #: recomputed (Megatron-LM's ``--recompute-method block``); None, every block.
+    checkpoint_first: int | None = None
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
     reshard_after_forward: Resharding = "default"
@@ -88,20 +92,6 @@ class Training:
     def grad_bytes(self) -> int:
         return DTYPE_BYTES[self.grad_dtype]
 
-    def recomputed(self, before: int, count: int) -> int:
-        """How many of ``count`` consecutive blocks of a pipeline rank, after the rank's
-        first ``before``, the backward pass recomputes whole: all of them under ``full``
-        checkpointing, but with ``checkpoint_every`` N only the N-th, 2N-th... of the rank's
-        blocks, as torchtitan counts the blocks it wraps across a rank's model chunks;
-        none under ``none`` and ``selective``."""
-        if self.checkpointing != "full":
-            return 0
-        return every_nth(before, count, self.checkpoint_every or 1)
-
-    def recomputed_share(self, blocks: int) -> float:
-        """The share of a pipeline rank's ``blocks`` that the backward pass recomputes whole."""
-        return self.recomputed(0, blocks) / blocks if blocks else 0.0
-
     @property
     def split_weights(self) -> tuple[int, int] | None:
         """How many layers the embedding and the output count as in the pipeline split, when
@@ -147,10 +137,41 @@ class Training:
         return self.virtual_stages if self.schedule == "interleaved" else 1
 
 
-def every_nth(before: int, count: int, every: int) -> int:
-    """How many of ``count`` consecutive blocks after the first ``before`` are an
-    ``every``-th one, counted from 1."""
-    return (before + count) // every - before // every
+#: Blocks of each kind, chunk by chunk, of one pipeline rank.
+ChunkSizes = tuple[tuple[int, ...], ...]
+
+
+@lru_cache(maxsize=4096)
+def recomputed_blocks(
+    sizes: ChunkSizes, checkpointing: Checkpointing, every: int | None, first: int | None
+) -> ChunkSizes:
+    """How many of each chunk's blocks of each kind the backward pass recomputes whole, in
+    the rank's order (chunk by chunk, each chunk's dense blocks before its blocks with
+    experts): all of them under ``full`` checkpointing; with ``every`` N only the rank's
+    N-th, 2N-th... blocks, as torchtitan counts the blocks it wraps across a rank's chunks;
+    with ``first`` N the first N of each chunk, as Megatron-LM's ``--recompute-method
+    block`` does; none under ``none`` and ``selective``."""
+    if checkpointing != "full":
+        return tuple(tuple(0 for _ in chunk) for chunk in sizes)
+    if first is not None:
+        found = []
+        for chunk in sizes:
+            left, counts = first, []
+            for count in chunk:
+                counts.append(min(left, count))
+                left -= counts[-1]
+            found.append(tuple(counts))
+        return tuple(found)
+    if every is None:
+        return sizes
+    found, before = [], 0
+    for chunk in sizes:
+        counts = []
+        for count in chunk:
+            counts.append((before + count) // every - before // every)
+            before += count
+        found.append(tuple(counts))
+    return tuple(found)
 
 
 class Parallelism:
