@@ -19,8 +19,9 @@ from meshconf.cli.common import (
     non_negative_int,
     usage_error,
 )
-from meshconf.cli.estimate_options import add_model_options, config_estimate
+from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.estimate_report import MEMORY_PARTS, memory_json, settings_line
+from meshconf.cli.model_options import add_model_options
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.training import GIB
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size

@@ -15,13 +15,9 @@ import yaml
 
 from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usage_error
 from meshconf.cli.estimate_explain import explain_lines
-from meshconf.cli.estimate_options import (
-    add_model_options,
-    model_request,
-    model_words,
-    training_block,
-)
+from meshconf.cli.estimate_options import model_request, training_block
 from meshconf.cli.estimate_report import gib, headroom_gib, memory_json, memory_lines, settings_line
+from meshconf.cli.model_options import add_model_options, model_words
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
 from meshconf.core.levels import Level, plural_units, unit_article

@@ -18,7 +18,8 @@ from meshconf.cli.common import (
     usage_error,
     warnings_json,
 )
-from meshconf.cli.estimate_options import add_model_options, show_estimate
+from meshconf.cli.estimate_options import show_estimate
+from meshconf.cli.model_options import add_model_options
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
