@@ -39,6 +39,8 @@ def _torchtitan(table: dict[str, object]) -> tuple[dict[str, object], tuple[str,
             {"pp_schedule": "interleaved", "virtual_stages": 2, "embedding_as_layers": 1,
              "output_as_layers": 1},
         ),
+        ({"pipeline_parallel_schedule": "gpipe"},
+         {"pp_schedule": "gpipe", "embedding_as_layers": 1, "output_as_layers": 1}),
         (
             {"pipeline_parallel_schedule": "Interleaved1F1B",
              "pipeline_parallel_layers_per_stage": 4},
@@ -66,7 +68,8 @@ def test_without_a_pipeline_nothing_of_it_is_written() -> None:
         (
             {"pipeline_parallel_schedule": "ZBVZeroBubble"},
             'pipeline_parallel_schedule = "ZBVZeroBubble" is not converted: the estimate models '
-            "1F1B and Interleaved1F1B; give --pp-schedule and --virtual-stages to plan and show.",
+            "1F1B, Interleaved1F1B and GPipe; give --pp-schedule and --virtual-stages to plan "
+            "and show.",
         ),
         (
             {"module_fqns_per_model_part": [["tok_embeddings", "layers.0"], ["layers.1"]]},
@@ -213,6 +216,6 @@ def test_any_torchtitan_pipeline_settings_convert_or_are_refused_at_their_key(
     except ConversionError as error:
         assert {problem.key for problem in error.problems} <= set(PIPELINE_KEYS)
         return
-    assert training.get("pp_schedule") in (None, "1f1b", "interleaved")
+    assert training.get("pp_schedule") in (None, "1f1b", "interleaved", "gpipe")
     for key in ("embedding_as_layers", "output_as_layers"):
         assert type(training[key]) is int and 0 <= training[key] <= 100_000

@@ -1,11 +1,11 @@
 """The micro-batches in flight that the estimate holds activations for, against torch's own
 pipeline schedules run for real: on ``pp`` gloo processes, over meshconf's ``pp`` mesh,
-``torch.distributed.pipelining``'s ``Schedule1F1B`` and ``ScheduleInterleaved1F1B`` run a
-step of small stages. Each rank counts, over its model chunks, the chunk-micro-batches whose
-forward pass the schedule has run and whose backward pass it has not begun; the most at any
-time, on every rank, equals the estimate's in-flight count (Narayanan et al. 2021, section
-2.2): ``pp - rank`` for 1F1B, ``2 (pp - rank - 1) + (v - 1) pp + 1`` interleaved, never more
-than the step runs."""
+``torch.distributed.pipelining``'s ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and
+``ScheduleGPipe`` run a step of small stages. Each rank counts, over its model chunks, the
+chunk-micro-batches whose forward pass the schedule has run and whose backward pass it has
+not begun; the most at any time, on every rank, equals the estimate's in-flight count
+(Narayanan et al. 2021, section 2.2): ``pp - rank`` for 1F1B, ``2 (pp - rank - 1) + (v - 1)
+pp + 1`` interleaved, never more than the step runs; every micro-batch for GPipe."""
 
 from __future__ import annotations
 
@@ -49,8 +49,15 @@ def _counted(stage: Any, counter: _Counter) -> Any:
     return stage
 
 
-def _most_in_flight(rank: int, environ: dict[str, str], pp: int, virtual: int, m: int) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+def _most_in_flight(
+    rank: int, environ: dict[str, str], schedule_name: str, pp: int, virtual: int, m: int
+) -> None:
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     config = load_config({"world_size": pp, "degrees": {"pp": pp}})
     with DistributedContext(config, environ=environ) as ctx:
@@ -73,25 +80,37 @@ def _most_in_flight(rank: int, environ: dict[str, str], pp: int, virtual: int, m
         def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.mse_loss(output, target)
 
-        if virtual == 1:
-            schedule: Any = Schedule1F1B(stages[0], m, loss_fn=loss)
-        else:
+        schedule: Any
+        if schedule_name == "interleaved":
             schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss)
+        else:
+            single = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule_name]
+            schedule = single(stages[0], m, loss_fn=loss)
         torch.manual_seed(0)
         inputs, target = torch.randn(m, WIDTH), torch.randn(m, WIDTH)
         last = (pp * virtual - 1) % pp
         kwargs: dict[str, Any] = {"target": target, "losses": []} if rank == last else {}
         schedule.step(*([inputs] if rank == 0 else []), **kwargs)
         assert counter.now == 0  # every backward pass ran
-        training = Training(
-            schedule="interleaved" if virtual > 1 else "1f1b", virtual_stages=virtual
-        )
+        training = Training(schedule=schedule_name, virtual_stages=virtual)  # type: ignore[arg-type]
         assert counter.most == in_flight_chunks(pp, rank, training, m), (rank, counter.most)
 
 
 @pytest.mark.parametrize(
-    ("pp", "virtual", "m"),
-    [(2, 1, 4), (4, 1, 8), (3, 1, 5), (2, 2, 4), (4, 2, 8), (4, 2, 4), (2, 3, 6)],
+    ("schedule", "pp", "virtual", "m"),
+    [
+        ("1f1b", 2, 1, 4),
+        ("1f1b", 4, 1, 8),
+        ("1f1b", 3, 1, 5),
+        ("interleaved", 2, 2, 4),
+        ("interleaved", 4, 2, 8),
+        ("interleaved", 4, 2, 4),
+        ("interleaved", 2, 3, 6),
+        ("gpipe", 2, 1, 4),
+        ("gpipe", 3, 1, 5),
+    ],
 )
-def test_the_micro_batches_in_flight_are_torch_s_schedules(pp: int, virtual: int, m: int) -> None:
-    run_ranks(_most_in_flight, pp, pp, virtual, m)
+def test_the_micro_batches_in_flight_are_torch_s_schedules(
+    schedule: str, pp: int, virtual: int, m: int
+) -> None:
+    run_ranks(_most_in_flight, pp, schedule, pp, virtual, m)

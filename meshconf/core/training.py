@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved"]
+Schedule = Literal["1f1b", "interleaved", "gpipe"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -24,7 +24,7 @@ MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe")
 #: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
 #: with pipeline parallelism and ``always`` without.
 RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")

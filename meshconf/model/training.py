@@ -90,7 +90,11 @@ class TrainingOptions(BaseModel):
         examples=["never"],
     )
     pp_schedule: Schedule | None = Field(
-        None, description="The pipeline schedule (1f1b by default).", examples=["interleaved"]
+        None,
+        description="The pipeline schedule: 1f1b (the default), interleaved (1F1B over "
+        "virtual_stages chunks a rank) or gpipe (every forward pass before the backward "
+        "passes).",
+        examples=["interleaved"],
     )
     virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(
         None,

@@ -359,8 +359,12 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
     """Micro-batches whose activations a pipeline rank holds at its peak (per model chunk
     for the interleaved schedule): 1F1B starts ``pp - rank`` before its first backward
     (Narayanan et al. 2021, section 2.2); the interleaved schedule of Megatron-LM warms up
-    ``2 (pp - rank - 1) + (v - 1) pp`` chunk-micro-batches, then holds one more."""
+    ``2 (pp - rank - 1) + (v - 1) pp`` chunk-micro-batches, then holds one more; GPipe runs
+    every forward pass before the first backward (Huang et al. 2019; Narayanan et al.,
+    section 2.2.1)."""
     v = training.chunks_per_stage
+    if training.schedule == "gpipe":
+        return microbatches
     if v == 1:
         return min(microbatches, pp - rank)
     return min(microbatches * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
