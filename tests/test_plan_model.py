@@ -333,7 +333,8 @@ def test_the_candidate_ranks_find_the_rank_every_rank_would(
             **split,  # type: ignore[arg-type]
         )
         par = Parallelism(pp=pp)
-        ends = training.stage_ends(arch.layers, pp)
+        training, _ = training.for_model(arch.layers, pp)
+        ends = training.stage_ends
         every = max(
             (
                 rank_memory(arch, par, training, rank_stage(arch, pp, virtual, rank, ends))

@@ -124,11 +124,11 @@ def _settings_problem(training: Training) -> str | None:
     recomputation = recomputation_mismatch(
         training.checkpointing, training.checkpoint_every, training.checkpoint_first
     )
-    if recomputation == "both":
-        return "--checkpoint-every and --checkpoint-first exclude each other"
-    if recomputation == "mode":
-        chosen = "--checkpoint-every" if training.checkpoint_first is None else "--checkpoint-first"
-        return f"{chosen} needs --activation-checkpointing full"
+    if recomputation is not None:
+        why, setting = recomputation
+        if why == "both":
+            return "--checkpoint-every and --checkpoint-first exclude each other"
+        return f"{MODEL_OPTIONS[setting]} needs --activation-checkpointing full"
     weights = (training.embedding_as_layers, training.output_as_layers)
     if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
         return (

@@ -112,10 +112,10 @@ def settings_line(model: Architecture, training: Training) -> str:
         schedule += f" (first and last chunks of {first} and {last} layers)"
     elif weights is not None:
         schedule += f" (the embedding and output as {weights[0]} and {weights[1]} layers)"
-    every = (
-        "" if training.checkpoint_every is None else f" of 1 block in {training.checkpoint_every}"
-    )
-    if training.checkpoint_first is not None:
+    every = ""
+    if training.checkpoint_every is not None:
+        every = f" of 1 block in {training.checkpoint_every}"
+    elif training.checkpoint_first is not None:
         every = f" of the first {training.checkpoint_first} blocks of each chunk"
     return (
         f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "

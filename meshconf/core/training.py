@@ -88,14 +88,16 @@ def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -
 
 def recomputation_mismatch(
     checkpointing: str | None, every: int | None, first: int | None
-) -> str | None:
-    """Why the blocks to recompute cannot be chosen as asked: ``both`` when every N-th and
-    the first N are given, ``mode`` when either is given without full checkpointing (the
-    default is full); None when they fit. Each reader words it with its own names."""
+) -> tuple[str, str] | None:
+    """Why the blocks to recompute cannot be chosen as asked, and the setting at fault
+    (``checkpoint_every`` or ``checkpoint_first``): ``both`` when every N-th and the first N
+    are given, ``mode`` when either is given without full checkpointing (the default is
+    full); None when they fit. Each reader words it with its own names."""
+    setting = "checkpoint_every" if first is None else "checkpoint_first"
     if every is not None and first is not None:
-        return "both"
+        return "both", setting
     if (every is not None or first is not None) and checkpointing not in (None, "full"):
-        return "mode"
+        return "mode", setting
     return None
 
 
@@ -111,7 +113,7 @@ def split_conflict(ends: Ends, weights: tuple[int | None, int | None]) -> bool:
 
 
 def schedule_mismatch(
-    schedule: str | None, virtual_stages: int | None, layers_per_stage: int | None = None
+    schedule: str | None, virtual_stages: int | None, layers_per_stage: int | None
 ) -> str | None:
     """Why a schedule and its model chunks per pipeline rank do not go together: ``both``
     when the chunks are given as a count and as layers per chunk, ``stages`` when the

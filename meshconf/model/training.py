@@ -6,7 +6,7 @@ whatever it says. The choices and bounds are those of the command-line options
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -167,36 +167,24 @@ class TrainingOptions(BaseModel):
     @model_validator(mode="after")
     def _settings_go_together(self) -> TrainingOptions:
         if fp8_without_gathers(self.zero_stage, self.fp8_param_gather):
-            raise validation_error(
-                "TrainingOptions",
-                [
-                    FieldError(
-                        ("fp8_param_gather",),
-                        "fp8_without_gathers",
-                        f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
-                        input=self.fp8_param_gather,
-                    )
-                ],
+            self._refuse(
+                "fp8_param_gather",
+                "fp8_without_gathers",
+                f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
             )
-        mismatch = recomputation_mismatch(
+        recomputation = recomputation_mismatch(
             self.activation_checkpointing, self.checkpoint_every, self.checkpoint_first
         )
-        if mismatch is not None:
-            chosen = "checkpoint_every" if self.checkpoint_first is None else "checkpoint_first"
-            message = (
+        if recomputation is not None:
+            why, setting = recomputation
+            self._refuse(
+                setting,
+                "recomputation_mismatch",
                 "checkpoint_every and checkpoint_first exclude each other: both choose the "
                 "blocks recomputed"
-                if mismatch == "both"
-                else f"{chosen} needs activation_checkpointing full: only full checkpointing "
-                "recomputes whole blocks"
-            )
-            raise validation_error(
-                "TrainingOptions",
-                [
-                    FieldError(
-                        (chosen,), "recomputation_mismatch", message, input=getattr(self, chosen)
-                    )
-                ],
+                if why == "both"
+                else f"{setting} needs activation_checkpointing full: only full checkpointing "
+                "recomputes whole blocks",
             )
         weights = (self.embedding_as_layers, self.output_as_layers)
         if split_conflict((self.first_stage_layers, self.last_stage_layers), weights):
@@ -205,35 +193,31 @@ class TrainingOptions(BaseModel):
                 if self.embedding_as_layers is not None
                 else "output_as_layers"
             )
-            raise validation_error(
-                "TrainingOptions",
-                [
-                    FieldError(
-                        (weighted,),
-                        "split_conflict",
-                        f"{weighted} and first_stage_layers or last_stage_layers exclude each "
-                        f"other: {SPLIT_CONFLICT}",
-                        input=getattr(self, weighted),
-                    )
-                ],
+            self._refuse(
+                weighted,
+                "split_conflict",
+                f"{weighted} and first_stage_layers or last_stage_layers exclude each other: "
+                f"{SPLIT_CONFLICT}",
             )
         mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages, self.layers_per_stage)
         if mismatch is not None:
-            message = {
-                "stages": "pp_schedule interleaved needs virtual_stages >= 2",
-                "schedule": "virtual_stages needs pp_schedule interleaved",
-                "both": "virtual_stages and layers_per_stage exclude each other: both set the "
-                "model chunks per pipeline rank",
-            }[mismatch]
-            raise validation_error(
-                "TrainingOptions",
-                [
-                    FieldError(
-                        ("virtual_stages",), "schedule_stages", message, input=self.virtual_stages
-                    )
-                ],
+            self._refuse(
+                "virtual_stages",
+                "schedule_stages",
+                {
+                    "stages": "pp_schedule interleaved needs virtual_stages >= 2",
+                    "schedule": "virtual_stages needs pp_schedule interleaved",
+                    "both": "virtual_stages and layers_per_stage exclude each other: both set "
+                    "the model chunks per pipeline rank",
+                }[mismatch],
             )
         return self
+
+    def _refuse(self, key: str, code: str, message: str) -> NoReturn:
+        """Refuse the block at ``key``, which does not go with the keys before it."""
+        raise validation_error(
+            "TrainingOptions", [FieldError((key,), code, message, input=getattr(self, key))]
+        )
 
     def estimate_settings(self) -> dict[str, Any]:
         """The keys set, by the estimate's setting names (:func:`setting_name`)."""

@@ -220,7 +220,6 @@ def _checkpointing(draft: Draft, document: Mapping[str, Any]) -> None:
             draft.comments["training.checkpoint_every"] = written
         else:
             draft.comments["training.activation_checkpointing"] = f"{written}: every block"
-
     elif mode == "memory_budget":
         draft.notes.append(
             '[activation_checkpoint] mode = "memory_budget" leaves what to recompute to the '

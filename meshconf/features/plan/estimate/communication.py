@@ -91,14 +91,15 @@ class StageWork:
 
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
-    """The pipeline rank with the most layers (the first such rank)."""
+    """The pipeline rank with the most layers (the first such rank); ``training`` resolved
+    for the model (:meth:`Training.for_model`)."""
     # only tp, ep and etp split the weights before FSDP: rows share the answer
     split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
     return _busiest_stage(
         arch,
         split,
         training.chunks_per_stage,
-        training.stage_ends(arch.layers, par.pp),
+        training.stage_ends,
         (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
     )
 

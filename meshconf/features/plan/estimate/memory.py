@@ -94,10 +94,9 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
-    """The memory of the pipeline rank with the largest total."""
-    stages = rank_stages(
-        arch, par.pp, training.chunks_per_stage, training.stage_ends(arch.layers, par.pp)
-    )
+    """The memory of the pipeline rank with the largest total; ``training`` resolved for the
+    model (:meth:`Training.for_model`)."""
+    stages = rank_stages(arch, par.pp, training.chunks_per_stage, training.stage_ends)
     return max(
         (rank_memory(arch, par, training, stage) for stage in stages),
         key=lambda memory: memory.total,
@@ -153,8 +152,8 @@ def _phases(
     # reduce-scatter buffer. The embedding's backward pass comes last, every activation freed.
     grouped = training.zero_stage == 3 and training.reshards(par.pp) and block.gathers > 0
     p, g = training.param_bytes, training.grad_bytes
-    output = gathered(arch.output_weights(), par) if stage.last else 0
     if stage.last:
+        output = gathered(arch.output_weights(), par)
         phases.append(
             replace(
                 block,
@@ -165,16 +164,16 @@ def _phases(
                 phase="loss",
             )
         )
-    if grouped and stage.last:
-        phases.append(
-            replace(
-                block,
-                gathers=output * (2 * p + g),
-                activations=held.stored,
-                block_backward=0,
-                phase="output",
+        if grouped:
+            phases.append(
+                replace(
+                    block,
+                    gathers=output * (2 * p + g),
+                    activations=held.stored,
+                    block_backward=0,
+                    phase="output",
+                )
             )
-        )
     if grouped and stage.first:
         phases.append(
             replace(

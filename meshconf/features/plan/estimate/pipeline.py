@@ -142,12 +142,11 @@ def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
 
 def weights_problem(layers: int, count: int, embedding: int, output: int) -> str | None:
     """Why the embedding and output cannot count as ``embedding`` and ``output`` layers in
-    a split of ``layers`` into ``count`` chunks (torchtitan refuses the same), or None."""
+    a split of ``layers`` into ``count`` chunks, at least 2 (torchtitan refuses the same), or
+    None."""
     weighted = layers + embedding + output
     per_chunk = weighted // count
     counted = f"the embedding and output counted as {embedding} and {output} layers"
-    if count < 2:
-        return None
     if per_chunk == 0:
         return f"{count} pipeline chunks for {weighted} layers ({counted}): some chunk holds none"
     heaviest = max(embedding, output)

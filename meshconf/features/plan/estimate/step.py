@@ -21,7 +21,7 @@ from meshconf.features.plan.estimate.communication import (
     traffic,
 )
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
-from meshconf.features.plan.estimate.pipeline import split_problem, weights_problem
+from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 
@@ -59,6 +59,7 @@ def estimate(
     """Memory, fit, communication and step time of ``par``; ``crosses`` says, per dim, how
     many levels its groups cross, and ``bandwidths`` the bandwidth at each count
     (:func:`~meshconf.features.plan.estimate.communication.traffic`)."""
+    # the chunks per rank and the end chunks' layers, as this model gives them
     training, chunking = training.for_model(arch.layers, par.pp)
     memory = estimate_memory(arch, par, training)
     work = busiest_stage(arch, par, training)
@@ -79,12 +80,7 @@ def estimate(
             compute, compute_mfu = at_peak, None
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
-    weights = training.split_weights
-    problem = (
-        chunking
-        or (None if weights is None else weights_problem(arch.layers, chunks, *weights))
-        or split_problem(arch.layers, chunks, training.stage_ends(arch.layers, par.pp))
-    )
+    problem = chunking or split_problem(arch.layers, chunks, training.stage_ends)
     return Estimate(
         memory=memory,
         fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,

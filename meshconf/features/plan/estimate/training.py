@@ -23,7 +23,11 @@ from meshconf.core.training import (
     Schedule,
     ZeroStage,
 )
-from meshconf.features.plan.estimate.pipeline import chunks_from_layers, weighted_ends
+from meshconf.features.plan.estimate.pipeline import (
+    chunks_from_layers,
+    weighted_ends,
+    weights_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -102,28 +106,36 @@ class Training:
         return (self.embedding_as_layers or 0, self.output_as_layers or 0)
 
     def for_model(self, layers: int, pp: int) -> tuple[Training, str | None]:
-        """These settings with the model chunks per pipeline rank that ``layers_per_stage``
-        gives a model of ``layers`` layers over ``pp`` ranks, and why the schedule cannot run
-        them, or None; the settings themselves without ``layers_per_stage``."""
-        if self.layers_per_stage is None:
-            return self, None
-        interleaved = self.schedule == "interleaved"
-        per_rank, problem = chunks_from_layers(
-            layers, pp, self.layers_per_stage, self.split_weights or (0, 0), interleaved
-        )
-        virtual = per_rank if interleaved else 1
-        return replace(self, layers_per_stage=None, virtual_stages=virtual), problem
-
-    def stage_ends(self, layers: int, pp: int) -> Ends:
-        """Layers of the first and the last pipeline chunk of a model of ``layers`` layers
-        over ``pp`` ranks: as given, or as the embedding's and output's weights leave them;
-        None where the even split decides."""
-        given = (self.first_stage_layers, self.last_stage_layers)
-        chunks = pp * self.chunks_per_stage
+        """These settings resolved for a model of ``layers`` layers over ``pp`` ranks, as
+        the estimators take them: the model chunks per rank that ``layers_per_stage`` gives,
+        and the first and last chunk's layers that the embedding's and output's weights leave
+        (torchtitan's split); with why the pipeline cannot be split so, or None."""
+        resolved, problem = self, None
+        if self.layers_per_stage is not None:
+            interleaved = self.schedule == "interleaved"
+            per_rank, problem = chunks_from_layers(
+                layers, pp, self.layers_per_stage, self.split_weights or (0, 0), interleaved
+            )
+            virtual = per_rank if interleaved else 1
+            resolved = replace(self, layers_per_stage=None, virtual_stages=virtual)
+        chunks = pp * resolved.chunks_per_stage
         weights = self.split_weights
-        if given != (None, None) or chunks < 2 or weights is None:
-            return given
-        return weighted_ends(layers, chunks, *weights)
+        if weights is None or chunks < 2:
+            return resolved, problem
+        first, last = weighted_ends(layers, chunks, *weights)
+        return replace(
+            resolved,
+            embedding_as_layers=None,
+            output_as_layers=None,
+            first_stage_layers=first,
+            last_stage_layers=last,
+        ), problem or weights_problem(layers, chunks, *weights)
+
+    @property
+    def stage_ends(self) -> Ends:
+        """Layers of the first and the last pipeline chunk, where given (or, resolved for a
+        model by :meth:`for_model`, left by the ends' weights)."""
+        return (self.first_stage_layers, self.last_stage_layers)
 
     def reshards(self, pp: int) -> bool:
         """Whether FSDP frees a block's gathered parameters after its forward pass."""
