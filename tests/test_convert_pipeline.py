@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_convert_recompute import toml_values
 
 import meshconf
 from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
@@ -186,18 +187,8 @@ def test_nemo_s_split_switch_is_read_by_its_value(
     assert training.model_dump(exclude_none=True) == {"zero_stage": 0} | (expected or {})
 
 
-#: Any value a TOML document holds, and the words these keys use.
-TOML_VALUES = st.recursive(
-    st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False)
-    | st.text(max_size=6)
-    | st.sampled_from(["1F1B", "interleaved1f1b", "DualPipeV", "GPipe", "0", "1"]),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
-    max_leaves=6,
-)
+#: Any value a TOML document holds, and the words the pipeline keys use.
+TOML_VALUES = toml_values("1F1B", "interleaved1f1b", "DualPipeV", "GPipe", "0", "1")
 PIPELINE_KEYS = (
     "pipeline_parallel_schedule",
     "pipeline_parallel_first_stage_less_layers",

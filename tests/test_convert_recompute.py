@@ -297,18 +297,24 @@ def test_a_torchtitan_job_toml_converts_its_training_tables(run_cli, tmp_path: P
     ) in comments
 
 
-#: Any value a TOML document holds, and the words the tables use.
-TOML_VALUES = st.recursive(
-    st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False)
-    | st.text(max_size=6)
-    | st.sampled_from(["none", "full", "selective", "memory_budget", "op", "2", "0", "-1"]),
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
-    ),
-    max_leaves=6,
-)
+def toml_values(*words: str) -> st.SearchStrategy[object]:
+    """Any value a TOML document holds, and ``words`` among its strings."""
+    return st.recursive(
+        st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=6)
+        | st.sampled_from(words),
+        lambda children: (
+            st.lists(children, max_size=3)
+            | st.dictionaries(st.text(max_size=4), children, max_size=3)
+        ),
+        max_leaves=6,
+    )
+
+
+#: The words the checkpointing tables use.
+TOML_VALUES = toml_values("none", "full", "selective", "memory_budget", "op", "2", "0", "-1")
 
 
 @given(
