@@ -266,11 +266,14 @@ def test_torchtitan_etp_with_experts_is_kept() -> None:
     [
         ({"fsdp_reshard_after_forward": "never"},
          {"reshard_after_forward": "never", "pp_schedule": "1f1b"}),
-        ({"pipeline_parallel_schedule": "DualPipeV"}, {"ep_overlap": True}),
+        ({"pipeline_parallel_schedule": "DualPipeV"},
+         {"pp_schedule": "dualpipev", "ep_overlap": True}),
         # torch's get_schedule_class ignores case
-        ({"pipeline_parallel_schedule": "dualpipev"}, {"ep_overlap": True}),
+        ({"pipeline_parallel_schedule": "dualpipev"},
+         {"pp_schedule": "dualpipev", "ep_overlap": True}),
         ({"pipeline_parallel_schedule": "DualPipeV",
-          "pipeline_parallel_expert_parallel_overlap": False}, {}),
+          "pipeline_parallel_expert_parallel_overlap": False}, {"pp_schedule": "dualpipev"}),
+        ({"pipeline_parallel_schedule": "ZBVZeroBubble"}, {"pp_schedule": "zbv"}),
         ({"pipeline_parallel_schedule": "Interleaved1F1B"},
          {"pp_schedule": "interleaved", "virtual_stages": 2}),
         ({"pipeline_parallel_schedule": "interleaved1f1b"},

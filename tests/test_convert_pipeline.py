@@ -42,6 +42,13 @@ def _torchtitan(table: dict[str, object]) -> tuple[dict[str, object], tuple[str,
         ),
         ({"pipeline_parallel_schedule": "gpipe"},
          {"pp_schedule": "gpipe", "embedding_as_layers": 1, "output_as_layers": 1}),
+        ({"pipeline_parallel_schedule": "ZBVZeroBubble"},
+         {"pp_schedule": "zbv", "embedding_as_layers": 1, "output_as_layers": 1}),
+        (
+            {"pipeline_parallel_schedule": "dualpipev", "pipeline_parallel_layers_per_stage": 2},
+            {"pp_schedule": "dualpipev", "layers_per_stage": 2, "embedding_as_layers": 1,
+             "output_as_layers": 1},
+        ),
         (
             {"pipeline_parallel_schedule": "Interleaved1F1B",
              "pipeline_parallel_layers_per_stage": 4},
@@ -67,10 +74,10 @@ def test_without_a_pipeline_nothing_of_it_is_written() -> None:
     ("table", "note"),
     [
         (
-            {"pipeline_parallel_schedule": "ZBVZeroBubble"},
-            'pipeline_parallel_schedule = "ZBVZeroBubble" is not converted: the estimate models '
-            "1F1B, Interleaved1F1B and GPipe; give --pp-schedule and --virtual-stages to plan "
-            "and show.",
+            {"pipeline_parallel_schedule": "InterleavedZeroBubble"},
+            'pipeline_parallel_schedule = "InterleavedZeroBubble" is not converted: the estimate '
+            "models 1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble and DualPipeV; give "
+            "--pp-schedule and --virtual-stages to plan and show.",
         ),
         (
             {"module_fqns_per_model_part": [["tok_embeddings", "layers.0"], ["layers.1"]]},

@@ -204,21 +204,26 @@ def test_the_block_gives_what_the_options_give(run_cli, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("layers", "pp", "per_stage", "weights", "interleaved", "per_rank", "problem"),
+    ("layers", "pp", "per_stage", "weights", "schedule", "per_rank", "problem"),
     [
         # torchtitan: num_virtual_stages = ceil((layers + weights) / layers_per_stage)
-        (30, 4, 4, (1, 1), True, 2, None),
-        (32, 4, 8, (0, 0), False, 1, None),
-        (32, 4, 3, (1, 1), True, 3, None),
+        (30, 4, 4, (1, 1), "interleaved", 2, None),
+        (32, 4, 8, (0, 0), "1f1b", 1, None),
+        (32, 4, 3, (1, 1), "interleaved", 3, None),
         # "Number of virtual stages (9) must be divisible by pipeline parallel size (4)"
-        (32, 4, 4, (1, 1), True, 2, "4 layers a chunk make 9 chunks of 34 layers: not a multiple "
+        (32, 4, 4, (1, 1), "interleaved", 2, "4 layers a chunk make 9 chunks of 34 layers: not a multiple "
          "of pp 4"),
         # "Single stage schedule requires exactly 1 stage per rank, but got 2"
-        (32, 2, 8, (0, 0), False, 2, "8 layers a chunk make 4 chunks of 32 layers, 2 a pipeline "
+        (32, 2, 8, (0, 0), "1f1b", 2, "8 layers a chunk make 4 chunks of 32 layers, 2 a pipeline "
          "rank: 1f1b runs one"),
         # "Multi-stage schedule requires at least 2 stages per rank, but got 1"
-        (32, 4, 8, (0, 0), True, 1, "8 layers a chunk make 4 chunks of 32 layers, 1 a pipeline "
+        (32, 4, 8, (0, 0), "interleaved", 1, "8 layers a chunk make 4 chunks of 32 layers, 1 a pipeline "
          "rank: interleaved needs at least 2"),
+        # ZBVZeroBubble and DualPipeV: "ZBV requires exactly 2 stages per rank"
+        (30, 4, 4, (1, 1), "zbv", 2, None),
+        (32, 4, 2, (0, 0), "dualpipev", 4, "2 layers a chunk make 16 chunks of 32 layers, 4 a "
+         "pipeline rank: dualpipev runs two"),
+        (32, 4, 8, (0, 0), "gpipe", 1, None),
     ],
 )  # fmt: skip
 def test_layers_per_stage_set_the_chunks_as_torchtitan_does(
@@ -226,11 +231,11 @@ def test_layers_per_stage_set_the_chunks_as_torchtitan_does(
     pp: int,
     per_stage: int,
     weights: tuple[int, int],
-    interleaved: bool,
+    schedule: str,
     per_rank: int,
     problem: str | None,
 ) -> None:
-    assert chunks_from_layers(layers, pp, per_stage, weights, interleaved) == (per_rank, problem)
+    assert chunks_from_layers(layers, pp, per_stage, weights, schedule) == (per_rank, problem)
 
 
 def test_layers_per_stage_split_the_chunks_as_torchtitan_does() -> None:

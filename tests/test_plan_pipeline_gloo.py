@@ -1,11 +1,14 @@
 """The micro-batches in flight that the estimate holds activations for, against torch's own
 pipeline schedules run for real: on ``pp`` gloo processes, over meshconf's ``pp`` mesh,
-``torch.distributed.pipelining``'s ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and
-``ScheduleGPipe`` run a step of small stages. Each rank counts, over its model chunks, the
-chunk-micro-batches whose forward pass the schedule has run and whose backward pass it has
-not begun; the most at any time, on every rank, equals the estimate's in-flight count
-(Narayanan et al. 2021, section 2.2): ``pp - rank`` for 1F1B, ``2 (pp - rank - 1) + (v - 1)
-pp + 1`` interleaved, never more than the step runs; every micro-batch for GPipe."""
+``torch.distributed.pipelining``'s ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+``ScheduleGPipe``, ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` run a step of small
+stages, each rank's chunks where meshconf places them. Each rank counts, over its model
+chunks, the chunk-micro-batches whose forward pass the schedule has run and whose backward
+pass (for the weights, where the schedule runs it apart) has not ended; the most at any
+time, on every rank, equals the estimate's in-flight count: ``pp - rank`` for 1F1B, ``2 (pp
+- rank - 1) + (v - 1) pp + 1`` interleaved, never more than the step runs; every micro-batch
+for GPipe; ``min(m, 2 pp - rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for
+DualPipeV."""
 
 from __future__ import annotations
 
@@ -16,14 +19,15 @@ import torch
 from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
-from meshconf.features.plan.estimate.memory import in_flight_chunks
+from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
+from meshconf.features.plan.estimate.schedule import in_flight_chunks
 from meshconf.features.plan.estimate.training import Training
 
 WIDTH = 4
 
 
 class _Counter:
-    """Chunk-micro-batches whose forward pass ran and whose backward pass has not begun,
+    """Chunk-micro-batches whose forward pass ran and whose backward pass has not ended,
     and the most there were at once."""
 
     def __init__(self) -> None:
@@ -33,8 +37,11 @@ class _Counter:
 
 def _counted(stage: Any, counter: _Counter) -> Any:
     """The stage, its schedule's forward and backward passes of one chunk-micro-batch
-    counted (not the stage's own forward pass that infers the shapes it sends)."""
+    counted (not the stage's own forward pass that infers the shapes it sends). A backward
+    pass for the inputs alone keeps the graph, and what it saved, for the one for the
+    weights."""
     forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+    weight = stage.backward_weight_one_chunk
 
     def counted_forward(*args: Any, **kwargs: Any) -> Any:
         counter.now += 1
@@ -42,10 +49,16 @@ def _counted(stage: Any, counter: _Counter) -> Any:
         return forward(*args, **kwargs)
 
     def counted_backward(*args: Any, **kwargs: Any) -> Any:
-        counter.now -= 1
+        if kwargs.get("full_backward", True):
+            counter.now -= 1
         return backward(*args, **kwargs)
 
+    def counted_weight(*args: Any, **kwargs: Any) -> Any:
+        counter.now -= 1
+        return weight(*args, **kwargs)
+
     stage.forward_one_chunk, stage.backward_one_chunk = counted_forward, counted_backward
+    stage.backward_weight_one_chunk = counted_weight
     return stage
 
 
@@ -55,9 +68,13 @@ def _most_in_flight(
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
+        ScheduleDualPipeV,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
+        ScheduleZBVZeroBubble,
     )
+
+    v_shape = schedule_name in ("zbv", "dualpipev")
 
     config = load_config({"world_size": pp, "degrees": {"pp": pp}})
     with DistributedContext(config, environ=environ) as ctx:
@@ -66,29 +83,30 @@ def _most_in_flight(
         stages = [
             _counted(
                 PipelineStage(
-                    torch.nn.Linear(WIDTH, WIDTH),
-                    rank + chunk * pp,
-                    pp * virtual,
-                    "cpu",
-                    group=group,
+                    torch.nn.Linear(WIDTH, WIDTH), chunk, pp * virtual, "cpu", group=group
                 ),
                 counter,
             )
-            for chunk in range(virtual)
+            for chunk in chunk_ids(pp, virtual, rank, v_shape)
         ]
 
         def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.mse_loss(output, target)
 
         schedule: Any
-        if schedule_name == "interleaved":
-            schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss)
+        multi = {
+            "interleaved": ScheduleInterleaved1F1B,
+            "zbv": ScheduleZBVZeroBubble,
+            "dualpipev": ScheduleDualPipeV,
+        }
+        if schedule_name in multi:
+            schedule = multi[schedule_name](stages, m, loss_fn=loss)
         else:
             single = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule_name]
             schedule = single(stages[0], m, loss_fn=loss)
         torch.manual_seed(0)
         inputs, target = torch.randn(m, WIDTH), torch.randn(m, WIDTH)
-        last = (pp * virtual - 1) % pp
+        last = rank_of_chunk(pp, pp * virtual - 1, v_shape)
         kwargs: dict[str, Any] = {"target": target, "losses": []} if rank == last else {}
         schedule.step(*([inputs] if rank == 0 else []), **kwargs)
         assert counter.now == 0  # every backward pass ran
@@ -108,6 +126,13 @@ def _most_in_flight(
         ("interleaved", 2, 3, 6),
         ("gpipe", 2, 1, 4),
         ("gpipe", 3, 1, 5),
+        ("zbv", 2, 2, 2),
+        ("zbv", 3, 2, 3),
+        ("zbv", 4, 2, 4),
+        ("zbv", 3, 2, 9),
+        ("dualpipev", 2, 2, 4),
+        ("dualpipev", 3, 2, 7),
+        ("dualpipev", 4, 2, 8),
     ],
 )
 def test_the_micro_batches_in_flight_are_torch_s_schedules(

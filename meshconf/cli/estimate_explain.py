@@ -24,6 +24,13 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "SelectiveAC",
     }
 )
+#: Where the micro-batches in flight of the schedules in a V come from.
+_V_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
+        "dualpipev": "; dualpipev: the DeepSeek-V3 report, table 2, torch's ScheduleDualPipeV",
+    }
+)
 _SHARDED = (
     "nothing",
     "the optimizer state",
@@ -108,7 +115,8 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
             "term": term,
             "gib": gib(getattr(memory, term)),
             "holds": holds[term],
-            "source": SOURCES[term],
+            "source": SOURCES[term]
+            + (_V_SOURCES.get(training.schedule, "") if term == "activations" else ""),
         }
         for term in holds
     ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zbv", "dualpipev"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -24,7 +24,11 @@ MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe", "zbv", "dualpipev")
+#: The schedules that place two model chunks on each pipeline rank in a V: chunk ``r`` and
+#: chunk ``2 pp - 1 - r`` on rank ``r`` (torch's ``ScheduleZBVZeroBubble`` and
+#: ``ScheduleDualPipeV``), so the first rank holds the embedding and the output.
+V_SCHEDULES: tuple[Schedule, ...] = ("zbv", "dualpipev")
 #: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
 #: with pipeline parallelism and ``always`` without.
 RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")

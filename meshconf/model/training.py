@@ -92,8 +92,10 @@ class TrainingOptions(BaseModel):
     pp_schedule: Schedule | None = Field(
         None,
         description="The pipeline schedule: 1f1b (the default), interleaved (1F1B over "
-        "virtual_stages chunks a rank) or gpipe (every forward pass before the backward "
-        "passes).",
+        "virtual_stages chunks a rank), gpipe (every forward pass before the backward "
+        "passes), zbv (torch's ZBVZeroBubble) or dualpipev (DualPipeV); zbv and dualpipev "
+        "place two chunks on each rank in a V, the first rank holding the embedding and the "
+        "output.",
         examples=["interleaved"],
     )
     virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(

@@ -95,7 +95,7 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
 
 #: The pipeline schedules ``torch.distributed.pipelining`` knows (torchtitan passes the name to
 #: its ``get_schedule_class``, which ignores case), and the estimate's name for those it
-#: models: 1F1B, the interleaved 1F1B and GPipe.
+#: models: 1F1B, the interleaved 1F1B, GPipe, and the two in a V, ZBV and DualPipeV.
 _SCHEDULES = (
     "1F1B",
     "Interleaved1F1B",
@@ -107,7 +107,13 @@ _SCHEDULES = (
     "ZBVZeroBubble",
     "DualPipeV",
 )
-_ESTIMATED_SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "GPipe": "gpipe"}
+_ESTIMATED_SCHEDULES = {
+    "1F1B": "1f1b",
+    "Interleaved1F1B": "interleaved",
+    "GPipe": "gpipe",
+    "ZBVZeroBubble": "zbv",
+    "DualPipeV": "dualpipev",
+}
 #: torchtitan's weights of the embedding and the output in the pipeline split (1 each by
 #: default), and the key of the ``training`` block each one is.
 _SPLIT_WEIGHTS = {
@@ -156,8 +162,8 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
     if schedule not in _ESTIMATED_SCHEDULES:
         draft.notes.append(
             f'pipeline_parallel_schedule = "{schedule}" is not converted: the estimate models '
-            "1F1B, Interleaved1F1B and GPipe; give --pp-schedule and --virtual-stages to plan and "
-            "show."
+            "1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble and DualPipeV; give --pp-schedule and "
+            "--virtual-stages to plan and show."
         )
         return schedule
     draft.training["pp_schedule"] = _ESTIMATED_SCHEDULES[schedule]

@@ -101,6 +101,7 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
         training.chunks_per_stage,
         training.stage_ends,
         (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
+        training.v_shape,
     )
 
 
@@ -111,8 +112,9 @@ def _busiest_stage(
     chunks_per_stage: int,
     ends: Ends,
     recomputation: tuple[Checkpointing, int | None, int | None],
+    v_shape: bool,
 ) -> StageWork:
-    stages = rank_stages(arch, par.pp, chunks_per_stage, ends)
+    stages = rank_stages(arch, par.pp, chunks_per_stage, ends, v_shape)
     stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
     layers = stage.layers
     dense = expert = linear = 0

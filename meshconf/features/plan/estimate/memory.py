@@ -15,6 +15,7 @@ from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
+from meshconf.features.plan.estimate.schedule import in_flight_chunks
 from meshconf.features.plan.estimate.training import (
     ChunkSizes,
     Parallelism,
@@ -96,7 +97,9 @@ def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
     """The memory of the pipeline rank with the largest total; ``training`` resolved for the
     model (:meth:`Training.for_model`)."""
-    stages = rank_stages(arch, par.pp, training.chunks_per_stage, training.stage_ends)
+    stages = rank_stages(
+        arch, par.pp, training.chunks_per_stage, training.stage_ends, training.v_shape
+    )
     return max(
         (rank_memory(arch, par, training, stage) for stage in stages),
         key=lambda memory: memory.total,
@@ -352,21 +355,6 @@ def _chunk_blocks(
         )
         for chunk, wholes in zip(sizes, recomputed, strict=True)
     )
-
-
-def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
-    """Micro-batches whose activations a pipeline rank holds at its peak (per model chunk
-    for the interleaved schedule): 1F1B starts ``pp - rank`` before its first backward
-    (Narayanan et al. 2021, section 2.2); the interleaved schedule of Megatron-LM warms up
-    ``2 (pp - rank - 1) + (v - 1) pp`` chunk-micro-batches, then holds one more; GPipe runs
-    every forward pass before the first backward (Huang et al. 2019; Narayanan et al.,
-    section 2.2.1)."""
-    v = training.chunks_per_stage
-    if training.schedule == "gpipe":
-        return microbatches
-    if v == 1:
-        return min(microbatches, pp - rank)
-    return min(microbatches * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
 
 
 def _tp_local(weight: Weight, par: Parallelism) -> tuple[int, int]:

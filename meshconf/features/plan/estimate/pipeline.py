@@ -1,7 +1,8 @@
 """How a model's layers are cut into pipeline chunks, and what each pipeline rank holds:
 the even split (the first and last chunks the smaller), an explicit first and last chunk,
 the split that counts the embedding and the output as layers, the splits that cannot be
-made, and the ranks that can need the most memory.
+made, the chunks' places on the ranks (in rounds, or in a V), and the ranks that can need
+the most memory.
 
 Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 """
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from meshconf.core.training import TRAINING_BOUNDS, Ends
+from meshconf.core.training import TRAINING_BOUNDS, V_SCHEDULES, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.
@@ -20,19 +21,40 @@ KINDS: tuple[LayerKind, ...] = ("dense", "moe")
 
 
 def stage_layers(
-    layers: int, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+    layers: int, pp: int, chunks_per_stage: int, ends: Ends = (None, None), v_shape: bool = False
 ) -> list[list[list[int]]]:
     """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
-    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends) for rank in range(pp))
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends, v_shape) for rank in range(pp))
     return [[list(chunk) for chunk in chunks] for chunks in ranks]
 
 
+def chunk_ids(pp: int, chunks_per_stage: int, rank: int, v_shape: bool = False) -> range:
+    """The model chunks a pipeline rank runs, in model order. In rounds, chunk ``c`` runs on
+    rank ``c % pp`` (torch's ``Interleaved1F1B``); in a V (``v_shape``, two chunks a rank),
+    rank ``r`` runs chunks ``r`` and ``2 pp - 1 - r`` (``ZBVZeroBubble``, ``DualPipeV``)."""
+    if v_shape:
+        return range(rank, 2 * pp - rank, 2 * (pp - rank) - 1)
+    return range(rank, pp * chunks_per_stage, pp)
+
+
+def rank_of_chunk(pp: int, chunk: int, v_shape: bool = False) -> int:
+    """The pipeline rank that runs a chunk (:func:`chunk_ids`)."""
+    if v_shape and chunk >= pp:
+        return 2 * pp - 1 - chunk
+    return chunk % pp
+
+
 def rank_chunks(
-    layers: int, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+    layers: int,
+    pp: int,
+    chunks_per_stage: int,
+    rank: int,
+    ends: Ends = (None, None),
+    v_shape: bool = False,
 ) -> list[range]:
     """The layers of one pipeline rank, chunk by chunk. The model is cut into
-    ``pp * chunks_per_stage`` chunks of consecutive layers; chunk ``c`` runs on rank
-    ``c % pp``. Sizes differ by at most one, and the larger ones go to the middle chunks
+    ``pp * chunks_per_stage`` chunks of consecutive layers, placed on the ranks by
+    :func:`chunk_ids`. Sizes differ by at most one, and the larger ones go to the middle chunks
     first, so the first chunk (with the embedding) and the last (with the output) are the
     smaller ones when the layers do not divide evenly. ``ends`` gives the first and the last
     chunk's layers instead, as Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
@@ -42,11 +64,12 @@ def rank_chunks(
     if ends != (None, None) and count >= 2:
         split = EndSplit.of(layers, count, ends)
         return [
-            range(split.start(c), split.start(c) + split.size(c)) for c in range(rank, count, pp)
+            range(split.start(c), split.start(c) + split.size(c))
+            for c in chunk_ids(pp, chunks_per_stage, rank, v_shape)
         ]
     base, extra = divmod(layers, count)
     found = []
-    for chunk in range(rank, count, pp):
+    for chunk in chunk_ids(pp, chunks_per_stage, rank, v_shape):
         start = chunk * base + _extras_before(chunk, extra, count)
         size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
         found.append(range(start, start + size))
@@ -100,7 +123,7 @@ class EndSplit:
 
 
 def chunks_from_layers(
-    layers: int, pp: int, layers_per_stage: int, weights: tuple[int, int], interleaved: bool
+    layers: int, pp: int, layers_per_stage: int, weights: tuple[int, int], schedule: str
 ) -> tuple[int, str | None]:
     """The model chunks per pipeline rank when each chunk holds ``layers_per_stage`` of the
     ``layers`` plus the ends' ``weights``, as torchtitan's ``pipeline_parallel_layers_per_stage``
@@ -117,9 +140,11 @@ def chunks_from_layers(
     problem = None
     if chunks % pp:
         problem = f"{made}: not a multiple of pp {pp}"
-    elif not interleaved and per_rank != 1:
-        problem = f"{made}, {per_rank} a pipeline rank: 1f1b runs one"
-    elif interleaved and per_rank < 2:
+    elif schedule in V_SCHEDULES and per_rank != 2:
+        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs two"
+    elif schedule in ("1f1b", "gpipe") and per_rank != 1:
+        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
+    elif schedule == "interleaved" and per_rank < 2:
         problem = f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
     elif per_rank > most:
         problem = f"{made}, {per_rank} a pipeline rank: more than {most}"
@@ -189,14 +214,19 @@ def _extras_before(chunk: int, extra: int, count: int) -> int:
 
 
 def candidate_ranks(
-    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+    arch: Architecture,
+    pp: int,
+    chunks_per_stage: int,
+    ends: Ends = (None, None),
+    v_shape: bool = False,
 ) -> list[int]:
     """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
     numbers and kinds of layers differ only in the micro-batches in flight, which fall with
-    the rank, so the first rank of each run of equal ranks is enough, with the last rank
-    (the output). Runs end where a round of chunks crosses the chunks with one layer more
-    (chunks 1 to ``extra``; with ``ends``, the free chunks that take one more) or the first
-    layer with experts."""
+    the rank in rounds, so the first rank of each run of equal ranks is enough, with the
+    last rank (the output). Runs end where a round of chunks crosses the chunks with one
+    layer more (chunks 1 to ``extra``; with ``ends``, the free chunks that take one more) or
+    the first layer with experts. In a V, where the micro-batches in flight do not fall with
+    the rank, both ends of each run are taken."""
     count = pp * chunks_per_stage
     experts = arch.experts
     if ends != (None, None) and count >= 2:
@@ -214,11 +244,18 @@ def candidate_ranks(
             )
 
     edges = {0, pp - 1}
-    for round_ in range(chunks_per_stage):
-        edges.update(boundary - round_ * pp for boundary in boundaries)
+    moe_edges: tuple[int, ...] = ()
     if experts is not None and 0 < experts.dense_layers < arch.layers:
-        for layer in (experts.dense_layers - 1, experts.dense_layers):
-            chunk = chunk_of(layer)
+        moe_edges = (chunk_of(experts.dense_layers - 1), chunk_of(experts.dense_layers))
+    if v_shape:
+        for chunk in (*boundaries, *moe_edges):
+            if 0 <= chunk < count:
+                rank = rank_of_chunk(pp, chunk, v_shape)
+                edges.update((rank - 1, rank, rank + 1))
+    else:
+        for round_ in range(chunks_per_stage):
+            edges.update(boundary - round_ * pp for boundary in boundaries)
+        for chunk in moe_edges:
             edges.update((chunk % pp, chunk % pp + 1))
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
@@ -258,19 +295,28 @@ class RankStage:
 
 @lru_cache(maxsize=1024)
 def rank_stages(
-    arch: Architecture, pp: int, chunks_per_stage: int, ends: Ends = (None, None)
+    arch: Architecture,
+    pp: int,
+    chunks_per_stage: int,
+    ends: Ends = (None, None),
+    v_shape: bool = False,
 ) -> tuple[RankStage, ...]:
     """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
-    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends)
-    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends) for rank in ranks)
+    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends, v_shape)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends, v_shape) for rank in ranks)
 
 
 def rank_stage(
-    arch: Architecture, pp: int, chunks_per_stage: int, rank: int, ends: Ends = (None, None)
+    arch: Architecture,
+    pp: int,
+    chunks_per_stage: int,
+    rank: int,
+    ends: Ends = (None, None),
+    v_shape: bool = False,
 ) -> RankStage:
     """What pipeline rank ``rank`` holds."""
-    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends)
-    last_rank = (pp * chunks_per_stage - 1) % pp
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends, v_shape)
+    last_rank = rank_of_chunk(pp, pp * chunks_per_stage - 1, v_shape)
     kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
     return RankStage(rank, kinds, rank == 0, rank == last_rank)
 

@@ -22,6 +22,11 @@ from meshconf.features.plan.estimate.communication import (
 )
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
+from meshconf.features.plan.estimate.schedule import (
+    PassFlops,
+    bubble_fraction,
+    schedule_problem,
+)
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 
 
@@ -65,8 +70,9 @@ def estimate(
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
     flows = traffic(arch, par, training, crosses, work, bandwidths)
-    at_peak = _flops(arch, par, training, work, m) / (training.peak_tflops * 1e12)
-    bubble = (par.pp - 1) / (training.chunks_per_stage * m)
+    passes = pass_flops(arch, par, training, work)
+    at_peak = _flops(par, training, passes, m) / (training.peak_tflops * 1e12)
+    bubble = bubble_fraction(par.pp, m, training, passes)
     hidden = overlapped_dims(training)
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in hidden)
     overlapped = sum(flow.seconds for flow in flows.values() if flow.name in hidden)
@@ -80,7 +86,11 @@ def estimate(
             compute, compute_mfu = at_peak, None
     step = (compute + exposed) * (1 + bubble) + max(0.0, overlapped - compute)
     chunks = par.pp * training.chunks_per_stage
-    problem = chunking or split_problem(arch.layers, chunks, training.stage_ends)
+    problem = (
+        chunking
+        or split_problem(arch.layers, chunks, training.stage_ends)
+        or schedule_problem(par.pp, m, training)
+    )
     return Estimate(
         memory=memory,
         fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,
@@ -111,18 +121,26 @@ def _compute_within(step: float, exposed: float, overlapped: float, bubble: floa
     return short if short > 0 else None
 
 
-def _flops(
-    arch: Architecture, par: Parallelism, training: Training, work: StageWork, m: int
-) -> float:
-    """FLOPs of one rank per step: ``6 N`` per token for the weights it applies (Kaplan et
-    al. 2020) and ``6 s`` per token per attention dim for the scores and their use (PaLM,
-    Chowdhery et al. 2022, appendix B), split by tp. These are the model's FLOPs, which
-    published MFU counts; with ``mfu_counts`` "hardware", full recomputation's extra forward
-    pass is counted too (8 N), as hardware FLOPs utilization is (PaLM, appendix B), and
-    so are the products ``selective`` runs again (:func:`activations.recomputed_weights`)."""
+def _flops(par: Parallelism, training: Training, passes: PassFlops, m: int) -> float:
+    """FLOPs of one rank per step. These are the model's FLOPs, which published MFU counts;
+    with ``mfu_counts`` "hardware", what is recomputed is counted too (8 N with full
+    recomputation), as hardware FLOPs utilization is (PaLM, appendix B)."""
     tokens = m * training.micro_batch * training.seq_len // par.cp
-    hardware = training.mfu_counts == "hardware"
-    passes = 3 + (work.recomputed_layers / work.layers if hardware and work.layers else 0)
+    per_token = passes.total
+    if training.mfu_counts == "model":
+        per_token -= passes.recomputed
+    return per_token * tokens
+
+
+def pass_flops(
+    arch: Architecture, par: Parallelism, training: Training, work: StageWork
+) -> PassFlops:
+    """FLOPs per token of one rank's passes: ``2 N`` a pass for the weights it applies
+    (Kaplan et al. 2020: ``6 N`` in all) and ``2 s`` per attention dim for the scores and
+    their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B), split by tp.
+    The backward pass for the inputs also runs what is recomputed: full recomputation's
+    forward pass of its blocks, and the products ``selective`` runs again
+    (:func:`activations.recomputed_weights`)."""
     # the embedding is a look-up, not a matrix product
     active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
     attention = arch.attention
@@ -131,17 +149,20 @@ def _flops(
     else:
         qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
         width = attention.heads * (qk + attention.v_head_dim)
-    per_token = 2 * passes * active + passes * 2 * training.seq_len * width * work.layers / par.tp
-    if hardware and training.checkpointing == "selective":
+    weights = 2 * active
+    scores = 2 * training.seq_len * width * work.layers / par.tp
+    recomputed = (work.recomputed_layers / work.layers if work.layers else 0) * (weights + scores)
+    if training.checkpointing == "selective":
         layers: dict[LayerKind, int] = {
             "dense": work.layers - work.moe_layers,
             "moe": work.moe_layers,
         }
         for kind, count in layers.items():
             if count:
-                recomputed = activations.recomputed_weights(arch, kind, par.tp, par.etp)
-                per_token += 2 * count * recomputed
-    return per_token * tokens
+                recomputed += (
+                    2 * count * activations.recomputed_weights(arch, kind, par.tp, par.etp)
+                )
+    return PassFlops(weights + scores, weights + 2 * scores + recomputed, weights, recomputed)
 
 
 def _active_experts(arch: Architecture, work: StageWork, par: Parallelism) -> float:

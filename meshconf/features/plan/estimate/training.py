@@ -14,6 +14,7 @@ from meshconf.core.training import (
     DISPATCH_BYTES,
     DTYPE_BYTES,
     FP8_BYTES,
+    V_SCHEDULES,
     Checkpointing,
     DispatchDtype,
     Ends,
@@ -112,11 +113,10 @@ class Training:
         (torchtitan's split); with why the pipeline cannot be split so, or None."""
         resolved, problem = self, None
         if self.layers_per_stage is not None:
-            interleaved = self.schedule == "interleaved"
             per_rank, problem = chunks_from_layers(
-                layers, pp, self.layers_per_stage, self.split_weights or (0, 0), interleaved
+                layers, pp, self.layers_per_stage, self.split_weights or (0, 0), self.schedule
             )
-            virtual = per_rank if interleaved else 1
+            virtual = per_rank if self.schedule == "interleaved" else 1
             resolved = replace(self, layers_per_stage=None, virtual_stages=virtual)
         chunks = pp * resolved.chunks_per_stage
         weights = self.split_weights
@@ -145,8 +145,16 @@ class Training:
 
     @property
     def chunks_per_stage(self) -> int:
-        """Model chunks each pipeline rank holds: 1, or the virtual stages when interleaved."""
+        """Model chunks each pipeline rank holds: 1, the virtual stages when interleaved, 2 in
+        a V."""
+        if self.v_shape:
+            return 2
         return self.virtual_stages if self.schedule == "interleaved" else 1
+
+    @property
+    def v_shape(self) -> bool:
+        """Whether the schedule places the chunks in a V (:data:`V_SCHEDULES`)."""
+        return self.schedule in V_SCHEDULES
 
 
 #: Blocks of each kind, chunk by chunk, of one pipeline rank.

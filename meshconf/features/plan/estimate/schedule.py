@@ -1,0 +1,101 @@
+"""What a pipeline schedule costs a rank: the chunk-micro-batches whose activations it holds
+at its peak, the bubble of the step, and the micro-batch counts a schedule cannot run.
+
+Pure Python. Formulas and sources in docs/plan.md ("Pipeline schedules").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshconf.features.plan.estimate.training import Training
+
+
+@dataclass(frozen=True)
+class PassFlops:
+    """FLOPs per token of one rank's passes over a micro-batch, as the schedule runs them:
+    the forward pass, the backward pass for the inputs (what is recomputed included) and the
+    backward pass for the weights, which zero-bubble schedules run apart."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    #: What the backward pass for the inputs runs again, which model FLOPs do not count.
+    recomputed: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward_input + self.backward_weight
+
+
+def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
+    """Chunk-micro-batches whose activations a pipeline rank holds at its peak, from their
+    forward pass until their backward pass for the weights ends:
+
+    - 1F1B starts ``pp - rank`` before its first backward (Narayanan et al. 2021, section
+      2.2);
+    - the interleaved schedule of Megatron-LM warms up ``2 (pp - rank - 1) + (v - 1) pp``
+      chunk-micro-batches, then holds one more;
+    - GPipe runs every forward pass before the first backward (Huang et al. 2019);
+    - ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
+      chunk before the first backward of its second chunk's first forward pass (torch's
+      ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak);
+    - DualPipeV holds ``2 pp + 1`` (the DeepSeek-V3 report, table 2: ``PP + 1`` of ``PP``
+      stages).
+
+    Without a pipeline (``pp`` 1) no schedule runs: the micro-batches accumulate one after
+    the other."""
+    v = training.chunks_per_stage
+    m = microbatches
+    if pp == 1:
+        return v
+    if training.schedule == "gpipe":
+        return m
+    if training.schedule == "zbv":
+        return min(m, 2 * pp - rank - 1) + min(m, rank + 1)
+    if training.schedule == "dualpipev":
+        return min(2 * m, 2 * pp + 1)
+    if v == 1:
+        return min(m, pp - rank)
+    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
+
+
+def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
+    """The time a rank waits in a step, as a fraction of the time it computes:
+
+    - 1F1B and GPipe: ``(pp - 1) / m``; interleaved over ``v`` chunks: ``(pp - 1) / (v m)``
+      (Narayanan et al. 2021, section 2.2);
+    - ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
+      inputs and the weights: ``(pp - 1) max(b, 2 (b - w)) / (2 m (f + b + w))``, the
+      makespan of torch's ``ScheduleZBVZeroBubble`` for ``m >= 2 pp - 1`` and ``w <= f <= b``
+      (the backward pass for the inputs takes the attention's twice and what is recomputed);
+    - DualPipeV: ``(pp - 1) (F&B + B - 3 W) / (2 m (f + b + w))`` (the DeepSeek-V3 report,
+      table 2), with ``F&B``, a forward and a backward pass overlapped, as long as both:
+      ``f + 2 b - w``."""
+    m = microbatches
+    f, b, w = flops.forward, flops.backward_input, flops.backward_weight
+    if training.schedule == "zbv":
+        return (pp - 1) * max(b, 2 * (b - w)) / (2 * m * flops.total)
+    if training.schedule == "dualpipev":
+        return (pp - 1) * (f + 2 * b - w) / (2 * m * flops.total)
+    return (pp - 1) / (training.chunks_per_stage * m)
+
+
+def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
+    """Why the schedule cannot run (or the estimate cannot tell its step) with this many
+    micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
+    ``2 pp``; ``ScheduleZBVZeroBubble`` reaches its steady state, which the bubble describes,
+    from ``2 pp - 1``. Without a pipeline (``pp`` 1) no schedule runs."""
+    if pp == 1:
+        return None
+    least = {"dualpipev": 2 * pp, "zbv": 2 * pp - 1}.get(training.schedule)
+    if least is None or microbatches >= least:
+        return None
+    why = {
+        "dualpipev": "torch's DualPipeV runs no fewer",
+        "zbv": "with fewer, ZBV does not reach the steady state its bubble is estimated for",
+    }[training.schedule]
+    return (
+        f"{microbatches} micro-batches a step for {training.schedule} over pp {pp}: it needs "
+        f"at least {least}; {why}"
+    )
