@@ -6,7 +6,8 @@ stages, each rank's chunks where meshconf places them. Each rank counts, over it
 chunks, the chunk-micro-batches whose forward pass the schedule has run and whose backward
 pass (for the weights, where the schedule runs it apart) has not ended; the most at any
 time, on every rank, equals the estimate's in-flight count: ``pp - rank`` for 1F1B, ``2 (pp
-- rank - 1) + (v - 1) pp + 1`` interleaved, never more than the step runs; every micro-batch
+- rank - 1) + (v - 1) g + 1`` interleaved with rounds of ``g`` micro-batches (``pp`` when
+``m`` is a multiple of it), never more than the step runs; every micro-batch
 for GPipe; ``min(m, 2 pp - rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for
 DualPipeV."""
 
@@ -124,6 +125,11 @@ def _most_in_flight(
         ("interleaved", 4, 2, 8),
         ("interleaved", 4, 2, 4),
         ("interleaved", 2, 3, 6),
+        # rounds of m // (m // pp) micro-batches when m is not a multiple of pp, or below it
+        ("interleaved", 4, 2, 7),
+        ("interleaved", 4, 2, 10),
+        ("interleaved", 4, 2, 3),
+        ("interleaved", 3, 3, 4),
         ("gpipe", 2, 1, 4),
         ("gpipe", 3, 1, 5),
         ("zbv", 2, 2, 2),

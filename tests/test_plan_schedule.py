@@ -67,27 +67,30 @@ SETTINGS = [
 
 
 def _passes(
-    model: str, checkpointing: str, seq_len: int, tp: int, pp: int, schedule: str
+    model: str, checkpointing: str, seq_len: int, tp: int, pp: int, schedule: str, virtual: int = 1
 ) -> tuple[Training, PassFlops]:
     arch, par = PRESETS[model], Parallelism(pp=pp, tp=tp)
     training, _ = Training(
         schedule=schedule,  # type: ignore[arg-type]
-        virtual_stages=2 if schedule == "interleaved" else 1,
+        virtual_stages=virtual,
         checkpointing=checkpointing,  # type: ignore[arg-type]
         seq_len=seq_len,
     ).for_model(arch.layers, pp)
     return training, pass_flops(arch, par, training, busiest_stage(arch, par, training))
 
 
-def _simulated(schedule: str, pp: int, m: int, passes: PassFlops) -> tuple[Fraction, Fraction]:
-    """The bubble of torch's schedule as a fraction of the compute, and the step time."""
+def _simulated(
+    schedule: str, pp: int, m: int, passes: PassFlops, chunks: int = 2
+) -> tuple[Fraction, Fraction]:
+    """The bubble of torch's schedule as a fraction of the compute, and the step over the
+    compute."""
     times = [
         Fraction(passes.forward),
         Fraction(passes.backward_input),
         Fraction(passes.backward_weight),
     ]
-    step = step_time(action_lists(schedule, pp, 2, m), 2 * pp, *times)
-    compute = 2 * m * sum(times)
+    step = step_time(action_lists(schedule, pp, chunks, m), chunks * pp, *times)
+    compute = chunks * m * sum(times)
     return (step - compute) / compute, step / compute
 
 
@@ -126,11 +129,14 @@ def test_the_dualpipev_bubble_is_never_below_torch_s_and_within_4_percent_of_the
 def test_the_interleaved_bubble_is_torch_s_schedule_s(
     model: str, checkpointing: str, seq_len: int, tp: int
 ) -> None:
-    """``(pp - 1) / (v m)`` (Narayanan et al. 2021), whatever the passes take."""
-    for pp in (2, 3, 4):
-        training, passes = _passes(model, checkpointing, seq_len, tp, pp, "interleaved")
-        for m in (pp, 2 * pp, 4 * pp):
-            simulated, _ = _simulated("interleaved", pp, m, passes)
+    """``(pp - 1) / (v m)`` (Narayanan et al. 2021), whatever the passes take, and with fewer
+    micro-batches than pp, ``(v (pp - m) + m - 1) / (v m)``; for every count torch runs."""
+    for pp, virtual in ((2, 2), (3, 2), (4, 2), (3, 3)):
+        training, passes = _passes(model, checkpointing, seq_len, tp, pp, "interleaved", virtual)
+        for m in range(1, 4 * pp + 2):
+            if schedule_problem(pp, m, training) is not None:
+                continue
+            simulated, _ = _simulated("interleaved", pp, m, passes, virtual)
             assert bubble_fraction(pp, m, training, passes) == pytest.approx(
                 float(simulated), rel=1e-9
             )
@@ -147,12 +153,16 @@ def test_the_interleaved_bubble_is_torch_s_schedule_s(
         ("zbv", 4, 7, None),
         ("dualpipev", 1, 1, None),
         ("interleaved", 4, 1, None),
+        ("interleaved", 4, 10, None),
+        ("interleaved", 4, 9, "9 micro-batches a step for interleaved over pp 4: torch's "
+         "Interleaved1F1B runs them in 2 rounds of equal size, which 9 is not a multiple of"),
     ],
 )  # fmt: skip
-def test_too_few_micro_batches_for_a_v_schedule_are_said(
+def test_micro_batch_counts_a_schedule_cannot_run_are_said(
     schedule: str, pp: int, m: int, problem: str | None
 ) -> None:
-    training = Training(schedule=schedule)  # type: ignore[arg-type]
+    virtual = 2 if schedule == "interleaved" else 1
+    training = Training(schedule=schedule, virtual_stages=virtual)  # type: ignore[arg-type]
     assert schedule_problem(pp, m, training) == problem
 
 

@@ -34,8 +34,9 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
 
     - 1F1B starts ``pp - rank`` before its first backward (Narayanan et al. 2021, section
       2.2);
-    - the interleaved schedule of Megatron-LM warms up ``2 (pp - rank - 1) + (v - 1) pp``
-      chunk-micro-batches, then holds one more;
+    - the interleaved schedule warms up ``2 (pp - rank - 1) + (v - 1) g`` chunk-micro-batches,
+      then holds one more, where ``g`` is the micro-batches of a round (:func:`round_size`:
+      ``pp`` when ``m`` is a multiple of ``pp``, as Megatron-LM's schedule always has it);
     - GPipe runs every forward pass before the first backward (Huang et al. 2019);
     - ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
       chunk before the first backward of its second chunk's first forward pass (torch's
@@ -57,14 +58,23 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
         return min(2 * m, 2 * pp + 1)
     if v == 1:
         return min(m, pp - rank)
-    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
+    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * round_size(pp, m) + 1)
+
+
+def round_size(pp: int, microbatches: int) -> int:
+    """The micro-batches the interleaved schedule runs through every chunk before the next
+    ones, as torch's ``ScheduleInterleaved1F1B`` groups them: ``m`` cut into ``m // pp``
+    rounds (one when ``m < pp``); :func:`schedule_problem` says when they are not equal."""
+    return microbatches // max(1, microbatches // pp)
 
 
 def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
     """The time a rank waits in a step, as a fraction of the time it computes:
 
     - 1F1B and GPipe: ``(pp - 1) / m``; interleaved over ``v`` chunks: ``(pp - 1) / (v m)``
-      (Narayanan et al. 2021, section 2.2);
+      (Narayanan et al. 2021, section 2.2), and with fewer micro-batches than ``pp``, which
+      come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
+      micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
     - ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
       inputs and the weights: ``(pp - 1) max(b, 2 (b - w)) / (2 m (f + b + w))``, the
       makespan of torch's ``ScheduleZBVZeroBubble`` for ``m >= 2 pp - 1`` and ``w <= f <= b``
@@ -78,16 +88,27 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
         return (pp - 1) * max(b, 2 * (b - w)) / (2 * m * flops.total)
     if training.schedule == "dualpipev":
         return (pp - 1) * (f + 2 * b - w) / (2 * m * flops.total)
-    return (pp - 1) / (training.chunks_per_stage * m)
+    v = training.chunks_per_stage
+    if v > 1 and m < pp:
+        return (v * (pp - m) + m - 1) / (v * m)
+    return (pp - 1) / (v * m)
 
 
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) with this many
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
     ``2 pp``; ``ScheduleZBVZeroBubble`` reaches its steady state, which the bubble describes,
-    from ``2 pp - 1``. Without a pipeline (``pp`` 1) no schedule runs."""
+    from ``2 pp - 1``; ``ScheduleInterleaved1F1B`` refuses rounds of unequal size
+    (:func:`round_size`). Without a pipeline (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
+    m = microbatches
+    rounds = max(1, m // pp)
+    if training.chunks_per_stage > 1 and not training.v_shape and m % rounds:
+        return (
+            f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
+            f"runs them in {rounds} rounds of equal size, which {m} is not a multiple of"
+        )
     least = {"dualpipev": 2 * pp, "zbv": 2 * pp - 1}.get(training.schedule)
     if least is None or microbatches >= least:
         return None
