@@ -88,6 +88,9 @@ class StageWork:
     linear_elements: int
     #: Of ``layers``: those the backward pass recomputes whole.
     recomputed_layers: int
+    #: Of ``dense_elements``: the final norm's and the output's, which no recomputation runs
+    #: again.
+    output_elements: int
 
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
@@ -125,9 +128,12 @@ def _busiest_stage(
             expert += count * block_experts
             linear += count * linear_split(arch, kind, par)[0]
     lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
-    dense += lookup + (unsharded(arch.output_weights(), par) if stage.last else 0)
+    output = unsharded(arch.output_weights(), par) if stage.last else 0
+    dense += lookup + output
     recomputed = sum(map(sum, recomputed_blocks(stage.chunk_sizes, *recomputation)))
-    return StageWork(sum(layers.values()), layers["moe"], dense, expert, lookup, linear, recomputed)
+    return StageWork(
+        sum(layers.values()), layers["moe"], dense, expert, lookup, linear, recomputed, output
+    )
 
 
 def traffic(

@@ -151,7 +151,9 @@ def pass_flops(
         width = attention.heads * (qk + attention.v_head_dim)
     weights = 2 * active
     scores = 2 * training.seq_len * width * work.layers / par.tp
-    recomputed = (work.recomputed_layers / work.layers if work.layers else 0) * (weights + scores)
+    # the blocks' forward pass, which the final norm and the output are not part of
+    blocks = weights - 2 * work.output_elements + scores
+    recomputed = (work.recomputed_layers / work.layers if work.layers else 0) * blocks
     if training.checkpointing == "selective":
         layers: dict[LayerKind, int] = {
             "dense": work.layers - work.moe_layers,
