@@ -9,10 +9,14 @@ time, on every rank, equals the estimate's in-flight count: ``pp - rank`` for 1F
 - rank - 1) + (v - 1) g + 1`` interleaved with rounds of ``g`` micro-batches (``pp`` when
 ``m`` is a multiple of it), never more than the step runs; every micro-batch
 for GPipe; ``min(m, 2 pp - rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for
-DualPipeV."""
+DualPipeV. Each rank also adds up the bytes its chunks send to other ranks (activations
+forward, gradients backward); the most any rank sends is the estimate's ``pp`` traffic,
+``2 m v`` activations of a micro-batch, for a model of the test's width."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,9 +24,11 @@ import torch
 from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.communication import busiest_stage, traffic
 from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
 from meshconf.features.plan.estimate.schedule import in_flight_chunks
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.training import Parallelism, Training
 
 WIDTH = 4
 
@@ -34,6 +40,7 @@ class _Counter:
     def __init__(self) -> None:
         self.now = 0
         self.most = 0
+        self.sent = 0
 
 
 def _counted(stage: Any, counter: _Counter) -> Any:
@@ -58,8 +65,18 @@ def _counted(stage: Any, counter: _Counter) -> Any:
         counter.now -= 1
         return weight(*args, **kwargs)
 
+    def counted_sends(ops: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
+        def sends(chunk: int) -> list[Any]:
+            found = ops(chunk)
+            counter.sent += sum(op.tensor.numel() * op.tensor.element_size() for op in found)
+            return found
+
+        return sends
+
     stage.forward_one_chunk, stage.backward_one_chunk = counted_forward, counted_backward
     stage.backward_weight_one_chunk = counted_weight
+    stage.get_fwd_send_ops = counted_sends(stage.get_fwd_send_ops)
+    stage.get_bwd_send_ops = counted_sends(stage.get_bwd_send_ops)
     return stage
 
 
@@ -113,6 +130,22 @@ def _most_in_flight(
         assert counter.now == 0  # every backward pass ran
         training = Training(schedule=schedule_name, virtual_stages=virtual)  # type: ignore[arg-type]
         assert counter.most == in_flight_chunks(pp, rank, training, m), (rank, counter.most)
+        sent = torch.tensor([counter.sent])
+        torch.distributed.all_reduce(sent, torch.distributed.ReduceOp.MAX, group=group)
+        assert int(sent) == _pp_traffic(pp, virtual, m, training), int(sent)
+
+
+def _pp_traffic(pp: int, virtual: int, m: int, training: Training) -> int:
+    """The estimate's ``pp`` bytes for the test's model: a layer a chunk of the test's width,
+    one fp32 row a micro-batch."""
+    arch = Architecture(
+        "linear", pp * virtual, WIDTH, WIDTH, WIDTH, GroupedQueryAttention(1, 1, WIDTH)
+    )
+    par = Parallelism(pp=pp)
+    one_row = replace(training, seq_len=1, param_dtype="fp32", global_batch_tokens=m)
+    resolved, _ = one_row.for_model(arch.layers, pp)
+    work = busiest_stage(arch, par, resolved)
+    return traffic(arch, par, resolved, {}, work)["pp"].bytes
 
 
 @pytest.mark.parametrize(

@@ -243,10 +243,21 @@ def _bytes(
         * p
         * _ring(par.etp)
         / par.tp,
-        # one activation forward and one gradient backward per chunk boundary per micro-batch
-        "pp": 2 * m * training.chunks_per_stage * tokens * hidden * p / par.tp,
+        "pp": _pp_sends(par.pp, training) * m * tokens * hidden * p / par.tp,
     }
     return {name: int(value) for name, value in sent.items()}
+
+
+def _pp_sends(pp: int, training: Training) -> int:
+    """Activations and gradients the busiest pipeline rank sends to other ranks per
+    micro-batch: one forward and one backward across each chunk boundary it sits on, two a
+    chunk on a rank that holds neither end. With pp 2 every rank holds an end, which sends
+    one way only; in a V, rank 0 holds both ends and the last rank passes its two chunks'
+    boundary on itself."""
+    v = training.chunks_per_stage
+    if pp > 2:
+        return 2 * v
+    return 2 if training.v_shape else 2 * v - 1
 
 
 def _kv_per_token(arch: Architecture, par: Parallelism) -> float:
