@@ -1,7 +1,8 @@
 """Per-rank memory of a training step: model state (parameters, gradients, AdamW state),
 the transient FSDP gathers, and activations, on the pipeline rank that needs the most.
 
-Pure Python. Formulas and sources in docs/plan.md ("Memory per rank").
+Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per rank",
+"Activations").
 """
 
 from __future__ import annotations

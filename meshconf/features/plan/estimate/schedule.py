@@ -1,7 +1,7 @@
 """What a pipeline schedule costs a rank: the chunk-micro-batches whose activations it holds
 at its peak, the bubble of the step, and the micro-batch counts a schedule cannot run.
 
-Pure Python. Formulas and sources in docs/plan.md ("Pipeline schedules").
+Pure Python. Formulas and sources in docs/plan.md ("Micro-batches in flight", "Step time").
 """
 
 from __future__ import annotations
@@ -104,19 +104,19 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
         return None
     m = microbatches
     rounds = max(1, m // pp)
-    if training.chunks_per_stage > 1 and not training.v_shape and m % rounds:
+    if training.schedule == "interleaved" and m % rounds:
         return (
             f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
             f"runs them in {rounds} rounds of equal size, which {m} is not a multiple of"
         )
     least = {"dualpipev": 2 * pp, "zbv": 2 * pp - 1}.get(training.schedule)
-    if least is None or microbatches >= least:
+    if least is None or m >= least:
         return None
     why = {
         "dualpipev": "torch's DualPipeV runs no fewer",
         "zbv": "with fewer, ZBV does not reach the steady state its bubble is estimated for",
     }[training.schedule]
     return (
-        f"{microbatches} micro-batches a step for {training.schedule} over pp {pp}: it needs "
-        f"at least {least}; {why}"
+        f"{m} micro-batches a step for {training.schedule} over pp {pp}: it needs at least "
+        f"{least}; {why}"
     )
