@@ -98,15 +98,19 @@ def _simulated(
 def test_the_zbv_bubble_is_torch_s_schedule_s(
     model: str, checkpointing: str, seq_len: int, tp: int
 ) -> None:
-    """``(pp - 1) max(b, 2 (b - w)) / (2 m (f + b + w))``, exactly, from 2 pp - 1 micro-batches."""
+    """From 2 pp - 1 micro-batches on, ``(pp - 1) max(b, 2 (b - w)) / (2 m (f + b + w))``,
+    exactly; with fewer, exactly where ``b >= 2 w`` and within 1% of the step otherwise."""
     for pp in (2, 3, 4, 8):
         training, passes = _passes(model, checkpointing, seq_len, tp, pp, "zbv")
-        assert passes.backward_weight <= passes.forward <= passes.backward_input
-        for m in (2 * pp - 1, 3 * pp, 4 * pp + 1, 16 * pp):
-            simulated, _ = _simulated("zbv", pp, m, passes)
-            assert bubble_fraction(pp, m, training, passes) == pytest.approx(
-                float(simulated), rel=1e-9
-            )
+        f, b, w = passes.forward, passes.backward_input, passes.backward_weight
+        assert w <= f <= b
+        for m in (*range(1, 2 * pp), 3 * pp, 4 * pp + 1, 16 * pp):
+            simulated, step = _simulated("zbv", pp, m, passes)
+            estimated = bubble_fraction(pp, m, training, passes)
+            if m >= 2 * pp - 1 or b >= 2 * w:
+                assert estimated == pytest.approx(float(simulated), rel=1e-9), m
+            else:
+                assert abs(estimated - float(simulated)) <= 0.01 * float(step), m
 
 
 @pytest.mark.parametrize(("model", "checkpointing", "seq_len", "tp"), SETTINGS)
@@ -148,9 +152,7 @@ def test_the_interleaved_bubble_is_torch_s_schedule_s(
         ("dualpipev", 4, 7, "7 micro-batches a step for dualpipev over pp 4: it needs at least 8; "
          "torch's DualPipeV runs no fewer"),
         ("dualpipev", 4, 8, None),
-        ("zbv", 4, 6, "6 micro-batches a step for zbv over pp 4: it needs at least 7; with fewer, "
-         "ZBV does not reach the steady state its bubble is estimated for"),
-        ("zbv", 4, 7, None),
+        ("zbv", 4, 1, None),
         ("dualpipev", 1, 1, None),
         ("interleaved", 4, 1, None),
         ("interleaved", 4, 10, None),

@@ -1,5 +1,5 @@
 """What a pipeline schedule costs a rank: the chunk-micro-batches whose activations it holds
-at its peak, the bubble of the step, and the micro-batch counts a schedule cannot run.
+at its peak, the time it waits in a step, and the micro-batch counts a schedule cannot run.
 
 Pure Python. Formulas and sources in docs/plan.md ("Micro-batches in flight", "Step time").
 """
@@ -76,16 +76,17 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
       come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
       micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
     - ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
-      inputs and the weights: ``(pp - 1) max(b, 2 (b - w)) / (2 m (f + b + w))``, the
-      makespan of torch's ``ScheduleZBVZeroBubble`` for ``m >= 2 pp - 1`` and ``w <= f <= b``
-      (the backward pass for the inputs takes the attention's twice and what is recomputed);
+      inputs and the weights (``w <= f <= b``: the backward pass for the inputs takes the
+      attention's twice and what is recomputed): the makespan of torch's
+      ``ScheduleZBVZeroBubble``, :func:`_zbv_wait` over ``2 m (f + b + w)``; from
+      ``2 pp - 1`` micro-batches on, ``(pp - 1) max(b, 2 (b - w))``;
     - DualPipeV: ``(pp - 1) (F&B + B - 3 W) / (2 m (f + b + w))`` (the DeepSeek-V3 report,
       table 2), with ``F&B``, a forward and a backward pass overlapped, as long as both:
       ``f + 2 b - w``."""
     m = microbatches
     f, b, w = flops.forward, flops.backward_input, flops.backward_weight
     if training.schedule == "zbv":
-        return (pp - 1) * max(b, 2 * (b - w)) / (2 * m * flops.total)
+        return _zbv_wait(pp, m, f, b, w) / (2 * m * flops.total)
     if training.schedule == "dualpipev":
         return (pp - 1) * (f + 2 * b - w) / (2 * m * flops.total)
     v = training.chunks_per_stage
@@ -94,12 +95,25 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
     return (pp - 1) / (v * m)
 
 
+def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
+    """How long a rank of torch's ``ScheduleZBVZeroBubble`` waits in a step: the longer of
+    two chains its order makes. One is the backward passes for the inputs, ``pp - 1`` of them
+    down the V, and between ``pp`` and ``2 pp - 1`` micro-batches one forward pass late on
+    them; the other the passes for the weights that fill the bubble, ``2 (b - w)`` a rank,
+    which leave ``2 w`` more for each micro-batch short of ``2 pp - 1`` (down to ``pp``) and
+    ``2 f`` for each short of ``pp``. The makespan of torch's action lists is this exactly
+    where ``b >= 2 w`` (most full recomputation, long sequences) and within 1% of the step
+    otherwise (tests/test_plan_schedule.py)."""
+    late = 2 * (b - f) if pp < m < 2 * pp - 1 else 0
+    filled = 2 * w * max(0, 2 * pp - 1 - max(m, pp)) + 2 * f * max(0, pp - m)
+    return max((pp - 1) * b + late, (pp - 1) * 2 * (b - w) + filled)
+
+
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) with this many
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
-    ``2 pp``; ``ScheduleZBVZeroBubble`` reaches its steady state, which the bubble describes,
-    from ``2 pp - 1``; ``ScheduleInterleaved1F1B`` refuses rounds of unequal size
-    (:func:`round_size`). Without a pipeline (``pp`` 1) no schedule runs."""
+    ``2 pp``, and ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`).
+    Without a pipeline (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
     m = microbatches
@@ -109,14 +123,9 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
             f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
             f"runs them in {rounds} rounds of equal size, which {m} is not a multiple of"
         )
-    least = {"dualpipev": 2 * pp, "zbv": 2 * pp - 1}.get(training.schedule)
-    if least is None or m >= least:
-        return None
-    why = {
-        "dualpipev": "torch's DualPipeV runs no fewer",
-        "zbv": "with fewer, ZBV does not reach the steady state its bubble is estimated for",
-    }[training.schedule]
-    return (
-        f"{m} micro-batches a step for {training.schedule} over pp {pp}: it needs at least "
-        f"{least}; {why}"
-    )
+    if training.schedule == "dualpipev" and m < 2 * pp:
+        return (
+            f"{m} micro-batches a step for dualpipev over pp {pp}: it needs at least {2 * pp}; "
+            "torch's DualPipeV runs no fewer"
+        )
+    return None
