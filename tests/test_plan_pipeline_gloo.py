@@ -10,8 +10,9 @@ time, on every rank, equals the estimate's in-flight count: ``pp - rank`` for 1F
 ``m`` is a multiple of it), never more than the step runs; every micro-batch
 for GPipe; ``min(m, 2 pp - rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for
 DualPipeV. Each rank also adds up the bytes its chunks send to other ranks (activations
-forward, gradients backward); the most any rank sends is the estimate's ``pp`` traffic,
-``2 m v`` activations of a micro-batch, for a model of the test's width."""
+forward, gradients backward); the most any rank sends is the estimate's ``pp`` traffic for
+a model of the test's width: two a chunk and micro-batch on a rank that holds neither end,
+fewer with pp 2 and in a V."""
 
 from __future__ import annotations
 
