@@ -25,6 +25,7 @@ import torch
 from distributed import run_ranks
 
 from meshconf import DistributedContext, load_config
+from meshconf.core.training import V_SCHEDULES
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import busiest_stage, traffic
 from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
@@ -93,7 +94,7 @@ def _most_in_flight(
         ScheduleZBVZeroBubble,
     )
 
-    v_shape = schedule_name in ("zbv", "dualpipev")
+    v_shape = schedule_name in V_SCHEDULES
 
     config = load_config({"world_size": pp, "degrees": {"pp": pp}})
     with DistributedContext(config, environ=environ) as ctx:

@@ -247,16 +247,15 @@ def candidate_ranks(
     moe_edges: tuple[int, ...] = ()
     if experts is not None and 0 < experts.dense_layers < arch.layers:
         moe_edges = (chunk_of(experts.dense_layers - 1), chunk_of(experts.dense_layers))
-    if v_shape:
-        for chunk in (*boundaries, *moe_edges):
-            if 0 <= chunk < count:
-                rank = rank_of_chunk(pp, chunk, v_shape)
-                edges.update((rank - 1, rank, rank + 1))
-    else:
-        for round_ in range(chunks_per_stage):
-            edges.update(boundary - round_ * pp for boundary in boundaries)
-        for chunk in moe_edges:
-            edges.update((chunk % pp, chunk % pp + 1))
+    # in rounds a run's first rank is enough; in a V, the ranks on both sides of a boundary
+    around = (-1, 0, 1) if v_shape else (0,)
+    for chunk in boundaries:
+        if 0 <= chunk < count:
+            rank = rank_of_chunk(pp, chunk, v_shape)
+            edges.update(rank + step for step in around)
+    for chunk in moe_edges:
+        rank = rank_of_chunk(pp, chunk, v_shape)
+        edges.update(rank + step for step in {*around, 1})
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
 

@@ -65,7 +65,11 @@ def round_size(pp: int, microbatches: int) -> int:
     """The micro-batches the interleaved schedule runs through every chunk before the next
     ones, as torch's ``ScheduleInterleaved1F1B`` groups them: ``m`` cut into ``m // pp``
     rounds (one when ``m < pp``); :func:`schedule_problem` says when they are not equal."""
-    return microbatches // max(1, microbatches // pp)
+    return microbatches // _rounds(pp, microbatches)
+
+
+def _rounds(pp: int, microbatches: int) -> int:
+    return max(1, microbatches // pp)
 
 
 def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
@@ -117,7 +121,7 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
     if pp == 1:
         return None
     m = microbatches
-    rounds = max(1, m // pp)
+    rounds = _rounds(pp, m)
     if training.schedule == "interleaved" and m % rounds:
         return (
             f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
