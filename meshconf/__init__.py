@@ -34,13 +34,13 @@ if TYPE_CHECKING:
         RankGroup as RankGroup,
         UnevenSplitError as UnevenSplitError,
     )
-    from meshconf.model.config import (
+    from meshconf.model.config import MeshConfig as MeshConfig
+    from meshconf.model.schema import build_schema as build_schema
+    from meshconf.model.sections import (
         Degrees as Degrees,
         InsideNode as InsideNode,
-        MeshConfig as MeshConfig,
         RuntimeOptions as RuntimeOptions,
     )
-    from meshconf.model.schema import build_schema as build_schema
     from meshconf.model.training import TrainingOptions as TrainingOptions
     from meshconf.runtime import DistributedContext as DistributedContext
     from meshconf.sources.loading import load_config as load_config

@@ -38,7 +38,7 @@ from meshconf.runtime.torch_support import UnsupportedTorchError, check_torch
 
 check_torch()
 
-from meshconf.runtime.context import DistributedContext, TopologyWarning  # noqa: E402
+from meshconf.runtime.context import DistributedContext  # noqa: E402
 from meshconf.runtime.groups import GroupCounters  # noqa: E402
 from meshconf.runtime.launch import Launch, LaunchError, read_launch  # noqa: E402
 from meshconf.runtime.measure import (  # noqa: E402
@@ -54,6 +54,7 @@ from meshconf.runtime.rendezvous import (  # noqa: E402
     RuntimeSetupError,
     SetupTimeoutError,
 )
+from meshconf.runtime.setup import TopologyWarning  # noqa: E402
 
 __all__ = [
     "BuildError",

@@ -10,8 +10,6 @@ Set-up (joining the world, the config check across ranks, group creation) is bou
 from __future__ import annotations
 
 import os
-import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -20,15 +18,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.errors import InvalidArgumentError, MeshconfError, UnknownDomainError
+from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import first_line
 from meshconf.model.config import MeshConfig
-from meshconf.runtime.facts import RankFacts, domain_of
-from meshconf.runtime.groups import GroupCounters, GroupRegistry
+from meshconf.runtime.groups import GroupRegistry
 from meshconf.runtime.inputs import check_config, check_simulated_world, environment, launch_of
 from meshconf.runtime.launch import Launch, LaunchError
 from meshconf.runtime.meshes import MeshCache
-from meshconf.runtime.oracle import expected_groups
 from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
 from meshconf.runtime.placement import check_placement, publish_units
 from meshconf.runtime.rendezvous import (
@@ -41,12 +37,14 @@ from meshconf.runtime.rendezvous import (
     join,
     publish_failure,
 )
+from meshconf.runtime.requests import MeshRequests
 from meshconf.runtime.setup import (
     check_existing_default_group,
     init_default_group,
     node_warnings,
     pick_backend,
     pick_device,
+    warn_topology,
 )
 from meshconf.sources.loading import at_world_size, load_config
 
@@ -67,30 +65,13 @@ _ALREADY_KNOWN = (
 )
 
 
-class TopologyWarning(UserWarning):
-    """The meshes work, but their groups sit badly on the nodes, or the config and the
-    launcher disagree about how many ranks a node runs."""
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first caller outside meshconf, so the
-    warning names the user's line however many of meshconf's own calls lie between."""
-    level, frame = 1, sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 def _register_fake_backend() -> None:
     # Importing this module registers torch's "fake" backend (no communication), which
     # meshconf uses for size-1 dims and for simulated worlds.
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
 
-class DistributedContext(RankFacts):
+class DistributedContext(MeshRequests):
     """This rank's view of a mesh config: launcher facts, device and meshes.
 
     >>> ctx = DistributedContext.from_yaml("examples/single_gpu.yaml")  # doctest: +SKIP
@@ -180,8 +161,7 @@ class DistributedContext(RankFacts):
                     dist.destroy_process_group()
             raise
         if self.is_main_process:
-            for message in self.topology_warnings:
-                warnings.warn(message, TopologyWarning, stacklevel=_caller_stacklevel())
+            warn_topology(self.topology_warnings)
 
     def _start(
         self,
@@ -306,116 +286,6 @@ class DistributedContext(RankFacts):
         if self.config.inside:
             check_placement(self.config, rendezvous)
         rendezvous.phase("checked")
-
-    def set_timeout(self, seconds: float) -> None:
-        """Change the timeout of the default group and of every process group this context
-        created, and of those it creates from now on (``runtime.timeout_s`` sets the first)."""
-        if isinstance(seconds, bool) or not seconds > 0:
-            raise InvalidArgumentError(
-                f"a timeout must be a positive number of seconds, got {seconds!r}"
-            )
-        self._registry.set_timeout(timedelta(seconds=seconds))
-
-    @property
-    def counters(self) -> GroupCounters:
-        """Process groups this rank created or reused so far."""
-        return self._registry.counters
-
-    # Meshes ----------------------------------------------------------------------------
-
-    def _enabled(self, dim: str) -> bool:
-        # A dim that stays real at size 1 is a usable mesh at size 1: fully_shard over it works.
-        return self.config.dim_sizes[dim] > 1 or self._meshes.must_stay_real(dim)
-
-    @property
-    def build_seconds(self) -> float:
-        """Seconds this rank spent creating process groups and building domain meshes."""
-        return self._meshes.build_seconds
-
-    def mesh_for(self, domain: str) -> DeviceMesh:
-        """The DeviceMesh of a domain, dims named as in the config.
-
-        Raises:
-            UnknownDomainError: (a KeyError and a ValueError) the config has no such domain.
-        """
-        if domain not in self.config.layouts:
-            raise UnknownDomainError(
-                f"unknown domain {domain!r}; domains are {', '.join(self.config.layouts)}"
-            )
-        return self._meshes.domain(domain)
-
-    @property
-    def world_mesh(self) -> DeviceMesh:
-        """The whole world as a 1-D mesh named ``world``, over the default group."""
-        return self._meshes.world()
-
-    def build_all(self) -> dict[str, DeviceMesh]:
-        """Every domain's mesh, in config order (the order an eager build creates them in)."""
-        return {domain: self._meshes.domain(domain) for domain in self.config.layouts}
-
-    def get_optional_mesh(self, dims: str | Sequence[str]) -> DeviceMesh | None:
-        """The mesh over one dim or several dims of one domain, or None if a dim has size 1.
-
-        ``fsdp`` (and ``efsdp`` when ``ep > 1``) is present even at size 1, so that
-        ``fully_shard(model, mesh=ctx.get_mesh("fsdp"))`` runs unchanged on one GPU. The
-        answer to each request is kept: asking again costs a dictionary look-up.
-
-        Raises:
-            InvalidArgumentError: (a ValueError) an unknown dim, a repeated one, or dims no
-                domain has in that order.
-        """
-        request = (dims,) if isinstance(dims, str) else tuple(dims)
-        try:
-            return self._requests[request]
-        except KeyError:
-            pass
-        names = list(request)
-        domain = domain_of(self.config, names)
-        mesh = None
-        if all(self._enabled(name) for name in names):
-            mesh = self._meshes.dims(domain, request)
-        self._requests[request] = mesh
-        return mesh
-
-    def get_mesh(self, dims: str | Sequence[str]) -> DeviceMesh:
-        """Like get_optional_mesh, but a dim of size 1 is an error.
-
-        Raises:
-            InvalidArgumentError: (a ValueError) as get_optional_mesh, or a dim of the request
-                has size 1.
-        """
-        mesh = self.get_optional_mesh(dims)
-        if mesh is None:
-            names = [dims] if isinstance(dims, str) else list(dims)
-            off = [f"{n}={self.config.dim_sizes[n]}" for n in names if not self._enabled(n)]
-            raise InvalidArgumentError(
-                f"mesh {names} is not enabled: {', '.join(off)}; use get_optional_mesh to get "
-                "None instead"
-            )
-        return mesh
-
-    def mismatched_groups(self) -> list[str]:
-        """Build every domain and compare each dim's process group, and this rank's place in
-        it, with the rank arithmetic of the degrees (``oracle.expected_groups``, written apart
-        from the layouts the meshes are built from); an empty list is the good answer."""
-        problems = []
-        meshes = self.build_all()
-        # Dims share process groups; a group of a million ranks is read once.
-        members: dict[str, torch.Tensor] = {}
-        for (domain, dim), group in expected_groups(self.config, self.rank).items():
-            mesh = meshes[domain]
-            process_group = mesh.get_group(dim)
-            if process_group.group_name not in members:
-                ranks = dist.get_process_group_ranks(process_group)
-                members[process_group.group_name] = torch.tensor(ranks, dtype=torch.int64)
-            actual = members[process_group.group_name]
-            place = (group == self.rank).nonzero().flatten().tolist()
-            if not torch.equal(actual, group) or [mesh.get_local_rank(dim)] != place:
-                problems.append(
-                    f"{domain}.{dim}: process group has ranks {actual[:8].tolist()}..., "
-                    f"the arithmetic of the degrees says {group[:8].tolist()}..."
-                )
-        return problems
 
     # Teardown ---------------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from datetime import timedelta
 
 import torch
@@ -99,3 +102,26 @@ def node_warnings(config: MeshConfig, launch: Launch) -> list[str]:
         )
     problems = topology_warnings(config, gpus_per_node)
     return messages + [f"{format_key(problem.path)}: {problem.message}" for problem in problems]
+
+
+class TopologyWarning(UserWarning):
+    """The meshes work, but their groups sit badly on the nodes, or the config and the
+    launcher disagree about how many ranks a node runs."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside meshconf, so the
+    warning names the user's line however many of meshconf's own calls lie between."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
+def warn_topology(messages: list[str]) -> None:
+    """Warn with each of a context's topology warnings, at the user's line."""
+    for message in messages:
+        warnings.warn(message, TopologyWarning, stacklevel=_caller_stacklevel())

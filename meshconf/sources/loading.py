@@ -8,15 +8,9 @@ set the key.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-import re
-import sys
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,12 +23,9 @@ from meshconf.core.errors import (
     argument_type_error,
     describe_value,
     format_key,
-    printable,
 )
 from meshconf.core.messages import did_you_mean
 from meshconf.model.config import MeshConfig
-from meshconf.sources.bounds import LimitError, check_plain
-from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.overrides import (
     InterpolationError,
     Override,
@@ -42,180 +33,15 @@ from meshconf.sources.overrides import (
     parse_key,
     parse_override,
 )
-from meshconf.sources.pydantic_messages import key_hint, model_at, translate
-from meshconf.sources.yaml_reader import (
-    MAX_BYTES,
-    MAX_INT_DIGITS,
-    Position,
-    YamlError,
-    decode,
-    read_yaml,
-    too_large,
+from meshconf.sources.pydantic_messages import key_hint, translate
+from meshconf.sources.reading import (
+    Source,
+    integers_from_interpolation,
+    interpolations,
+    read_source,
+    safe_key,
+    yaml_diagnostic,
 )
-
-
-@dataclass
-class _Source:
-    """Data read from somewhere, and what is needed to place errors in it."""
-
-    data: Any
-    name: str | None = None
-    positions: dict[KeyPath, Position] = field(default_factory=dict)
-    has_interpolation: bool = False
-    overrides: tuple[Override, ...] = ()
-    prefix: KeyPath = ()
-    #: Keys whose value was written as ``${...}``, and what was written.
-    interpolated: dict[KeyPath, str] = field(default_factory=dict)
-    #: Keys the file gives twice (the last one is kept, and each is reported).
-    duplicates: tuple[YamlError, ...] = ()
-    #: Where the data itself sits, when it is a node of a larger OmegaConf config: messages
-    #: name each key by its full path there (``parallelism.degrees.tp``).
-    location: KeyPath = ()
-
-    def diagnostic(self, path: KeyPath, message: str) -> Diagnostic:
-        full = self.prefix + path
-        shown = self.location + full
-        for override in reversed(self.overrides):
-            # The override set this key (or one above it), or created it: it is not in the file.
-            set_here = full[: len(override.path)] == override.path
-            created = override.path[: len(full)] == full and full not in self.positions
-            if set_here or created:
-                return Diagnostic(shown, message, override=override.text)
-        if self.overrides:
-            applied = ", ".join(override.text for override in self.overrides)
-            message = f"{message} (with overrides: {applied})"
-        for length in range(len(full), -1, -1):
-            position = self.positions.get(full[:length])
-            if position is not None:
-                return Diagnostic(shown, message, self.name, position.line, position.column)
-        return Diagnostic(shown, message, self.name)
-
-    def error(self, path: KeyPath, message: str) -> ConfigError:
-        return ConfigError([self.diagnostic(path, message)])
-
-
-def _interpolations(data: Any, path: KeyPath = ()) -> dict[KeyPath, str]:
-    """Every value written as ``${...}``, by key path."""
-    if isinstance(data, str):
-        return {path: data} if "${" in data else {}
-    items: Any = ()
-    if isinstance(data, Mapping):
-        items = data.items()
-    elif isinstance(data, list | tuple):
-        items = enumerate(data)
-    return {
-        found: text
-        for key, value in items
-        for found, text in _interpolations(value, (*path, key)).items()
-    }
-
-
-_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)")
-# A resolver call such as ${oc.env:TP}. A plain ${key} keeps the type of the value it names,
-# so a string it names stays a string.
-_RESOLVER_CALL = re.compile(r"\$\{\s*[A-Za-z_][\w.]*:")
-
-
-def _integer_field(path: KeyPath) -> bool:
-    """Whether the key at ``path`` (inside the meshconf block) holds an integer."""
-    model = model_at(path[:-1]) if path else None
-    info = model.model_fields.get(str(path[-1])) if model else None
-    if info is None:
-        return False
-    options = typing.get_args(info.annotation) or (info.annotation,)
-    return any(
-        option is int
-        or (typing.get_origin(option) is typing.Annotated and option.__origin__ is int)
-        for option in options
-    )
-
-
-def _integers_from_interpolation(source: _Source) -> None:
-    """``${oc.env:TP}`` resolves to the string ``"4"``; where the field is an integer, the
-    value the user meant is the integer. Written strings (``"4"`` in the file, or named by a
-    plain ``${key}``) stay strings."""
-    block = len(source.prefix)
-    for path, written in source.interpolated.items():
-        inner = path[block:]
-        if path[:block] != source.prefix or not _RESOLVER_CALL.search(written):
-            continue
-        if not _integer_field(inner):
-            continue
-        parent = source.data
-        for part in inner[:-1]:
-            parent = parent.get(part) if isinstance(parent, Mapping) else None
-        value = parent.get(inner[-1]) if isinstance(parent, Mapping) else None
-        if (
-            isinstance(value, str)
-            and len(value) <= MAX_INT_DIGITS + 1
-            and _DECIMAL.fullmatch(value)
-        ):
-            parent[inner[-1]] = int(value)
-
-
-def _read(source: Any) -> _Source:
-    if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        name = str(source)
-        try:
-            raw = read_limited(path, MAX_BYTES)
-        except TooLargeError as error:
-            raise _unreadable(too_large(error.size), name) from None
-        except NotAFileError as error:
-            raise SourceError(f"{printable(name)}: {error}") from None
-        except OSError as error:
-            raise SourceError(
-                f"{printable(name)}: cannot read: {error.strerror or error}"
-            ) from None
-        try:
-            document = read_yaml(decode(raw), keep_going=True)
-        except YamlError as error:
-            raise _unreadable(error, name) from None
-        return _Source(
-            document.data,
-            name,
-            document.positions,
-            document.has_interpolation,
-            duplicates=document.duplicates,
-        )
-    if "omegaconf" in sys.modules:
-        from omegaconf import Container
-
-        if isinstance(source, Container):
-            from omegaconf import OmegaConf
-
-            from meshconf.sources.overrides import node_location, resolve
-
-            unresolved = OmegaConf.to_container(source, resolve=False)
-            try:
-                return _Source(
-                    resolve(source),
-                    interpolated=_interpolations(unresolved),
-                    location=node_location(source),
-                )
-            except InterpolationError as error:
-                raise ConfigError([Diagnostic(_safe_key(error.key), error.message)]) from None
-    if isinstance(source, Mapping):
-        try:
-            check_plain(source)
-        except LimitError as error:
-            raise ConfigError([Diagnostic(error.path, error.message)]) from None
-        data = copy.deepcopy(dict(source))
-        return _Source(data, has_interpolation=bool(_interpolations(data)))
-    raise SourceError(
-        f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
-        "OmegaConf DictConfig"
-    )
-
-
-def _unreadable(error: YamlError, name: str) -> ConfigError:
-    return ConfigError([_yaml_diagnostic(error, name)])
-
-
-def _yaml_diagnostic(error: YamlError, name: str | None) -> Diagnostic:
-    position = error.position
-    line, column = (position.line, position.column) if position else (None, None)
-    return Diagnostic(error.path, error.message, name, line, column)
 
 
 def _in_file_order(diagnostics: Sequence[Diagnostic]) -> ConfigError:
@@ -224,13 +50,6 @@ def _in_file_order(diagnostics: Sequence[Diagnostic]) -> ConfigError:
     return ConfigError(
         sorted(diagnostics, key=lambda d: (d.line or unplaced, d.column or unplaced))
     )
-
-
-def _safe_key(text: str) -> KeyPath:
-    try:
-        return parse_key(text) if text else ()
-    except ValueError:
-        return ()
 
 
 def _exists(data: Any, path: KeyPath) -> bool:
@@ -253,7 +72,7 @@ def _block_path(key: str | None) -> KeyPath:
         raise SourceError(f"--key: {error}") from None
 
 
-def _select(source: _Source, key: str | None, prefix: KeyPath) -> None:
+def _select(source: Source, key: str | None, prefix: KeyPath) -> None:
     if key is None:
         return
     data = source.data
@@ -269,7 +88,7 @@ def _select(source: _Source, key: str | None, prefix: KeyPath) -> None:
     source.data, source.prefix = data, prefix
 
 
-def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -> None:
+def _check_override_targets(source: Source, key: str | None, prefix: KeyPath) -> None:
     """With ``--key``, a plain ``key=value`` that names no key of the file but starts with a
     meshconf key means that key of the block (``-o degrees.tp=4`` with ``--key parallelism``
     sets ``parallelism.degrees.tp``); any other must name a key that exists, so that it is
@@ -291,7 +110,7 @@ def _check_override_targets(source: _Source, key: str | None, prefix: KeyPath) -
     source.overrides = tuple(targets)
 
 
-def _validate(source: _Source, world_size: int | None) -> MeshConfig:
+def _validate(source: Source, world_size: int | None) -> MeshConfig:
     if not isinstance(source.data, Mapping):
         what = "empty" if source.data is None else f"{describe_value(source.data)}, not a mapping"
         raise source.error((), f"expected a mapping of meshconf keys; the config is {what}")
@@ -327,7 +146,7 @@ def _outside_rules(item: Mapping[str, Any]) -> bool:
     )
 
 
-def _config_error(error: ValidationError, source: _Source) -> ConfigError:
+def _config_error(error: ValidationError, source: Source) -> ConfigError:
     diagnostics = []
     for item in error.errors(include_url=False):
         path, message = translate(item)
@@ -354,7 +173,7 @@ def at_world_size(config: MeshConfig, world_size: int) -> MeshConfig:
     try:
         return config.with_world_size(world_size)
     except ValidationError as error:
-        raise _config_error(error, _Source(None)) from None
+        raise _config_error(error, Source(None)) from None
 
 
 def _check_argument_types(overrides: object, key: object, world_size: object) -> None:
@@ -392,7 +211,7 @@ def load_config(
     _check_argument_types(overrides, key, world_size)
     parsed = tuple(parse_override(text) for text in overrides)
     prefix = _block_path(key)
-    source_data = _read(source)
+    source_data = read_source(source)
     # Keys given twice are reported with every other problem the file has, in one run.
     try:
         config = _load(source_data, parsed, key, prefix, world_size)
@@ -405,13 +224,13 @@ def load_config(
     return config
 
 
-def _with_duplicates(diagnostics: Sequence[Diagnostic], source: _Source) -> ConfigError:
-    found = [_yaml_diagnostic(error, source.name) for error in source.duplicates]
+def _with_duplicates(diagnostics: Sequence[Diagnostic], source: Source) -> ConfigError:
+    found = [yaml_diagnostic(error, source.name) for error in source.duplicates]
     return _in_file_order([*found, *diagnostics])
 
 
 def _load(
-    source_data: _Source,
+    source_data: Source,
     parsed: tuple[Override, ...],
     key: str | None,
     prefix: KeyPath,
@@ -421,15 +240,15 @@ def _load(
     _check_override_targets(source_data, key, prefix)
     targeted = source_data.overrides
     if targeted or source_data.has_interpolation:
-        source_data.interpolated.update(_interpolations(source_data.data))
+        source_data.interpolated.update(interpolations(source_data.data))
         for override in targeted:
-            source_data.interpolated.update(_interpolations(override.value, override.path))
+            source_data.interpolated.update(interpolations(override.value, override.path))
         try:
             source_data.data = apply(source_data.data, targeted)
         except InterpolationError as error:
-            path = _safe_key(error.key)
+            path = safe_key(error.key)
             diagnostic = source_data.diagnostic(path, error.message)
             raise ConfigError([diagnostic]) from None
     _select(source_data, key, prefix)
-    _integers_from_interpolation(source_data)
+    integers_from_interpolation(source_data)
     return _validate(source_data, world_size)

@@ -30,91 +30,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from meshconf.core.errors import KeyPath, MeshconfError
 from meshconf.sources.yaml_schema import (
     MERGE_TAG,
     NULL_TAG,
-    CoreResolver,
+    Loader,
     forbidden_character,
+    merge_sources,
     tag_problem,
 )
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000
-MAX_INT_DIGITS = 30
-
-
-def _merge_sources(value_node: Node) -> list[Node]:
-    """What a ``<<`` merges: the node after it, or each node of the list after it."""
-    return list(value_node.value) if isinstance(value_node, SequenceNode) else [value_node]
-
-
-class _Constructor(SafeConstructor):
-    def flatten_mapping(self, node: MappingNode) -> None:
-        """Replace ``<<`` pairs by the pairs they merge, in the order the YAML merge spec
-        ranks them: construction keeps the last of equal keys, so the lowest rank comes first
-        (the last mapping listed after ``<<``, ..., the first one, then the mapping's own)."""
-        own: list[tuple[Node, Node]] = []
-        merged: list[list[tuple[Node, Node]]] = []
-        for key_node, value_node in node.value:
-            if key_node.tag != MERGE_TAG:
-                own.append((key_node, value_node))
-                continue
-            for source in _merge_sources(value_node):
-                if not isinstance(source, MappingNode):
-                    raise ConstructorError(
-                        None,
-                        None,
-                        "a merge key (<<) takes a mapping or a list of mappings",
-                        source.start_mark,
-                    )
-                self.flatten_mapping(source)
-                merged.append(source.value)
-        node.value = [pair for pairs in reversed(merged) for pair in pairs] + own
-
-    def construct_core_int(self, node: ScalarNode) -> int:
-        text = str(self.construct_scalar(node))
-        digits = text.lstrip("+-")
-        if len(digits) > MAX_INT_DIGITS:
-            raise ConstructorError(
-                None, None, f"integer with more than {MAX_INT_DIGITS} digits", node.start_mark
-            )
-        if digits.startswith("0x"):
-            value = int(digits[2:], 16)
-        elif digits.startswith("0o"):
-            value = int(digits[2:], 8)
-        else:
-            value = int(digits)
-        return -value if text.startswith("-") else value
-
-
-_Constructor.add_constructor(  # type: ignore[type-var]
-    "tag:yaml.org,2002:int", _Constructor.construct_core_int
-)
-
-try:
-    from yaml._yaml import CParser as _Parser
-except ImportError:  # PyYAML built without libyaml
-
-    class _Parser(  # type: ignore[no-redef]
-        yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer
-    ):
-        def __init__(self, stream: str) -> None:
-            yaml.reader.Reader.__init__(self, stream)
-            yaml.scanner.Scanner.__init__(self)
-            yaml.parser.Parser.__init__(self)
-            yaml.composer.Composer.__init__(self)
-
-
-class _Loader(_Parser, _Constructor, CoreResolver):
-    def __init__(self, stream: str) -> None:
-        _Parser.__init__(self, stream)
-        _Constructor.__init__(self)
-        CoreResolver.__init__(self)
 
 
 @dataclass(frozen=True)
@@ -193,7 +124,7 @@ def _check_depth(text: str) -> None:
 def _walk_depth(text: str) -> None:
     """Walk the event stream (no recursion), counting open collections."""
     depth = 0
-    loader = _Loader(text)
+    loader = Loader(text)
     try:
         while loader.check_event():
             event = loader.get_event()
@@ -288,7 +219,7 @@ class _Walker:
                     )
                 else:
                     merge_key = here
-                merged.extend(n for n in _merge_sources(value_node) if isinstance(n, MappingNode))
+                merged.extend(n for n in merge_sources(value_node) if isinstance(n, MappingNode))
                 continue
             here = _position(key_node.start_mark)
             if not isinstance(key_node, ScalarNode):
@@ -323,7 +254,7 @@ class _Walker:
         nested: list[MappingNode] = []
         for key_node, value_node in source.value:
             if key_node.tag == MERGE_TAG:
-                nested.extend(n for n in _merge_sources(value_node) if isinstance(n, MappingNode))
+                nested.extend(n for n in merge_sources(value_node) if isinstance(n, MappingNode))
             elif isinstance(key_node, ScalarNode):
                 child = (*path, _key_value(key_node))
                 if child not in self.positions:
@@ -370,7 +301,7 @@ def read_yaml(text: str, *, keep_going: bool = False) -> YamlDocument:
     _check_characters(text)
     try:
         _check_depth(text)
-        loader = _Loader(text)
+        loader = Loader(text)
         try:
             node = loader.get_single_node()
             if node is None:

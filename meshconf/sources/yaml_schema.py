@@ -1,15 +1,20 @@
 """What YAML meshconf reads: YAML 1.2's core schema for plain scalars, the tags of plain data
-and nothing else, and the characters YAML allows."""
+and nothing else, and the characters YAML allows; and the loader that constructs it, merge
+keys as the YAML merge spec ranks them and integers of at most ``MAX_INT_DIGITS`` digits."""
 
 from __future__ import annotations
 
 import re
 
-from yaml.nodes import MappingNode, Node, ScalarNode
+import yaml
+from yaml.constructor import ConstructorError, SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import BaseResolver
 
 from meshconf.core.messages import shorten
 
+#: The most digits an integer may have: a longer one is refused before it is converted.
+MAX_INT_DIGITS = 30
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _STR_TAG = "tag:yaml.org,2002:str"
 NULL_TAG = "tag:yaml.org,2002:null"
@@ -88,3 +93,74 @@ def forbidden_character(text: str) -> int | None:
         return None  # the common case, checked in C
     bad = _FORBIDDEN.search(text)
     return None if bad is None else bad.start()
+
+
+def merge_sources(value_node: Node) -> list[Node]:
+    """What a ``<<`` merges: the node after it, or each node of the list after it."""
+    return list(value_node.value) if isinstance(value_node, SequenceNode) else [value_node]
+
+
+class _Constructor(SafeConstructor):
+    def flatten_mapping(self, node: MappingNode) -> None:
+        """Replace ``<<`` pairs by the pairs they merge, in the order the YAML merge spec
+        ranks them: construction keeps the last of equal keys, so the lowest rank comes first
+        (the last mapping listed after ``<<``, ..., the first one, then the mapping's own)."""
+        own: list[tuple[Node, Node]] = []
+        merged: list[list[tuple[Node, Node]]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != MERGE_TAG:
+                own.append((key_node, value_node))
+                continue
+            for source in merge_sources(value_node):
+                if not isinstance(source, MappingNode):
+                    raise ConstructorError(
+                        None,
+                        None,
+                        "a merge key (<<) takes a mapping or a list of mappings",
+                        source.start_mark,
+                    )
+                self.flatten_mapping(source)
+                merged.append(source.value)
+        node.value = [pair for pairs in reversed(merged) for pair in pairs] + own
+
+    def construct_core_int(self, node: ScalarNode) -> int:
+        text = str(self.construct_scalar(node))
+        digits = text.lstrip("+-")
+        if len(digits) > MAX_INT_DIGITS:
+            raise ConstructorError(
+                None, None, f"integer with more than {MAX_INT_DIGITS} digits", node.start_mark
+            )
+        if digits.startswith("0x"):
+            value = int(digits[2:], 16)
+        elif digits.startswith("0o"):
+            value = int(digits[2:], 8)
+        else:
+            value = int(digits)
+        return -value if text.startswith("-") else value
+
+
+_Constructor.add_constructor(  # type: ignore[type-var]
+    "tag:yaml.org,2002:int", _Constructor.construct_core_int
+)
+
+try:
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # PyYAML built without libyaml
+
+    class _Parser(  # type: ignore[no-redef]
+        yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, yaml.composer.Composer
+    ):
+        def __init__(self, stream: str) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+            yaml.composer.Composer.__init__(self)
+
+
+class Loader(_Parser, _Constructor, CoreResolver):
+    """PyYAML's safe loading with the core schema's resolver and meshconf's construction."""
+
+    def __init__(self, stream: str) -> None:
+        _Parser.__init__(self, stream)
+        _Constructor.__init__(self)
+        CoreResolver.__init__(self)

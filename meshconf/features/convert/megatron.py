@@ -10,10 +10,9 @@ refused, naming the group, where meshconf cannot hold the same ranks.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
-from meshconf.core.degrees import DEGREE_NAMES, MAX_WORLD_SIZE, WORLD_FACTORS
+from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import (
@@ -21,8 +20,6 @@ from meshconf.features.convert.common import (
     Conversion,
     ConversionError,
     Draft,
-    boolean_problem,
-    integer_problem,
     validate,
     world_size_note,
 )
@@ -35,12 +32,8 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
-from meshconf.features.convert.megatron_input import (
-    SPLIT_WEIGHT_SETTINGS,
-    TRAINING_SETTINGS,
-    Setting,
-)
-from meshconf.features.convert.shell import unexpanded
+from meshconf.features.convert.megatron_input import Setting, integer_setting
+from meshconf.features.convert.megatron_training import training_block
 from meshconf.model.config import MeshConfig
 
 MEGATRON = "megatron"
@@ -53,36 +46,10 @@ SIZE_DEGREES = {
     "expert_tensor_parallel_size": "etp",
     "num_distributed_optimizer_instances": "dp_replicate",
 }
-#: A size as Megatron's argument parser reads it: ASCII digits, with an optional plus.
-_DIGITS = re.compile(r"\+?([0-9]+)")
 #: The longest order worth reading: each of the tokens once, with dashes.
 _MAX_ORDER_CHARS = 32
 #: The sparse domain with ep outside efsdp: Megatron's expert grid when dp is inner to ep.
 EP_OUTSIDE_SPARSE = ("pp", "dp_replicate", "ep", "efsdp", "etp")
-
-
-def _integer(draft: Draft, setting: Setting) -> int | None:
-    value = setting.value
-    if isinstance(value, str):
-        digits = _DIGITS.fullmatch(value.strip())
-        if digits is None:
-            left = unexpanded(value)
-            why = "" if left is None else f": {left}; write the number"
-            draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{why}")
-            return None
-        if len(digits[1]) > len(str(MAX_WORLD_SIZE)):
-            draft.fail(
-                setting.key,
-                f"an integer of {len(digits[1])} digits is larger than {MAX_WORLD_SIZE}, the "
-                "most ranks torch can number",
-            )
-            return None
-        value = int(digits[1])
-    problem = integer_problem(value, auto=False)
-    if problem is not None:
-        draft.fail(setting.key, problem)
-        return None
-    return int(value)
 
 
 def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
@@ -91,7 +58,7 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
         setting = settings.get(name)
         if setting is None or (name == "expert_tensor_parallel_size" and setting.value is None):
             continue
-        value = _integer(draft, setting)
+        value = integer_setting(draft, setting)
         if value is not None:
             sizes[name] = value
     if "expert_tensor_parallel_size" not in settings or (
@@ -99,92 +66,6 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
     ):
         sizes["expert_tensor_parallel_size"] = sizes["tensor_model_parallel_size"]
     return sizes
-
-
-def _training(draft: Draft, settings: Mapping[str, Setting]) -> None:
-    """The config's ``training`` block from Megatron's settings: the ZeRO stage its
-    distributed optimizer gives, the pipeline split's weights (:data:`SPLIT_WEIGHT_SETTINGS`),
-    and each of :data:`TRAINING_SETTINGS` given."""
-    optimizer = settings.get("use_distributed_optimizer")
-    problem = None if optimizer is None else boolean_problem(optimizer.value)
-    if optimizer is not None and problem is not None:
-        draft.fail(optimizer.key, problem)
-    distributed = optimizer is not None and optimizer.value is True
-    draft.training["zero_stage"] = 1 if distributed else 0
-    if optimizer is not None:
-        draft.origins[("training", "zero_stage")] = optimizer.key
-    fp8 = settings.get("fp8_param_gather")
-    if fp8 is not None:
-        # validated with the config, and a problem reported at Megatron's key
-        draft.training["fp8_param_gather"] = fp8.value
-        draft.origins[("training", "fp8_param_gather")] = fp8.key
-    for name, key in SPLIT_WEIGHT_SETTINGS.items():
-        switch = settings.get(name)
-        problem = None if switch is None else boolean_problem(switch.value)
-        if switch is not None and problem is not None:
-            draft.fail(switch.key, problem)
-        elif switch is not None and switch.value is True:
-            draft.training[key] = 1
-            draft.origins[("training", key)] = switch.key
-    for name, key in TRAINING_SETTINGS.items():
-        setting = settings.get(name)
-        # NeMo writes null for a setting it leaves to Megatron's default
-        if setting is None or setting.value is None:
-            continue
-        value = _integer(draft, setting)
-        if value is None:
-            continue
-        draft.training[key] = value
-        draft.origins[("training", key)] = setting.key
-        if key == "virtual_stages":
-            draft.training["pp_schedule"] = "interleaved"
-    granularity = settings.get("recompute_granularity")
-    if granularity is not None and granularity.value is not None:
-        _recompute(draft, settings, granularity)
-
-
-def _recompute(draft: Draft, settings: Mapping[str, Setting], granularity: Setting) -> None:
-    """``training.activation_checkpointing`` from Megatron's recomputation, where the
-    estimate's modes say the same: each block recomputed whole, the first blocks of each
-    chunk (``block``, with ``checkpoint_first``), or Megatron's selective recomputation, which
-    keeps what no recomputation keeps under flash attention."""
-    key = ("training", "activation_checkpointing")
-    if granularity.value == "selective":
-        draft.training["activation_checkpointing"] = "none"
-        draft.origins[key] = granularity.key
-        draft.notes.append(
-            "--recompute-granularity selective recomputes the core attention, which the flash "
-            "attention kernel does not keep anyway: training.activation_checkpointing: none "
-            "(meshconf's selective is torchtitan's per-op policy)."
-        )
-        return
-    if granularity.value != "full":
-        draft.fail(
-            granularity.key, f"expected full or selective, got {describe_value(granularity.value)}"
-        )
-        return
-    method = settings.get("recompute_method")
-    layers = settings.get("recompute_num_layers")
-    count = None if layers is None or layers.value is None else _integer(draft, layers)
-    if method is not None and method.value == "uniform" and count == 1:
-        draft.training["activation_checkpointing"] = "full"
-        draft.origins[key] = granularity.key
-        return
-    if method is not None and method.value == "block" and layers is not None and count:
-        # the first recompute_num_layers blocks of each model chunk
-        draft.training["activation_checkpointing"] = "full"
-        draft.origins[key] = granularity.key
-        # validated with the config, and a problem reported at Megatron's key
-        draft.training["checkpoint_first"] = count
-        draft.origins[("training", "checkpoint_first")] = layers.key
-        return
-    how = "" if method is None else f" --recompute-method {method.value}"
-    how += "" if layers is None else f" --recompute-num-layers {layers.value}"
-    draft.notes.append(
-        f"--recompute-granularity full{how} is not converted: the estimate recomputes blocks "
-        "one at a time (--recompute-method uniform --recompute-num-layers 1, or block), not in "
-        "groups; give --activation-checkpointing to plan and show."
-    )
 
 
 def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> str:
@@ -247,8 +128,8 @@ def _world(draft: Draft, settings: Mapping[str, Setting]) -> str | None:
     nodes = settings.get("nnodes")
     if per_node is None:
         return None
-    gpus = _integer(draft, per_node)
-    count = 1 if nodes is None else _integer(draft, nodes)
+    gpus = integer_setting(draft, per_node)
+    count = 1 if nodes is None else integer_setting(draft, nodes)
     if gpus is None or count is None:
         return None
     if draft.world_size is not None and draft.world_size != gpus * count:
@@ -285,7 +166,7 @@ def convert_megatron(
     if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
         keys["order"] = keys["use_tp_pp_dp_mapping"]
     sizes = _sizes(draft, settings)
-    _training(draft, settings)
+    training_block(draft, settings)
     order = _order(draft, settings, sizes)
     launch_note = _world(draft, settings)
     draft.check()

@@ -15,9 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshconf.features.convert.shell import Word, commands as shell_commands, source_error
+from meshconf.core.degrees import MAX_WORLD_SIZE
+from meshconf.core.errors import describe_value
+from meshconf.features.convert.common import Draft, integer_problem
+from meshconf.features.convert.shell import (
+    Word,
+    commands as shell_commands,
+    source_error,
+    unexpanded,
+)
 from meshconf.sources.yaml_reader import YamlError, read_yaml
 
+#: A size as Megatron's argument parser reads it: ASCII digits, with an optional plus.
+_DIGITS = re.compile(r"\+?([0-9]+)")
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.
 SIZE_SETTINGS = (
     "tensor_model_parallel_size",
@@ -180,3 +190,29 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
 
     walk(document.data, ())
     return found
+
+
+def integer_setting(draft: Draft, setting: Setting) -> int | None:
+    """A setting's integer as Megatron's argument parser reads it, or None with the problem
+    reported at the setting's key."""
+    value = setting.value
+    if isinstance(value, str):
+        digits = _DIGITS.fullmatch(value.strip())
+        if digits is None:
+            left = unexpanded(value)
+            why = "" if left is None else f": {left}; write the number"
+            draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{why}")
+            return None
+        if len(digits[1]) > len(str(MAX_WORLD_SIZE)):
+            draft.fail(
+                setting.key,
+                f"an integer of {len(digits[1])} digits is larger than {MAX_WORLD_SIZE}, the "
+                "most ranks torch can number",
+            )
+            return None
+        value = int(digits[1])
+    problem = integer_problem(value, auto=False)
+    if problem is not None:
+        draft.fail(setting.key, problem)
+        return None
+    return int(value)

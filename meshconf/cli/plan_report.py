@@ -1,0 +1,253 @@
+"""What ``meshconf plan`` prints: the ranked table, its JSON report, one row's memory
+explained, and one row as a config with the command that prints it again."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from meshconf.cli.estimate_explain import explain_lines
+from meshconf.cli.estimate_report import gib, headroom_gib, memory_json, memory_lines, settings_line
+from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.levels import plural_units, unit_article
+from meshconf.core.training import GIB
+from meshconf.features.plan.ranking import (
+    Assignment,
+    DimLocality,
+    Plan,
+    build_config,
+    config_data,
+    rationale,
+)
+from meshconf.features.plan.request import Request, level_text, option_flag
+
+
+def _command_line(request: Request, index: int, model_words: list[str]) -> str:
+    """The command that prints this config again, options in a fixed order."""
+    words = ["meshconf plan", f"--world-size {request.world_size}"]
+    if request.gpus_per_node is not None:
+        words.append(f"--gpus-per-node {request.gpus_per_node}")
+    words += [f"--level {level_text(level)}" for level in request.levels]
+    if request.order is not None:
+        words.append(f"--order {','.join(request.order)}")
+    words += [
+        f"{option_flag(name)} {request.pins[name]}" for name in DEGREE_NAMES if name in request.pins
+    ]
+    words += model_words
+    words.append(f"--emit {index}")
+    return " ".join(words)
+
+
+def _dims_text(dims: Sequence[DimLocality]) -> str:
+    return " ".join(f"{dim.name}({dim.size})" for dim in dims) or "-"
+
+
+def _split(dims: list[DimLocality], levels: int = 1) -> list[str]:
+    """The dims of more than one rank by how many of ``levels`` levels their groups cross,
+    the most first: with nodes alone, those that cross nodes and those that stay in one."""
+    used = [dim for dim in dims if dim.size > 1]
+    return [
+        _dims_text([dim for dim in used if len(dim.crossed) == count])
+        for count in reversed(range(levels + 1))
+    ]
+
+
+def _split_headings(request: Request) -> list[str]:
+    """The headings of :func:`_split`'s columns: ``groups cross nodes``, ``groups stay in a
+    node``, and with levels above the node, where between them the groups sit."""
+    names = [level.name for level in request.topology]
+    headings = [f"groups cross {plural_units(names[-1])}"]
+    for count in reversed(range(1, len(names))):
+        headings.append(f"cross {plural_units(names[count - 1])}, in {unit_article(names[count])}")
+    return [*headings, "groups stay in a node"]
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    """Lists on one line, as the examples write ``order``."""
+
+
+def _flow_list(dumper: yaml.SafeDumper, items: list[str]) -> yaml.Node:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=True)
+
+
+_ConfigDumper.add_representer(list, _flow_list)
+
+
+def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[str, Any]) -> str:
+    """Row ``index`` as a config, after comments that say why it ranks there and the command
+    that prints it again."""
+    request = plan.request
+    assignment = plan.best[index - 1]
+    config = build_config(request, assignment.degrees)
+    columns = _split(rationale(request, config), len(request.topology))
+    locality = (
+        "# groups "
+        + "; ".join(
+            f"{heading.removeprefix('groups ')}: {dims}"
+            for heading, dims in zip(_split_headings(request), columns, strict=True)
+        )
+        + "\n"
+        if request.gpus_per_node is not None
+        else ""
+    )
+    data = config_data(request, assignment.degrees)
+    if training:
+        data["training"] = training
+    body = yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False)
+    return (
+        f"# {_command_line(request, index, model_words)} (assignment {index} of {plan.total})"
+        f"\n{locality}{_estimate_comment(assignment)}{body}"
+    )
+
+
+def explained_row(plan: Plan, index: int) -> list[str]:
+    """Row ``index`` with its memory by term, what each holds and its source."""
+    request = plan.request
+    assignment = plan.best[index - 1]
+    found = assignment.estimate
+    assert request.model is not None and found is not None
+    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in WORLD_FACTORS)
+    return [
+        f"assignment {index} of {plan.total}: {degrees}",
+        settings_line(request.model, request.training),
+        *memory_lines(found, request.training),
+        *explain_lines(found, request.training),
+    ]
+
+
+def _estimate_comment(assignment: Assignment) -> str:
+    found = assignment.estimate
+    if found is None:
+        return ""
+    verdict = "fits" if found.fits else "does NOT fit"
+    return (
+        f"# estimated: {gib(found.memory.total):g} GiB per GPU ({verdict}), "
+        f"step {found.step_seconds:.3g} s, {found.exposed_seconds:.3g} s of it communication "
+        "not hidden\n"
+    )
+
+
+def _header(plan: Plan) -> list[str]:
+    request = plan.request
+    gpus = request.gpus_per_node
+    if gpus is None:
+        world = f"world_size {request.world_size}"
+    elif request.world_size % gpus == 0:
+        world = (
+            f"world_size {request.world_size} = {request.world_size // gpus} nodes x {gpus} GPUs"
+        )
+    else:
+        world = f"world_size {request.world_size}, {gpus} GPUs per node"
+    pins = " ".join(f"{name}={value}" for name, value in request.pins.items()) or "none"
+    order = "" if request.order is None else f"; order: {', '.join(request.order)}"
+    shown = len(plan.best)
+    if plan.total == 1:
+        count = "1 valid assignment"
+    else:
+        which = f"the best {shown}" if shown < plan.total else "all"
+        count = f"{plan.total} valid assignments; {which}, best first (ranking: docs/plan.md)"
+    lines = [f"{world}; pinned: {pins}{order}"]
+    if request.model is not None:
+        lines.append(settings_line(request.model, request.training))
+        fit = f"{plan.fitting} fit in {request.training.gpu_memory_gib:g} GiB"
+        count = count.replace(";", f"; {fit};", 1) if ";" in count else f"{count}; {fit}"
+    lines.append(count)
+    if plan.left_out_by_order:
+        lines.append(
+            f"{plan.left_out_by_order} more left out: under this order their expert dims would "
+            "split world factors unevenly"
+        )
+    if gpus is None:
+        lines.append(
+            "no --gpus-per-node: node locality unknown; ranked by smaller pp, dp_replicate, cp, "
+            "dp_shard in turn"
+        )
+    return lines
+
+
+def _rows(plan: Plan) -> list[list[str]]:
+    """The table, header first: index, world factors, rationale."""
+    located = plan.request.gpus_per_node is not None
+    estimated = plan.request.model is not None
+    header = ["#", *WORLD_FACTORS]
+    header += ["GiB", "headroom", "step s", "compute s", "exposed s"] if estimated else []
+    header += _split_headings(plan.request) if located else ["dims (ranks)"]
+    rows = [header]
+    for index, assignment in enumerate(plan.best, start=1):
+        dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
+        cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
+        found = assignment.estimate
+        if found is not None:
+            gpu = plan.request.training.gpu_memory_gib
+            headroom = "-" if found.problem else f"{headroom_gib(found, gpu):.1f}"
+            cells += [
+                f"{found.memory.total / GIB:.1f}",
+                headroom,
+                f"{found.step_seconds:.3g}",
+                f"{found.compute_seconds:.3g}",
+                f"{found.exposed_seconds:.3g}",
+            ]
+        levels = len(plan.request.topology)
+        cells += _split(dims, levels) if located else [_dims_text([d for d in dims if d.size > 1])]
+        rows.append(cells)
+    return rows
+
+
+def print_table(plan: Plan) -> None:
+    """The plan's heading and its best rows as a table, best first."""
+    print("\n".join(_header(plan)))
+    rows = _rows(plan)
+    numeric = 1 + len(WORLD_FACTORS) + (5 if plan.request.model is not None else 0)
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        cells = [
+            cell.rjust(width) if column < numeric else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any]:
+    dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
+    entry: dict[str, Any] = {
+        "index": index,
+        "degrees": dict(assignment.degrees),
+        "dims": [
+            {"name": dim.name, "size": dim.size, "crosses_nodes": dim.crosses_nodes}
+            | ({"crosses": list(dim.crossed)} if plan.request.levels else {})
+            for dim in dims
+        ],
+    }
+    if assignment.estimate is not None:
+        entry.update(memory_json(assignment.estimate, plan.request.training.gpu_memory_gib))
+    return entry
+
+
+def json_report(plan: Plan) -> dict[str, Any]:
+    """The request and the plan's best rows, with every figure of each, for ``--format json``."""
+    request = plan.request
+    report: dict[str, Any] = {
+        "world_size": request.world_size,
+        "gpus_per_node": request.gpus_per_node,
+        **(
+            {"levels": [dataclasses.asdict(level) for level in request.levels]}
+            if request.levels
+            else {}
+        ),
+        "pins": dict(request.pins),
+        "order": list(request.rank_order),
+        "total": plan.total,
+        "left_out_by_order": plan.left_out_by_order,
+        "assignments": [
+            _json_entry(plan, index, assignment)
+            for index, assignment in enumerate(plan.best, start=1)
+        ],
+    }
+    if request.model is not None:
+        report["model"] = request.model.name
+        report["training"] = dict(request.training.__dict__)
+        report["fitting"] = plan.fitting
+    return report
