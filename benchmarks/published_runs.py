@@ -84,7 +84,7 @@ RUNS = (
         "DeepSeek-V3, 2,048 H800",
         "DeepSeek-V3 technical report (2024), sections 3.2 and 4.2: PP 16, EP 64, ZeRO-1 data "
         "parallelism, no TP, seq 4,096, 15,360 sequences a step, routing to at most 4 nodes, "
-        "fp8 dispatch, DualPipe hiding the experts' all-to-all under compute (section 3.2.1); "
+        "fp8 dispatch, DualPipe (section 3.2.1) hiding the experts' all-to-all under compute; "
         "180K H800 GPU hours per trillion tokens (no MFU published)",
         2048,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
@@ -103,6 +103,8 @@ RUNS = (
             "4",
             "--dispatch-dtype",
             "fp8",
+            "--pp-schedule",
+            "dualpipe",
             "--ep-overlap",
         ),
         # tokens per step over tokens per second: 2,048 GPUs take 180,000 GPU hours a 1e12

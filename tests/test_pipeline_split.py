@@ -224,6 +224,10 @@ def test_the_block_gives_what_the_options_give(run_cli, tmp_path: Path) -> None:
         (32, 4, 2, (0, 0), "dualpipev", 4, "2 layers a chunk make 16 chunks of 32 layers, 4 a "
          "pipeline rank: dualpipev runs two"),
         (32, 4, 8, (0, 0), "gpipe", 1, None),
+        # DualPipe: one chunk a rank, and a copy of its mirror rank's
+        (32, 4, 8, (0, 0), "dualpipe", 1, None),
+        (32, 4, 4, (0, 0), "dualpipe", 2, "4 layers a chunk make 8 chunks of 32 layers, 2 a "
+         "pipeline rank: dualpipe runs one"),
     ],
 )  # fmt: skip
 def test_layers_per_stage_set_the_chunks_as_torchtitan_does(

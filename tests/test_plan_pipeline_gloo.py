@@ -94,7 +94,7 @@ def _most_in_flight(
         ScheduleZBVZeroBubble,
     )
 
-    v_shape = schedule_name in V_SCHEDULES
+    placement = "v" if schedule_name in V_SCHEDULES else "rounds"
 
     config = load_config({"world_size": pp, "degrees": {"pp": pp}})
     with DistributedContext(config, environ=environ) as ctx:
@@ -107,7 +107,7 @@ def _most_in_flight(
                 ),
                 counter,
             )
-            for chunk in chunk_ids(pp, virtual, rank, v_shape)
+            for chunk in chunk_ids(pp, virtual, rank, placement)
         ]
 
         def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -126,7 +126,7 @@ def _most_in_flight(
             schedule = single(stages[0], m, loss_fn=loss)
         torch.manual_seed(0)
         inputs, target = torch.randn(m, WIDTH), torch.randn(m, WIDTH)
-        last = rank_of_chunk(pp, pp * virtual - 1, v_shape)
+        last = rank_of_chunk(pp, pp * virtual - 1, placement)
         kwargs: dict[str, Any] = {"target": target, "losses": []} if rank == last else {}
         schedule.step(*([inputs] if rank == 0 else []), **kwargs)
         assert counter.now == 0  # every backward pass ran

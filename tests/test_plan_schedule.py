@@ -38,16 +38,16 @@ from meshconf.features.plan.estimate.training import Parallelism, Training
 @pytest.mark.parametrize(("style", "chunks"), [("loop", 1), ("loop", 2), ("loop", 3), ("v", 2)])
 def test_each_chunk_runs_where_torch_places_it(pp: int, style: str, chunks: int) -> None:
     torch_s = generate_rank_to_stage_mapping(pp, pp * chunks, style=style)
-    v_shape = style == "v"
+    placement = "v" if style == "v" else "rounds"
     for rank in range(pp):
-        ours = list(chunk_ids(pp, chunks, rank, v_shape))
+        ours = list(chunk_ids(pp, chunks, rank, placement))
         assert ours == sorted(torch_s[rank])
-        assert [rank_of_chunk(pp, chunk, v_shape) for chunk in ours] == [rank] * chunks
+        assert [rank_of_chunk(pp, chunk, placement) for chunk in ours] == [rank] * chunks
 
 
 def test_in_a_v_the_first_rank_holds_both_ends() -> None:
     # 10 layers in 6 chunks, the middle ones larger: rank 0 runs the first and the last
-    assert stage_layers(10, 3, 2, v_shape=True) == [
+    assert stage_layers(10, 3, 2, placement="v") == [
         [[0], [9]],
         [[1, 2], [7, 8]],
         [[3, 4], [5, 6]],
@@ -199,9 +199,9 @@ def test_a_config_s_v_schedule_is_estimated_on_the_rank_with_both_ends(
 
 @pytest.mark.parametrize("arch", [PRESETS["deepseek-v3"], PRESETS["llama3-405b"], SMALL_MOE])
 @pytest.mark.parametrize("pp", [1, 2, 3, 5, 8, 16])
-@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "dualpipe"])
 @pytest.mark.parametrize("split", SPLITS)
-def test_in_a_v_the_candidate_ranks_find_the_rank_every_rank_would(
+def test_in_a_v_or_mirrored_the_candidate_ranks_find_the_rank_every_rank_would(
     arch: Architecture, pp: int, schedule: str, split: dict[str, int]
 ) -> None:
     """estimate_memory looks at a few pipeline ranks only; the largest of all is among them,
@@ -216,7 +216,12 @@ def test_in_a_v_the_candidate_ranks_find_the_rank_every_rank_would(
         ends = training.stage_ends
         every = max(
             (
-                rank_memory(arch, par, training, rank_stage(arch, pp, 2, rank, ends, True))
+                rank_memory(
+                    arch,
+                    par,
+                    training,
+                    rank_stage(arch, pp, training.chunks_per_stage, rank, ends, training.placement),
+                )
                 for rank in range(pp)
             ),
             key=lambda memory: memory.total,

@@ -24,11 +24,12 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "SelectiveAC",
     }
 )
-#: Where the micro-batches in flight of the schedules in a V come from.
+#: Where the micro-batches in flight of the zero-bubble schedules come from.
 _V_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
         "dualpipev": "; dualpipev: the DeepSeek-V3 report, table 2, torch's ScheduleDualPipeV",
+        "dualpipe": "; dualpipe: the DeepSeek-V3 report, table 2, DeepSeek's DualPipe",
     }
 )
 _SHARDED = (
@@ -103,8 +104,11 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
                 f"{gib(memory.block_backward):.2f} GiB for one block's backward pass, what it "
                 "recomputes and the gradients in flight"
             )
+    copies = (
+        ", its chunk and a copy of its mirror rank's," if training.placement == "mirror" else ""
+    )
     holds = {
-        "params": f"the rank's weights after tp, ep and etp, {weights}; {sharding}",
+        "params": f"the rank's weights{copies} after tp, ep and etp, {weights}; {sharding}",
         "grads": f"the rank's gradients in {training.grad_dtype}",
         "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
         "gathers": gathered,

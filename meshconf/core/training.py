@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe", "zbv", "dualpipev"]
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zbv", "dualpipev", "dualpipe"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -24,7 +24,7 @@ MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe", "zbv", "dualpipev")
+SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe", "zbv", "dualpipev", "dualpipe")
 #: The schedules that place two model chunks on each pipeline rank in a V: chunk ``r`` and
 #: chunk ``2 pp - 1 - r`` on rank ``r`` (torch's ``ScheduleZBVZeroBubble`` and
 #: ``ScheduleDualPipeV``), so the first rank holds the embedding and the output.

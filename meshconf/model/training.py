@@ -93,9 +93,11 @@ class TrainingOptions(BaseModel):
         None,
         description="The pipeline schedule: 1f1b (the default), interleaved (1F1B over "
         "virtual_stages chunks a rank), gpipe (every forward pass before the backward "
-        "passes), zbv (torch's ZBVZeroBubble) or dualpipev (DualPipeV); zbv and dualpipev "
-        "place two chunks on each rank in a V, the first rank holding the embedding and the "
-        "output.",
+        "passes), zbv (torch's ZBVZeroBubble), dualpipev (DualPipeV) or dualpipe "
+        "(DeepSeek's DualPipe); zbv and dualpipev place two chunks on each rank in a V, the "
+        "first rank holding the embedding and the output; dualpipe sends half the "
+        "micro-batches from each end, each rank holding its chunk and a copy of its mirror "
+        "rank's.",
         examples=["interleaved"],
     )
     virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(

@@ -17,7 +17,7 @@ from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.core.training import Checkpointing, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import block_split, linear_split, unsharded
-from meshconf.features.plan.estimate.pipeline import rank_stages
+from meshconf.features.plan.estimate.pipeline import Placement, rank_stages
 from meshconf.features.plan.estimate.training import (
     Parallelism,
     Training,
@@ -104,7 +104,7 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
         training.chunks_per_stage,
         training.stage_ends,
         (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
-        training.v_shape,
+        training.placement,
     )
 
 
@@ -115,9 +115,9 @@ def _busiest_stage(
     chunks_per_stage: int,
     ends: Ends,
     recomputation: tuple[Checkpointing, int | None, int | None],
-    v_shape: bool,
+    placement: Placement,
 ) -> StageWork:
-    stages = rank_stages(arch, par.pp, chunks_per_stage, ends, v_shape)
+    stages = rank_stages(arch, par.pp, chunks_per_stage, ends, placement)
     stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
     layers = stage.layers
     dense = expert = linear = 0
@@ -192,6 +192,8 @@ def _bytes(
     arch: Architecture, par: Parallelism, training: Training, work: StageWork
 ) -> dict[str, int]:
     m = microbatches(par, training)
+    # the micro-batches through each of the rank's chunks: half of them when mirrored
+    through = m * training.chunk_share(par.pp)
     tokens = training.seq_len * training.micro_batch // par.cp
     p, g = training.param_bytes, training.grad_bytes
     # passes over a block per micro-batch that move activations: forward and backward, and
@@ -207,26 +209,28 @@ def _bytes(
     # ZeRO 3: all-gather in forward and again in backward per micro-batch; ZeRO 1 and 2:
     # once a step, after the optimizer; each one reduce-scatter of the gradients. ZeRO 0
     # all-reduces the gradients, which moves twice what a reduce-scatter does.
-    gathers = {0: 0, 1: 1, 2: 1, 3: 2 * m}[training.zero_stage]
+    gathers = {0: 0, 1: 1, 2: 1, 3: 2 * through}[training.zero_stage]
     reductions = 2 if training.zero_stage == 0 else 1
     # the dense linear weights go in fp8 with fp8_param_gather
     gathered = dense * p - work.linear_elements * (p - training.linear_bytes)
+    shards = (dense / par.fsdp + expert / par.efsdp) * g
+    kv_per_token = _kv_per_token(arch, par)
     sent = {
         "fsdp": (gathers * gathered + reductions * dense * g) * _ring(par.fsdp),
         "efsdp": (gathers * expert * p + reductions * expert * g) * _ring(par.efsdp),
         # all-reduce of the gradient shards, once per step
-        "dp_replicate": 2 * (dense / par.fsdp + expert / par.efsdp) * g * _ring(par.dp_replicate),
+        "dp_replicate": 2 * shards * _ring(par.dp_replicate),
         # sequence parallelism: per block 2 all-gathers + 2 reduce-scatters per pass
-        "tp": 4 * gathering_passes * work.layers * m * tokens * hidden * p * _ring(par.tp),
+        "tp": 4 * gathering_passes * work.layers * through * tokens * hidden * p * _ring(par.tp),
         # ring attention: every rank receives the other cp-1 key/value chunks per pass,
         # and in backward also their gradients
-        "cp": (passes + 1) * work.layers * m * tokens * _kv_per_token(arch, par) * p * (par.cp - 1),
+        "cp": (passes + 1) * work.layers * through * tokens * kv_per_token * p * (par.cp - 1),
         # dispatch (in the dispatch dtype) and combine all-to-all per pass, tokens split by tp
         "ep": (training.dispatch_bytes + p)
         / p
         * passes
         * work.moe_layers
-        * m
+        * through
         * tokens
         * top_k
         * hidden
@@ -236,14 +240,17 @@ def _bytes(
         "etp": 2
         * gathering_passes
         * work.moe_layers
-        * m
+        * through
         * tokens
         * top_k
         * hidden
         * p
         * _ring(par.etp)
         / par.tp,
-        "pp": _pp_sends(par.pp, training) * m * tokens * hidden * p / par.tp,
+        "pp": _pp_sends(par.pp, training) * m * tokens * hidden * p / par.tp
+        # mirrored, each chunk's two copies sum their gradient shards once a step, an
+        # all-reduce between the mirror ranks
+        + (shards if training.placement == "mirror" and par.pp > 1 else 0),
     }
     return {name: int(value) for name, value in sent.items()}
 
@@ -253,11 +260,12 @@ def _pp_sends(pp: int, training: Training) -> int:
     micro-batch: one forward and one backward across each chunk boundary it sits on, two a
     chunk on a rank that holds neither end. With pp 2 every rank holds an end, which sends
     one way only; in a V, rank 0 holds both ends and the last rank passes its two chunks'
-    boundary on itself."""
+    boundary on itself. Mirrored, each micro-batch passes through one of the rank's two
+    chunks, whose neighbours are the same ranks: as with one chunk a rank."""
     v = training.chunks_per_stage
     if pp > 2:
         return 2 * v
-    return 2 if training.v_shape else 2 * v - 1
+    return 2 if training.placement == "v" else 2 * v - 1
 
 
 def _kv_per_token(arch: Architecture, par: Parallelism) -> float:

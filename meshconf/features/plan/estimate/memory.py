@@ -99,7 +99,7 @@ def estimate_memory(arch: Architecture, par: Parallelism, training: Training) ->
     """The memory of the pipeline rank with the largest total; ``training`` resolved for the
     model (:meth:`Training.for_model`)."""
     stages = rank_stages(
-        arch, par.pp, training.chunks_per_stage, training.stage_ends, training.v_shape
+        arch, par.pp, training.chunks_per_stage, training.stage_ends, training.placement
     )
     return max(
         (rank_memory(arch, par, training, stage) for stage in stages),

@@ -1,8 +1,8 @@
 """How a model's layers are cut into pipeline chunks, and what each pipeline rank holds:
 the even split (the first and last chunks the smaller), an explicit first and last chunk,
 the split that counts the embedding and the output as layers, the splits that cannot be
-made, the chunks' places on the ranks (in rounds, or in a V), and the ranks that can need
-the most memory.
+made, the chunks' places on the ranks (in rounds, in a V, or mirrored), and the ranks that
+can need the most memory.
 
 Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 """
@@ -12,34 +12,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Literal
 
 from meshconf.core.training import TRAINING_BOUNDS, V_SCHEDULES, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.
 KINDS: tuple[LayerKind, ...] = ("dense", "moe")
+#: Where a schedule places the model chunks (:func:`chunk_ids`): in rounds, in a V, or each
+#: rank's chunk with a copy of its mirror rank's (DualPipe).
+Placement = Literal["rounds", "v", "mirror"]
 
 
 def stage_layers(
-    layers: int, pp: int, chunks_per_stage: int, ends: Ends = (None, None), v_shape: bool = False
+    layers: int,
+    pp: int,
+    chunks_per_stage: int,
+    ends: Ends = (None, None),
+    placement: Placement = "rounds",
 ) -> list[list[list[int]]]:
     """The layers of every pipeline rank, chunk by chunk (see :func:`rank_chunks`)."""
-    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends, v_shape) for rank in range(pp))
+    ranks = (rank_chunks(layers, pp, chunks_per_stage, rank, ends, placement) for rank in range(pp))
     return [[list(chunk) for chunk in chunks] for chunks in ranks]
 
 
-def chunk_ids(pp: int, chunks_per_stage: int, rank: int, v_shape: bool = False) -> range:
+def chunk_ids(pp: int, chunks_per_stage: int, rank: int, placement: Placement = "rounds") -> range:
     """The model chunks a pipeline rank runs, in model order. In rounds, chunk ``c`` runs on
-    rank ``c % pp`` (torch's ``Interleaved1F1B``); in a V (``v_shape``, two chunks a rank),
-    rank ``r`` runs chunks ``r`` and ``2 pp - 1 - r`` (``ZBVZeroBubble``, ``DualPipeV``)."""
-    if v_shape:
+    rank ``c % pp`` (torch's ``Interleaved1F1B``); in a V (two chunks a rank), rank ``r`` runs
+    chunks ``r`` and ``2 pp - 1 - r`` (``ZBVZeroBubble``, ``DualPipeV``); mirrored (one chunk
+    a rank), rank ``r`` runs chunk ``r`` for the micro-batches that enter at the first rank
+    and a copy of chunk ``pp - 1 - r`` for those that enter at the last (DeepSeek's
+    ``DualPipe``)."""
+    if placement == "v":
         return range(rank, 2 * pp - rank, 2 * (pp - rank) - 1)
+    if placement == "mirror":
+        low, high = sorted((rank, pp - 1 - rank))
+        return range(low, high + 1, max(1, high - low))
     return range(rank, pp * chunks_per_stage, pp)
 
 
-def rank_of_chunk(pp: int, chunk: int, v_shape: bool = False) -> int:
-    """The pipeline rank that runs a chunk (:func:`chunk_ids`)."""
-    if v_shape and chunk >= pp:
+def rank_of_chunk(pp: int, chunk: int, placement: Placement = "rounds") -> int:
+    """The pipeline rank that runs a chunk (:func:`chunk_ids`; mirrored, the rank that runs it
+    for the micro-batches entering at the first rank)."""
+    if placement == "v" and chunk >= pp:
         return 2 * pp - 1 - chunk
     return chunk % pp
 
@@ -50,7 +65,7 @@ def rank_chunks(
     chunks_per_stage: int,
     rank: int,
     ends: Ends = (None, None),
-    v_shape: bool = False,
+    placement: Placement = "rounds",
 ) -> list[range]:
     """The layers of one pipeline rank, chunk by chunk. The model is cut into
     ``pp * chunks_per_stage`` chunks of consecutive layers, placed on the ranks by
@@ -65,11 +80,11 @@ def rank_chunks(
         split = EndSplit.of(layers, count, ends)
         return [
             range(split.start(c), split.start(c) + split.size(c))
-            for c in chunk_ids(pp, chunks_per_stage, rank, v_shape)
+            for c in chunk_ids(pp, chunks_per_stage, rank, placement)
         ]
     base, extra = divmod(layers, count)
     found = []
-    for chunk in chunk_ids(pp, chunks_per_stage, rank, v_shape):
+    for chunk in chunk_ids(pp, chunks_per_stage, rank, placement):
         start = chunk * base + _extras_before(chunk, extra, count)
         size = base + _extras_before(chunk + 1, extra, count) - _extras_before(chunk, extra, count)
         found.append(range(start, start + size))
@@ -142,7 +157,7 @@ def chunks_from_layers(
         problem = f"{made}: not a multiple of pp {pp}"
     elif schedule in V_SCHEDULES and per_rank != 2:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs two"
-    elif schedule in ("1f1b", "gpipe") and per_rank != 1:
+    elif schedule in ("1f1b", "gpipe", "dualpipe") and per_rank != 1:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
     elif schedule == "interleaved" and per_rank < 2:
         problem = f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
@@ -218,7 +233,7 @@ def candidate_ranks(
     pp: int,
     chunks_per_stage: int,
     ends: Ends = (None, None),
-    v_shape: bool = False,
+    placement: Placement = "rounds",
 ) -> list[int]:
     """The pipeline ranks that can need the most memory. Ranks whose chunks hold the same
     numbers and kinds of layers differ only in the micro-batches in flight, which fall with
@@ -226,7 +241,8 @@ def candidate_ranks(
     last rank (the output). Runs end where a round of chunks crosses the chunks with one
     layer more (chunks 1 to ``extra``; with ``ends``, the free chunks that take one more) or
     the first layer with experts. In a V, where the micro-batches in flight do not fall with
-    the rank, both ends of each run are taken."""
+    the rank, both ends of each run are taken; mirrored, with the mirror ranks, which run the
+    copies of those chunks."""
     count = pp * chunks_per_stage
     experts = arch.experts
     if ends != (None, None) and count >= 2:
@@ -247,15 +263,18 @@ def candidate_ranks(
     moe_edges: tuple[int, ...] = ()
     if experts is not None and 0 < experts.dense_layers < arch.layers:
         moe_edges = (chunk_of(experts.dense_layers - 1), chunk_of(experts.dense_layers))
-    # in rounds a run's first rank is enough; in a V, the ranks on both sides of a boundary
-    around = (-1, 0, 1) if v_shape else (0,)
+    # in rounds a run's first rank is enough; otherwise the ranks on both sides of a boundary
+    around = (0,) if placement == "rounds" else (-1, 0, 1)
     for chunk in boundaries:
         if 0 <= chunk < count:
-            rank = rank_of_chunk(pp, chunk, v_shape)
+            rank = rank_of_chunk(pp, chunk, placement)
             edges.update(rank + step for step in around)
     for chunk in moe_edges:
-        rank = rank_of_chunk(pp, chunk, v_shape)
+        rank = rank_of_chunk(pp, chunk, placement)
         edges.update(rank + step for step in {*around, 1})
+    if placement == "mirror":
+        # a chunk's copy runs on the mirror rank
+        edges.update(pp - 1 - rank for rank in list(edges))
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
 
@@ -298,11 +317,11 @@ def rank_stages(
     pp: int,
     chunks_per_stage: int,
     ends: Ends = (None, None),
-    v_shape: bool = False,
+    placement: Placement = "rounds",
 ) -> tuple[RankStage, ...]:
     """The candidate ranks (:func:`candidate_ranks`) with what they hold."""
-    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends, v_shape)
-    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends, v_shape) for rank in ranks)
+    ranks = candidate_ranks(arch, pp, chunks_per_stage, ends, placement)
+    return tuple(rank_stage(arch, pp, chunks_per_stage, rank, ends, placement) for rank in ranks)
 
 
 def rank_stage(
@@ -311,13 +330,13 @@ def rank_stage(
     chunks_per_stage: int,
     rank: int,
     ends: Ends = (None, None),
-    v_shape: bool = False,
+    placement: Placement = "rounds",
 ) -> RankStage:
     """What pipeline rank ``rank`` holds."""
-    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends, v_shape)
-    last_rank = rank_of_chunk(pp, pp * chunks_per_stage - 1, v_shape)
+    chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends, placement)
+    ids = chunk_ids(pp, chunks_per_stage, rank, placement)
     kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
-    return RankStage(rank, kinds, rank == 0, rank == last_rank)
+    return RankStage(rank, kinds, 0 in ids, pp * chunks_per_stage - 1 in ids)
 
 
 def kind_counts(arch: Architecture, layers: range) -> dict[LayerKind, int]:

@@ -42,7 +42,9 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
       chunk before the first backward of its second chunk's first forward pass (torch's
       ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak);
     - DualPipeV holds ``2 pp + 1`` (the DeepSeek-V3 report, table 2: ``PP + 1`` of ``PP``
-      stages).
+      stages);
+    - DualPipe holds ``pp + 1`` on every rank, of its two chunks together (the same table;
+      the order of DeepSeek's ``DualPipe.step``).
 
     Without a pipeline (``pp`` 1) no schedule runs: the micro-batches accumulate one after
     the other."""
@@ -56,6 +58,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
         return min(m, 2 * pp - rank - 1) + min(m, rank + 1)
     if training.schedule == "dualpipev":
         return min(2 * m, 2 * pp + 1)
+    if training.schedule == "dualpipe":
+        return min(m, pp + 1)
     if v == 1:
         return min(m, pp - rank)
     return min(m * v, 2 * (pp - rank - 1) + (v - 1) * round_size(pp, m) + 1)
@@ -86,13 +90,18 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
       ``2 pp - 1`` micro-batches on, ``(pp - 1) max(b, 2 (b - w))``;
     - DualPipeV: ``(pp - 1) (F&B + B - 3 W) / (2 m (f + b + w))`` (the DeepSeek-V3 report,
       table 2), with ``F&B``, a forward and a backward pass overlapped, as long as both:
-      ``f + 2 b - w``."""
+      ``f + 2 b - w``;
+    - DualPipe: ``(pp / 2 - 1) (F&B + B - 3 W) / (m (f + b + w))`` (the same table), with
+      ``f``, ``b`` and ``w`` a pass through one of the rank's chunks, which each micro-batch
+      passes once."""
     m = microbatches
     f, b, w = flops.forward, flops.backward_input, flops.backward_weight
     if training.schedule == "zbv":
         return _zbv_wait(pp, m, f, b, w) / (2 * m * flops.total)
     if training.schedule == "dualpipev":
         return (pp - 1) * (f + 2 * b - w) / (2 * m * flops.total)
+    if training.schedule == "dualpipe":
+        return (pp / 2 - 1) * (f + 2 * b - w) / (m * flops.total)
     v = training.chunks_per_stage
     if v > 1 and m < pp:
         return (v * (pp - m) + m - 1) / (v * m)
@@ -116,8 +125,9 @@ def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) with this many
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
-    ``2 pp``, and ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`).
-    Without a pipeline (``pp`` 1) no schedule runs."""
+    ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`), and
+    DeepSeek's ``DualPipe`` an odd ``pp``, an odd count or fewer than ``2 pp``. Without a
+    pipeline (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
     m = microbatches
@@ -132,4 +142,15 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
             f"{m} micro-batches a step for dualpipev over pp {pp}: it needs at least {2 * pp}; "
             "torch's DualPipeV runs no fewer"
         )
+    if training.schedule == "dualpipe":
+        if pp % 2:
+            return (
+                f"dualpipe over pp {pp}: its two halves of the pipeline mirror each other, "
+                "so pp must be even"
+            )
+        if m < 2 * pp or m % 2:
+            return (
+                f"{m} micro-batches a step for dualpipe over pp {pp}: it sends half of them "
+                f"from each end, and needs an even count of at least {2 * pp}"
+            )
     return None

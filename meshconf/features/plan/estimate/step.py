@@ -140,7 +140,8 @@ def pass_flops(
     their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B), split by tp.
     The backward pass for the inputs also runs what is recomputed: full recomputation's
     forward pass of its blocks, and the products ``selective`` runs again
-    (:func:`activations.recomputed_weights`)."""
+    (:func:`activations.recomputed_weights`). Mirrored (DualPipe), half of the rank's
+    chunks' work: each micro-batch passes through one of them."""
     # the embedding is a look-up, not a matrix product
     active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
     attention = arch.attention
@@ -164,7 +165,14 @@ def pass_flops(
                 recomputed += (
                     2 * count * activations.recomputed_weights(arch, kind, par.tp, par.etp)
                 )
-    return PassFlops(weights + scores, weights + 2 * scores + recomputed, weights, recomputed)
+    # mirrored, a micro-batch passes through one of the rank's two chunks
+    share = training.chunk_share(par.pp)
+    return PassFlops(
+        share * (weights + scores),
+        share * (weights + 2 * scores + recomputed),
+        share * weights,
+        share * recomputed,
+    )
 
 
 def _active_experts(arch: Architecture, work: StageWork, par: Parallelism) -> float:

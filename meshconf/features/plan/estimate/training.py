@@ -25,6 +25,7 @@ from meshconf.core.training import (
     ZeroStage,
 )
 from meshconf.features.plan.estimate.pipeline import (
+    Placement,
     chunks_from_layers,
     weighted_ends,
     weights_problem,
@@ -147,14 +148,23 @@ class Training:
     def chunks_per_stage(self) -> int:
         """Model chunks each pipeline rank holds: 1, the virtual stages when interleaved, 2 in
         a V."""
-        if self.v_shape:
+        if self.placement == "v":
             return 2
         return self.virtual_stages if self.schedule == "interleaved" else 1
 
     @property
-    def v_shape(self) -> bool:
-        """Whether the schedule places the chunks in a V (:data:`V_SCHEDULES`)."""
-        return self.schedule in V_SCHEDULES
+    def placement(self) -> Placement:
+        """Where the schedule places the chunks: in a V (:data:`V_SCHEDULES`), mirrored
+        (``dualpipe``), or in rounds."""
+        if self.schedule in V_SCHEDULES:
+            return "v"
+        return "mirror" if self.schedule == "dualpipe" else "rounds"
+
+    def chunk_share(self, pp: int) -> float:
+        """The share of a rank's chunks each micro-batch passes through: all of them, but
+        half mirrored, where half the micro-batches enter at each end of the pipeline and
+        pass through one of the rank's two chunks (one chunk, without a pipeline)."""
+        return 0.5 if self.placement == "mirror" and pp > 1 else 1.0
 
 
 #: Blocks of each kind, chunk by chunk, of one pipeline rank.
