@@ -20,7 +20,7 @@ from test_plan_schedule import SETTINGS, _passes
 
 from meshconf import DistributedContext, load_config
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.communication import busiest_stage, traffic
+from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import rank_memory
 from meshconf.features.plan.estimate.pipeline import rank_stage, stage_layers
 from meshconf.features.plan.estimate.presets import PRESETS
@@ -31,6 +31,7 @@ from meshconf.features.plan.estimate.schedule import (
 )
 from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.work import busiest_stage
 
 DUALPIPE = Training(schedule="dualpipe")
 

@@ -2,7 +2,8 @@
 (tests/llama_like.py) runs its forward and backward passes on CPU under
 ``torch.utils.flop_counter.FlopCounterMode``, with each block wrapped as torchtitan wraps it
 for each checkpointing mode, and the counts equal the estimate's passes
-(``step.pass_flops``) times the tokens.
+(``work.pass_flops``) times the tokens; and the pipeline runs at the pace of its rank with
+the most FLOPs.
 
 Two conventions differ from the counter's, and the tests say each one: the estimate's
 ``2 N`` a pass counts every weight outside the embedding, the norms' too, where the counter
@@ -30,10 +31,11 @@ from torch.utils.flop_counter import (
 )
 
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.communication import busiest_stage
+from meshconf.features.plan.estimate.pipeline import rank_stage
+from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.schedule import PassFlops
-from meshconf.features.plan.estimate.step import pass_flops
 from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.work import busiest_stage, pass_flops, stage_work
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 BATCH, SEQ = 2, 128
@@ -115,3 +117,36 @@ def test_selective_recomputes_the_products_torchtitan_s_policy_leaves() -> None:
     wo = attention.heads * attention.head_dim * ARCH.hidden
     w3 = ARCH.hidden * ARCH.ffn
     assert passes.recomputed * TOKENS == 2 * ARCH.layers * TOKENS * (wk + wo + w3)
+
+
+@pytest.mark.parametrize(
+    ("ends", "layers", "output"),
+    [
+        # Llama 3 8B over pp 4, 8 blocks a rank: the last also runs the final norm and the
+        # output (2.4 blocks' weights, 1.8 blocks' FLOPs at 8K tokens), and sets the pace
+        ((None, None), 8, 4096 + 128256 * 4096),
+        # 7, 9, 8 and 8 blocks: the last rank's 8 and the output outweigh 9
+        ((7, 8), 8, 4096 + 128256 * 4096),
+        # 2 on each end, 14 on the others: the first of those
+        ((2, 2), 14, 0),
+    ],
+)
+def test_the_pipeline_runs_at_the_pace_of_its_rank_with_the_most_flops(
+    ends: tuple[int, int], layers: int, output: int
+) -> None:
+    arch, par = PRESETS["llama3-8b"], Parallelism(pp=4)
+    training = Training(first_stage_layers=ends[0], last_stage_layers=ends[1])
+    work = busiest_stage(arch, par, training)
+    assert (work.layers, work.output_elements) == (layers, output)
+    # the pace is the most FLOPs of any rank, whichever ranks the estimate looks at
+    recomputation = (training.checkpointing, None, None)
+    every = [
+        pass_flops(
+            arch,
+            par,
+            training,
+            stage_work(arch, par, rank_stage(arch, 4, 1, rank, ends), recomputation),
+        ).total
+        for rank in range(4)
+    ]
+    assert pass_flops(arch, par, training, work).total == max(every)

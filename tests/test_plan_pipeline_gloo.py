@@ -27,10 +27,11 @@ from distributed import run_ranks
 from meshconf import DistributedContext, load_config
 from meshconf.core.training import V_SCHEDULES
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.communication import busiest_stage, traffic
+from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
 from meshconf.features.plan.estimate.schedule import in_flight_chunks
 from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.work import busiest_stage
 
 WIDTH = 4
 

@@ -16,7 +16,6 @@ from test_plan_model import SMALL_MOE, SPLITS
 from torch.distributed.pipelining.schedules import generate_rank_to_stage_mapping
 
 from meshconf.features.plan.estimate.architecture import Architecture
-from meshconf.features.plan.estimate.communication import busiest_stage
 from meshconf.features.plan.estimate.memory import estimate_memory, rank_memory
 from meshconf.features.plan.estimate.pipeline import (
     chunk_ids,
@@ -30,8 +29,9 @@ from meshconf.features.plan.estimate.schedule import (
     bubble_fraction,
     schedule_problem,
 )
-from meshconf.features.plan.estimate.step import estimate, pass_flops
+from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.work import busiest_stage, pass_flops
 
 
 @pytest.mark.parametrize("pp", range(1, 9))

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from meshconf.core.levels import NODE, NVLINK, Level
-from meshconf.core.training import Checkpointing, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.memory import block_split, linear_split, unsharded
-from meshconf.features.plan.estimate.pipeline import Placement, rank_stages
 from meshconf.features.plan.estimate.training import (
     Parallelism,
     Training,
     microbatches,
-    recomputed_blocks,
 )
+from meshconf.features.plan.estimate.work import StageWork, busiest_stage
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
 OVERLAPPED = frozenset({"fsdp", "efsdp", "dp_replicate"})
@@ -71,69 +67,6 @@ def level_bandwidths(levels: Sequence[Level], training: Training) -> tuple[float
         for level in levels
     )
     return (*inside, training.inter_node_gbps)
-
-
-@dataclass(frozen=True)
-class StageWork:
-    """What the busiest pipeline rank holds: its layers (mixture-of-experts ones counted
-    apart) and its weights after tp/ep/etp, dense and expert."""
-
-    layers: int
-    moe_layers: int
-    dense_elements: int
-    expert_elements: int
-    lookup_elements: int
-    #: Of ``dense_elements``: the blocks' dense linear weights (gathered in fp8 with
-    #: ``fp8_param_gather``).
-    linear_elements: int
-    #: Of ``layers``: those the backward pass recomputes whole.
-    recomputed_layers: int
-    #: Of ``dense_elements``: the final norm's and the output's, which no recomputation runs
-    #: again.
-    output_elements: int
-
-
-def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
-    """The pipeline rank with the most layers (the first such rank); ``training`` resolved
-    for the model (:meth:`Training.for_model`)."""
-    # only tp, ep and etp split the weights before FSDP: rows share the answer
-    split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
-    return _busiest_stage(
-        arch,
-        split,
-        training.chunks_per_stage,
-        training.stage_ends,
-        (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
-        training.placement,
-    )
-
-
-@lru_cache(maxsize=4096)
-def _busiest_stage(
-    arch: Architecture,
-    par: Parallelism,
-    chunks_per_stage: int,
-    ends: Ends,
-    recomputation: tuple[Checkpointing, int | None, int | None],
-    placement: Placement,
-) -> StageWork:
-    stages = rank_stages(arch, par.pp, chunks_per_stage, ends, placement)
-    stage = max(stages, key=lambda found: (sum(found.layers.values()), -found.rank))
-    layers = stage.layers
-    dense = expert = linear = 0
-    for kind, count in layers.items():
-        if count:
-            block_dense, block_experts = block_split(arch, kind, par)
-            dense += count * block_dense
-            expert += count * block_experts
-            linear += count * linear_split(arch, kind, par)[0]
-    lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
-    output = unsharded(arch.output_weights(), par) if stage.last else 0
-    dense += lookup + output
-    recomputed = sum(map(sum, recomputed_blocks(stage.chunk_sizes, *recomputation)))
-    return StageWork(
-        sum(layers.values()), layers["moe"], dense, expert, lookup, linear, recomputed, output
-    )
 
 
 def traffic(

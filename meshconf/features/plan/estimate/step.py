@@ -7,19 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meshconf.core.training import GIB
-from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
-    GroupedQueryAttention,
-    LayerKind,
 )
-from meshconf.features.plan.estimate.communication import (
-    DimTraffic,
-    StageWork,
-    busiest_stage,
-    overlapped_dims,
-    traffic,
-)
+from meshconf.features.plan.estimate.communication import DimTraffic, overlapped_dims, traffic
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.schedule import (
@@ -28,6 +19,7 @@ from meshconf.features.plan.estimate.schedule import (
     schedule_problem,
 )
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.work import busiest_stage, pass_flops
 
 
 @dataclass(frozen=True)
@@ -130,55 +122,3 @@ def _flops(par: Parallelism, training: Training, passes: PassFlops, m: int) -> f
     if training.mfu_counts == "model":
         per_token -= passes.recomputed
     return per_token * tokens
-
-
-def pass_flops(
-    arch: Architecture, par: Parallelism, training: Training, work: StageWork
-) -> PassFlops:
-    """FLOPs per token of one rank's passes: ``2 N`` a pass for the weights it applies
-    (Kaplan et al. 2020: ``6 N`` in all) and ``2 s`` per attention dim for the scores and
-    their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B), split by tp.
-    The backward pass for the inputs also runs what is recomputed: full recomputation's
-    forward pass of its blocks, and the products ``selective`` runs again
-    (:func:`activations.recomputed_weights`). Mirrored (DualPipe), half of the rank's
-    chunks' work: each micro-batch passes through one of them."""
-    # the embedding is a look-up, not a matrix product
-    active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
-    attention = arch.attention
-    if isinstance(attention, GroupedQueryAttention):
-        width = 2 * attention.heads * attention.head_dim
-    else:
-        qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
-        width = attention.heads * (qk + attention.v_head_dim)
-    weights = 2 * active
-    scores = 2 * training.seq_len * width * work.layers / par.tp
-    # the blocks' forward pass, which the final norm and the output are not part of
-    blocks = weights - 2 * work.output_elements + scores
-    recomputed = (work.recomputed_layers / work.layers if work.layers else 0) * blocks
-    if training.checkpointing == "selective":
-        layers: dict[LayerKind, int] = {
-            "dense": work.layers - work.moe_layers,
-            "moe": work.moe_layers,
-        }
-        for kind, count in layers.items():
-            if count:
-                recomputed += (
-                    2 * count * activations.recomputed_weights(arch, kind, par.tp, par.etp)
-                )
-    # mirrored, a micro-batch passes through one of the rank's two chunks
-    share = training.chunk_share(par.pp)
-    return PassFlops(
-        share * (weights + scores),
-        share * (weights + 2 * scores + recomputed),
-        share * weights,
-        share * recomputed,
-    )
-
-
-def _active_experts(arch: Architecture, work: StageWork, par: Parallelism) -> float:
-    """The expert weights one token passes through, per rank: ``top_k`` of the routed ones,
-    whose work ep spreads evenly over its ranks."""
-    experts = arch.experts
-    if experts is None or not work.moe_layers:
-        return 0.0
-    return work.expert_elements * par.ep * experts.top_k / experts.routed
