@@ -29,12 +29,14 @@ import torch
 from torch.distributed.pipelining.schedules import (
     ScheduleDualPipeV,
     ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
     ScheduleZBVZeroBubble,
     _ComputationType,
 )
 
 SCHEDULES: dict[str, Any] = {
     "interleaved": ScheduleInterleaved1F1B,
+    "loopedbfs": ScheduleLoopedBFS,
     "zbv": ScheduleZBVZeroBubble,
     "dualpipev": ScheduleDualPipeV,
 }
@@ -55,6 +57,7 @@ def action_lists(
         pp_group_size=pp,
         _n_microbatches=microbatches,
         n_local_stages=chunks_per_rank,
+        _stages=[None] * chunks_per_rank,
         num_stages=stages,
         _num_stages=stages,
         number_of_rounds=rounds,

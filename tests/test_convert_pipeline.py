@@ -42,6 +42,10 @@ def _torchtitan(table: dict[str, object]) -> tuple[dict[str, object], tuple[str,
         ),
         ({"pipeline_parallel_schedule": "gpipe"},
          {"pp_schedule": "gpipe", "embedding_as_layers": 1, "output_as_layers": 1}),
+        # torchtitan's default for a schedule of several chunks a rank: 2
+        ({"pipeline_parallel_schedule": "LoopedBFS"},
+         {"pp_schedule": "loopedbfs", "virtual_stages": 2, "embedding_as_layers": 1,
+          "output_as_layers": 1}),
         ({"pipeline_parallel_schedule": "ZBVZeroBubble"},
          {"pp_schedule": "zbv", "embedding_as_layers": 1, "output_as_layers": 1}),
         (
@@ -76,7 +80,7 @@ def test_without_a_pipeline_nothing_of_it_is_written() -> None:
         (
             {"pipeline_parallel_schedule": "InterleavedZeroBubble"},
             'pipeline_parallel_schedule = "InterleavedZeroBubble" is not converted: the estimate '
-            "models 1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble and DualPipeV; give "
+            "models 1F1B, Interleaved1F1B, LoopedBFS, GPipe, ZBVZeroBubble and DualPipeV; give "
             "--pp-schedule and --virtual-stages to plan and show.",
         ),
         (

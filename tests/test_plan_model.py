@@ -232,7 +232,7 @@ def test_the_step_line_counts_its_micro_batches(run_cli, tokens: str, counted: s
         ),
         (
             ["--model", "llama3-8b", "--virtual-stages", "2"],
-            "--virtual-stages needs --pp-schedule interleaved",
+            "--virtual-stages needs --pp-schedule interleaved or loopedbfs",
         ),
         (["--model-file", "missing.yaml"], "missing.yaml: cannot read: No such file or directory"),
     ],

@@ -1,18 +1,18 @@
 """The micro-batches in flight that the estimate holds activations for, against torch's own
 pipeline schedules run for real: on ``pp`` gloo processes, over meshconf's ``pp`` mesh,
 ``torch.distributed.pipelining``'s ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
-``ScheduleGPipe``, ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV`` run a step of small
-stages, each rank's chunks where meshconf places them. Each rank counts, over its model
-chunks, the chunk-micro-batches whose forward pass the schedule has run and whose backward
-pass (for the weights, where the schedule runs it apart) has not ended; the most at any
-time, on every rank, equals the estimate's in-flight count: ``pp - rank`` for 1F1B, ``2 (pp
-- rank - 1) + (v - 1) g + 1`` interleaved with rounds of ``g`` micro-batches (``pp`` when
-``m`` is a multiple of it), never more than the step runs; every micro-batch
-for GPipe; ``min(m, 2 pp - rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for
-DualPipeV. Each rank also adds up the bytes its chunks send to other ranks (activations
-forward, gradients backward); the most any rank sends is the estimate's ``pp`` traffic for
-a model of the test's width: two a chunk and micro-batch on a rank that holds neither end,
-fewer with pp 2 and in a V."""
+``ScheduleLoopedBFS``, ``ScheduleGPipe``, ``ScheduleZBVZeroBubble`` and
+``ScheduleDualPipeV`` run a step of small stages, each rank's chunks where meshconf places
+them. Each rank counts, over its model chunks, the chunk-micro-batches whose forward pass
+the schedule has run and whose backward pass (for the weights, where the schedule runs it
+apart) has not ended; the most at any time, on every rank, equals the estimate's in-flight
+count: ``pp - rank`` for 1F1B, ``2 (pp - rank - 1) + (v - 1) g + 1`` interleaved with
+rounds of ``g`` micro-batches (``pp`` when ``m`` is a multiple of it), never more than the
+step runs; every micro-batch for GPipe, and of every chunk for LoopedBFS; ``min(m, 2 pp -
+rank - 1) + min(m, rank + 1)`` for ZBV; ``2 pp + 1`` for DualPipeV. Each rank also adds up
+the bytes its chunks send to other ranks (activations forward, gradients backward); the most
+any rank sends is the estimate's ``pp`` traffic for a model of the test's width: two a chunk
+and micro-batch on a rank that holds neither end, fewer with pp 2 and in a V."""
 
 from __future__ import annotations
 
@@ -92,6 +92,7 @@ def _most_in_flight(
         ScheduleDualPipeV,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
+        ScheduleLoopedBFS,
         ScheduleZBVZeroBubble,
     )
 
@@ -117,6 +118,7 @@ def _most_in_flight(
         schedule: Any
         multi = {
             "interleaved": ScheduleInterleaved1F1B,
+            "loopedbfs": ScheduleLoopedBFS,
             "zbv": ScheduleZBVZeroBubble,
             "dualpipev": ScheduleDualPipeV,
         }
@@ -166,6 +168,8 @@ def _pp_traffic(pp: int, virtual: int, m: int, training: Training) -> int:
         ("interleaved", 4, 2, 10),
         ("interleaved", 4, 2, 3),
         ("interleaved", 3, 3, 4),
+        ("loopedbfs", 2, 2, 4),
+        ("loopedbfs", 3, 2, 2),
         ("gpipe", 2, 1, 4),
         ("gpipe", 3, 1, 5),
         ("zbv", 2, 2, 2),

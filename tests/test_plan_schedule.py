@@ -7,6 +7,7 @@ processes in tests/test_plan_pipeline_gloo.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -144,6 +145,23 @@ def test_the_interleaved_bubble_is_torch_s_schedule_s(
             assert bubble_fraction(pp, m, training, passes) == pytest.approx(
                 float(simulated), rel=1e-9
             )
+
+
+def test_the_loopedbfs_bubble_is_the_interleaved_one_and_torch_s() -> None:
+    """Every forward pass of every chunk, then every backward pass: torch's
+    ``ScheduleLoopedBFS`` waits as long as the interleaved schedule, for every count and
+    whatever the passes take."""
+    for pp, virtual in ((2, 2), (3, 2), (4, 3), (8, 2)):
+        looped = Training(schedule="loopedbfs", virtual_stages=virtual)
+        interleaved = replace(looped, schedule="interleaved")
+        for m in range(1, 4 * pp + 2):
+            for forward, backward in ((1, 1), (1, 2), (2, 3)):
+                passes = PassFlops(forward, backward, 0, 0)
+                simulated, _ = _simulated("loopedbfs", pp, m, passes, virtual)
+                estimated = bubble_fraction(pp, m, looped, passes)
+                assert estimated == pytest.approx(float(simulated), rel=1e-12), (pp, m)
+                if schedule_problem(pp, m, interleaved) is None:
+                    assert estimated == bubble_fraction(pp, m, interleaved, passes)
 
 
 @pytest.mark.parametrize(

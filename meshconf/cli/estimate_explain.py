@@ -24,9 +24,10 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "SelectiveAC",
     }
 )
-#: Where the micro-batches in flight of the zero-bubble schedules come from.
+#: Where the micro-batches in flight of the schedules past 1F1B's and GPipe's come from.
 _V_SOURCES: Mapping[str, str] = MappingProxyType(
     {
+        "loopedbfs": "; loopedbfs: Lamy-Poirier (2023), torch's ScheduleLoopedBFS",
         "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
         "dualpipev": "; dualpipev: the DeepSeek-V3 report, table 2, torch's ScheduleDualPipeV",
         "dualpipe": "; dualpipe: the DeepSeek-V3 report, table 2, DeepSeek's DualPipe",

@@ -140,8 +140,8 @@ def _settings_problem(training: Training) -> str | None:
     mismatch = schedule_mismatch(training.schedule, virtual_stages, training.layers_per_stage)
     return {
         None: None,
-        "stages": "--pp-schedule interleaved needs --virtual-stages V with V >= 2",
-        "schedule": "--virtual-stages needs --pp-schedule interleaved",
+        "stages": f"--pp-schedule {training.schedule} needs --virtual-stages V with V >= 2",
+        "schedule": "--virtual-stages needs --pp-schedule interleaved or loopedbfs",
         "both": "--virtual-stages and --layers-per-stage exclude each other: both set the model "
         "chunks per pipeline rank",
     }[mismatch]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.core.training import GIB
+from meshconf.core.training import GIB, LOOPED_SCHEDULES
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
@@ -103,7 +103,7 @@ def settings_line(model: Architecture, training: Training) -> str:
         resharding += f"; MFU {training.mfu:g} over the step"
     if training.layers_per_stage is not None:
         schedule += f", {training.layers_per_stage} layers a chunk"
-    elif schedule == "interleaved":
+    elif schedule in LOOPED_SCHEDULES:
         schedule += f" x{training.virtual_stages}"
     ends = (training.first_stage_layers, training.last_stage_layers)
     weights = training.split_weights

@@ -140,7 +140,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     option(
         "virtual_stages",
         metavar="V",
-        help="model chunks per pipeline rank, for --pp-schedule interleaved",
+        help="model chunks per pipeline rank, for --pp-schedule interleaved or loopedbfs",
     )
     option(
         "layers_per_stage",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "gpipe", "zbv", "dualpipev", "dualpipe"]
+Schedule = Literal["1f1b", "interleaved", "loopedbfs", "gpipe", "zbv", "dualpipev", "dualpipe"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -24,7 +24,19 @@ MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
 CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[Schedule, ...] = ("1f1b", "interleaved", "gpipe", "zbv", "dualpipev", "dualpipe")
+SCHEDULES: tuple[Schedule, ...] = (
+    "1f1b",
+    "interleaved",
+    "loopedbfs",
+    "gpipe",
+    "zbv",
+    "dualpipev",
+    "dualpipe",
+)
+#: The schedules that run ``virtual_stages`` chunks a pipeline rank, placed in rounds:
+#: chunk ``c`` on rank ``c % pp`` (torch's ``ScheduleInterleaved1F1B`` and
+#: ``ScheduleLoopedBFS``).
+LOOPED_SCHEDULES: tuple[Schedule, ...] = ("interleaved", "loopedbfs")
 #: The schedules that place two model chunks on each pipeline rank in a V: chunk ``r`` and
 #: chunk ``2 pp - 1 - r`` on rank ``r`` (torch's ``ScheduleZBVZeroBubble`` and
 #: ``ScheduleDualPipeV``), so the first rank holds the embedding and the output.
@@ -120,12 +132,13 @@ def schedule_mismatch(
     schedule: str | None, virtual_stages: int | None, layers_per_stage: int | None
 ) -> str | None:
     """Why a schedule and its model chunks per pipeline rank do not go together: ``both``
-    when the chunks are given as a count and as layers per chunk, ``stages`` when the
-    interleaved schedule has fewer than 2, ``schedule`` when chunks are given without it;
+    when the chunks are given as a count and as layers per chunk, ``stages`` when a schedule
+    of :data:`LOOPED_SCHEDULES` has fewer than 2, ``schedule`` when chunks are given without
+    one;
     None when they fit (chunks given as layers per chunk are checked against the model).
     Each reader words it with its own option names."""
     if layers_per_stage is not None:
         return "both" if virtual_stages is not None else None
-    if schedule == "interleaved":
+    if schedule in LOOPED_SCHEDULES:
         return "stages" if virtual_stages is None or virtual_stages < 2 else None
     return "schedule" if virtual_stages not in (None, 1) else None

@@ -92,7 +92,8 @@ class TrainingOptions(BaseModel):
     pp_schedule: Schedule | None = Field(
         None,
         description="The pipeline schedule: 1f1b (the default), interleaved (1F1B over "
-        "virtual_stages chunks a rank), gpipe (every forward pass before the backward "
+        "virtual_stages chunks a rank), loopedbfs (torch's LoopedBFS: every forward pass of "
+        "every chunk before the backward passes), gpipe (every forward pass before the backward "
         "passes), zbv (torch's ZBVZeroBubble), dualpipev (DualPipeV) or dualpipe "
         "(DeepSeek's DualPipe); zbv and dualpipev place two chunks on each rank in a V, the "
         "first rank holding the embedding and the output; dualpipe sends half the "
@@ -102,7 +103,7 @@ class TrainingOptions(BaseModel):
     )
     virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(
         None,
-        description="Model chunks per pipeline rank, with pp_schedule interleaved.",
+        description="Model chunks per pipeline rank, with pp_schedule interleaved or loopedbfs.",
         examples=[8],
     )
     layers_per_stage: Annotated[int, _bounded("layers_per_stage")] | None = Field(
@@ -209,8 +210,8 @@ class TrainingOptions(BaseModel):
                 "virtual_stages",
                 "schedule_stages",
                 {
-                    "stages": "pp_schedule interleaved needs virtual_stages >= 2",
-                    "schedule": "virtual_stages needs pp_schedule interleaved",
+                    "stages": f"pp_schedule {self.pp_schedule} needs virtual_stages >= 2",
+                    "schedule": "virtual_stages needs pp_schedule interleaved or loopedbfs",
                     "both": "virtual_stages and layers_per_stage exclude each other: both set "
                     "the model chunks per pipeline rank",
                 }[mismatch],

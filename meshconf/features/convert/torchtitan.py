@@ -95,7 +95,7 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
 
 #: The pipeline schedules ``torch.distributed.pipelining`` knows (torchtitan passes the name to
 #: its ``get_schedule_class``, which ignores case), and the estimate's name for those it
-#: models: 1F1B, the interleaved 1F1B, GPipe, and the two in a V, ZBV and DualPipeV.
+#: models: 1F1B, the interleaved 1F1B, LoopedBFS, GPipe, and the two in a V, ZBV and DualPipeV.
 _SCHEDULES = (
     "1F1B",
     "Interleaved1F1B",
@@ -110,6 +110,7 @@ _SCHEDULES = (
 _ESTIMATED_SCHEDULES = {
     "1F1B": "1f1b",
     "Interleaved1F1B": "interleaved",
+    "LoopedBFS": "loopedbfs",
     "GPipe": "gpipe",
     "ZBVZeroBubble": "zbv",
     "DualPipeV": "dualpipev",
@@ -162,7 +163,8 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
     if schedule not in _ESTIMATED_SCHEDULES:
         draft.notes.append(
             f'pipeline_parallel_schedule = "{schedule}" is not converted: the estimate models '
-            "1F1B, Interleaved1F1B, GPipe, ZBVZeroBubble and DualPipeV; give --pp-schedule and "
+            "1F1B, Interleaved1F1B, LoopedBFS, GPipe, ZBVZeroBubble and DualPipeV; give "
+            "--pp-schedule and "
             "--virtual-stages to plan and show."
         )
         return schedule
@@ -173,9 +175,9 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
         # validated with the config, and a problem reported at torchtitan's key
         draft.training["layers_per_stage"] = table["pipeline_parallel_layers_per_stage"]
         draft.origins[("training", "layers_per_stage")] = "pipeline_parallel_layers_per_stage"
-    elif schedule == "Interleaved1F1B":
+    elif schedule in ("Interleaved1F1B", "LoopedBFS"):
         draft.training["virtual_stages"] = 2
-        draft.comments["training.virtual_stages"] = "torchtitan's default for Interleaved1F1B"
+        draft.comments["training.virtual_stages"] = f"torchtitan's default for {schedule}"
     return schedule
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Literal
 
-from meshconf.core.training import TRAINING_BOUNDS, V_SCHEDULES, Ends
+from meshconf.core.training import LOOPED_SCHEDULES, TRAINING_BOUNDS, V_SCHEDULES, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.
@@ -159,8 +159,8 @@ def chunks_from_layers(
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs two"
     elif schedule in ("1f1b", "gpipe", "dualpipe") and per_rank != 1:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
-    elif schedule == "interleaved" and per_rank < 2:
-        problem = f"{made}, {per_rank} a pipeline rank: interleaved needs at least 2"
+    elif schedule in LOOPED_SCHEDULES and per_rank < 2:
+        problem = f"{made}, {per_rank} a pipeline rank: {schedule} needs at least 2"
     elif per_rank > most:
         problem = f"{made}, {per_rank} a pipeline rank: more than {most}"
     return min(per_rank, most), problem

@@ -37,7 +37,9 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
     - the interleaved schedule warms up ``2 (pp - rank - 1) + (v - 1) g`` chunk-micro-batches,
       then holds one more, where ``g`` is the micro-batches of a round (:func:`round_size`:
       ``pp`` when ``m`` is a multiple of ``pp``, as Megatron-LM's schedule always has it);
-    - GPipe runs every forward pass before the first backward (Huang et al. 2019);
+    - GPipe runs every forward pass before the first backward (Huang et al. 2019), and
+      LoopedBFS every forward pass of every chunk (Lamy-Poirier 2023, "Breadth-First
+      Pipeline Parallelism"; torch's ``ScheduleLoopedBFS``);
     - ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
       chunk before the first backward of its second chunk's first forward pass (torch's
       ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak);
@@ -54,6 +56,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
         return v
     if training.schedule == "gpipe":
         return m
+    if training.schedule == "loopedbfs":
+        return m * v
     if training.schedule == "zbv":
         return min(m, 2 * pp - rank - 1) + min(m, rank + 1)
     if training.schedule == "dualpipev":
@@ -83,6 +87,8 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
       (Narayanan et al. 2021, section 2.2), and with fewer micro-batches than ``pp``, which
       come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
       micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
+      LoopedBFS's is the same, for every count (the makespan of torch's
+      ``ScheduleLoopedBFS``);
     - ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
       inputs and the weights (``w <= f <= b``: the backward pass for the inputs takes the
       attention's twice and what is recomputed): the makespan of torch's

@@ -14,6 +14,7 @@ from meshconf.core.training import (
     DISPATCH_BYTES,
     DTYPE_BYTES,
     FP8_BYTES,
+    LOOPED_SCHEDULES,
     V_SCHEDULES,
     Checkpointing,
     DispatchDtype,
@@ -117,7 +118,7 @@ class Training:
             per_rank, problem = chunks_from_layers(
                 layers, pp, self.layers_per_stage, self.split_weights or (0, 0), self.schedule
             )
-            virtual = per_rank if self.schedule == "interleaved" else 1
+            virtual = per_rank if self.schedule in LOOPED_SCHEDULES else 1
             resolved = replace(self, layers_per_stage=None, virtual_stages=virtual)
         chunks = pp * resolved.chunks_per_stage
         weights = self.split_weights
@@ -146,11 +147,11 @@ class Training:
 
     @property
     def chunks_per_stage(self) -> int:
-        """Model chunks each pipeline rank holds: 1, the virtual stages when interleaved, 2 in
-        a V."""
+        """Model chunks each pipeline rank holds: 1, the virtual stages in rounds
+        (:data:`LOOPED_SCHEDULES`), 2 in a V."""
         if self.placement == "v":
             return 2
-        return self.virtual_stages if self.schedule == "interleaved" else 1
+        return self.virtual_stages if self.schedule in LOOPED_SCHEDULES else 1
 
     @property
     def placement(self) -> Placement:
