@@ -151,7 +151,7 @@ def _uneven(rank: int, environ: dict[str, str]) -> None:
     config = load_config({"world_size": 8, "degrees": {"dp_shard": 8}})
     with DistributedContext(config, environ=environ):
         from meshconf.features.plan.estimate.architecture import Weight
-        from meshconf.features.plan.estimate.memory import local_shard
+        from meshconf.features.plan.estimate.sizing import local_shard
 
         linear = torch.nn.Linear(7, 13, bias=False)  # 13 rows over 8 ranks
         fully_shard(linear)

@@ -7,16 +7,24 @@ Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
 from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
-from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
+from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
 from meshconf.features.plan.estimate.schedule import in_flight_chunks
+from meshconf.features.plan.estimate.sizing import (
+    Shard,
+    Sizing,
+    end_weights,
+    gathered,
+    linear_split,
+    local_shard,
+    unsharded,
+)
 from meshconf.features.plan.estimate.training import (
     ChunkSizes,
     Parallelism,
@@ -29,10 +37,6 @@ from meshconf.features.plan.estimate.training import (
 ADAM_MOMENT_BYTES = 8
 ADAM_STEP_BYTES = 4
 MASTER_BYTES = 4
-
-#: How many elements of some weights a rank holds: :func:`unsharded` or :func:`gathered`.
-Sizing = Callable[[Sequence[Weight], Parallelism], int]
-
 
 #: When a pipeline rank's memory peaks: in a block's backward pass, at the peak of the
 #: loss's backward pass, when FSDP gathers the final norm and the output again for the norm's
@@ -70,29 +74,6 @@ class Memory:
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer + self.gathers + self.activations
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Elements and tensors of some weights on one rank."""
-
-    elements: int
-    tensors: int
-
-
-def local_shard(weights: Sequence[Weight], par: Parallelism) -> Shard:
-    """The weights' local shard after tp (etp and ep for experts), then FSDP over ``fsdp``
-    (``efsdp`` for experts), which splits dim 0 into equal parts, padding the last: each
-    rank allocates ``ceil(rows / n)`` rows."""
-    elements = 0
-    for weight in weights:
-        elements += _sharded(weight, par)
-    return Shard(elements, len(weights))
-
-
-def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
-    """Elements of the weights after tp/ep/etp only: what an FSDP all-gather rebuilds."""
-    return sum(_tp_local(weight, par)[0] * _tp_local(weight, par)[1] for weight in weights)
 
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
@@ -253,41 +234,6 @@ def _parameter_bytes(split: tuple[int, int], training: Training) -> int:
     return linear * training.linear_bytes + rest * training.param_bytes
 
 
-@lru_cache(maxsize=4096)
-def linear_split(
-    arch: Architecture, kind: LayerKind, par: Parallelism, size: Sizing = unsharded
-) -> tuple[int, int]:
-    """Elements of one block's dense linear weights and of its other weights, sized by
-    ``size``."""
-    weights = arch.layer_weights(kind)
-    linear = [weight for weight in weights if weight.dense_linear]
-    return size(linear, par), size([weight for weight in weights if not weight.dense_linear], par)
-
-
-def gathered(weights: Sequence[Weight], par: Parallelism) -> int:
-    """Elements an FSDP all-gather of the weights rebuilds. FSDP2 pads each weight's dim 0
-    to a multiple of the group's size, gathers the padded shards, and the unsharded
-    parameter is a view of that padded output (``FSDPParam.init_all_gather_outputs``), so
-    a small weight in a large group costs the group's size in rows."""
-    return sum(
-        _sharded(weight, par) * (par.efsdp if weight.experts else par.fsdp) for weight in weights
-    )
-
-
-def end_weights(arch: Architecture, first: bool, last: bool) -> tuple[Weight, ...]:
-    """The weights the first pipeline rank (the embedding) and the last (the final norm and
-    the output) hold besides their blocks."""
-    return (arch.embedding_weights() if first else ()) + (arch.output_weights() if last else ())
-
-
-@lru_cache(maxsize=4096)
-def block_split(arch: Architecture, kind: LayerKind, par: Parallelism) -> tuple[int, int]:
-    """Elements of one block after tp/ep/etp: the non-expert weights, and the experts."""
-    weights = arch.layer_weights(kind)
-    experts = unsharded([weight for weight in weights if weight.experts], par)
-    return unsharded([weight for weight in weights if not weight.experts], par), experts
-
-
 @dataclass(frozen=True)
 class _Held:
     """Activations of a rank: what its blocks store for the micro-batches in flight, the
@@ -356,20 +302,3 @@ def _chunk_blocks(
         )
         for chunk, wholes in zip(sizes, recomputed, strict=True)
     )
-
-
-def _tp_local(weight: Weight, par: Parallelism) -> tuple[int, int]:
-    """Rows and columns of one rank's part after tensor parallelism (etp and ep for
-    experts, whose ``rows`` count every local expert)."""
-    ways = par.etp if weight.experts else par.tp
-    rows = -(-weight.rows // ways) if weight.split == "rows" else weight.rows
-    cols = -(-weight.cols // ways) if weight.split == "cols" else weight.cols
-    if weight.experts:
-        rows *= -(-weight.experts // par.ep)
-    return rows, cols
-
-
-def _sharded(weight: Weight, par: Parallelism) -> int:
-    rows, cols = _tp_local(weight, par)
-    ways = par.efsdp if weight.experts else par.fsdp
-    return -(-rows // ways) * cols

@@ -17,9 +17,9 @@ from meshconf.features.plan.estimate.architecture import (
     GroupedQueryAttention,
     LayerKind,
 )
-from meshconf.features.plan.estimate.memory import block_split, linear_split, unsharded
 from meshconf.features.plan.estimate.pipeline import Placement, RankStage, rank_stages
 from meshconf.features.plan.estimate.schedule import PassFlops
+from meshconf.features.plan.estimate.sizing import block_split, linear_split, unsharded
 from meshconf.features.plan.estimate.training import Parallelism, Training, recomputed_blocks
 
 
