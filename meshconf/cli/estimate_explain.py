@@ -27,7 +27,7 @@ SOURCES: Mapping[str, str] = MappingProxyType(
 #: Where the micro-batches in flight of the schedules past 1F1B's and GPipe's come from.
 _V_SOURCES: Mapping[str, str] = MappingProxyType(
     {
-        "loopedbfs": "; loopedbfs: Lamy-Poirier (2023), torch's ScheduleLoopedBFS",
+        "loopedbfs": "; loopedbfs: Lamy-Poirier (arXiv:2211.05953), torch's ScheduleLoopedBFS",
         "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
         "dualpipev": "; dualpipev: the DeepSeek-V3 report, table 2, torch's ScheduleDualPipeV",
         "dualpipe": "; dualpipe: the DeepSeek-V3 report, table 2, DeepSeek's DualPipe",

@@ -38,8 +38,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
       then holds one more, where ``g`` is the micro-batches of a round (:func:`round_size`:
       ``pp`` when ``m`` is a multiple of ``pp``, as Megatron-LM's schedule always has it);
     - GPipe runs every forward pass before the first backward (Huang et al. 2019), and
-      LoopedBFS every forward pass of every chunk (Lamy-Poirier 2023, "Breadth-First
-      Pipeline Parallelism"; torch's ``ScheduleLoopedBFS``);
+      LoopedBFS every forward pass of every chunk (Lamy-Poirier, "Breadth-First Pipeline
+      Parallelism", arXiv:2211.05953; torch's ``ScheduleLoopedBFS``);
     - ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
       chunk before the first backward of its second chunk's first forward pass (torch's
       ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak);
