@@ -120,8 +120,8 @@ def step_time(
     return max(free)
 
 
-#: The width of DualPipe's one-layer stages, and of the activations it sends.
-DUALPIPE_WIDTH = 4
+#: The width of the one-layer stages the pipeline tests run, and of what they send.
+STAGE_WIDTH = 4
 
 
 def dualpipe_step(
@@ -159,14 +159,14 @@ def dualpipe_step(
         if standing_in:
             patches.enter_context(mock.patch.object(comm, "append_irecv", received))
             group = SimpleNamespace(size=lambda: pp, rank=lambda: rank)
-        comm.set_p2p_tensor_shapes([(1, DUALPIPE_WIDTH)])
+        comm.set_p2p_tensor_shapes([(1, STAGE_WIDTH)])
         comm.set_p2p_tensor_dtype(torch.float32)
         torch.manual_seed(rank)
-        stages = tuple(torch.nn.Linear(DUALPIPE_WIDTH, DUALPIPE_WIDTH) for _ in range(2))
+        stages = tuple(torch.nn.Linear(STAGE_WIDTH, STAGE_WIDTH) for _ in range(2))
         pipe = DualPipe(stages, process_group=group)
         actions = _recorded(pipe, pp, rank, microbatches)
         ends = rank in (0, pp - 1)
-        half = [torch.randn(microbatches // 2, DUALPIPE_WIDTH)] if ends else []
+        half = [torch.randn(microbatches // 2, STAGE_WIDTH)] if ends else []
         loss: Callable[..., torch.Tensor] | None = torch.nn.functional.mse_loss if ends else None
         pipe.step(*half, num_chunks=microbatches, criterion=loss, labels=list(half))
     return actions

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 from distributed import run_ranks
-from pipeline_orders import DUALPIPE_WIDTH, dualpipe_step, held_at_peak, step_time
+from pipeline_orders import dualpipe_step, held_at_peak, step_time
+from test_plan_pipeline_gloo import one_layer_a_chunk
 from test_plan_schedule import SETTINGS, _passes
 
 from meshconf import DistributedContext, load_config
-from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import rank_memory
 from meshconf.features.plan.estimate.pipeline import rank_stage, stage_layers
@@ -74,21 +74,11 @@ def _dualpipe_on_gloo(rank: int, environ: dict[str, str], pp: int, m: int) -> No
         assert _order(actions) == _order(dualpipe_step(pp, rank, m))
         most = torch.tensor([sent[0]])
         torch.distributed.all_reduce(most, torch.distributed.ReduceOp.MAX, group=group)
-        arch, resolved = _one_layer_a_stage(pp, m)
+        arch, resolved = one_layer_a_chunk(pp, 1, m, DUALPIPE)
         work = busiest_stage(arch, Parallelism(pp=pp), resolved)
         estimated = traffic(arch, Parallelism(pp=pp), resolved, {}, work)["pp"].bytes
         # the estimate's pp traffic also sums the two copies' fp32 gradients, once a step
         assert int(most) + work.dense_elements * 4 == estimated
-
-
-def _one_layer_a_stage(pp: int, m: int) -> tuple[Architecture, Training]:
-    """The test's model as the estimate sees it: a layer of the stages' width a stage, one
-    fp32 row a micro-batch."""
-    arch = Architecture(
-        "linear", pp, DUALPIPE_WIDTH, DUALPIPE_WIDTH, DUALPIPE_WIDTH, GroupedQueryAttention(1, 1, 4)
-    )
-    one_row = replace(DUALPIPE, seq_len=1, param_dtype="fp32", global_batch_tokens=m)
-    return arch, one_row.for_model(arch.layers, pp)[0]
 
 
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (2, 6), (4, 8), (4, 12)])

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from distributed import run_ranks
+from pipeline_orders import STAGE_WIDTH as WIDTH
 
 from meshconf import DistributedContext, load_config
 from meshconf.core.training import V_SCHEDULES
@@ -32,8 +33,6 @@ from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
 from meshconf.features.plan.estimate.schedule import in_flight_chunks
 from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.estimate.work import busiest_stage
-
-WIDTH = 4
 
 
 class _Counter:
@@ -140,17 +139,23 @@ def _most_in_flight(
         assert int(sent) == _pp_traffic(pp, virtual, m, training), int(sent)
 
 
-def _pp_traffic(pp: int, virtual: int, m: int, training: Training) -> int:
-    """The estimate's ``pp`` bytes for the test's model: a layer a chunk of the test's width,
-    one fp32 row a micro-batch."""
+def one_layer_a_chunk(
+    pp: int, virtual: int, m: int, training: Training
+) -> tuple[Architecture, Training]:
+    """The test's model as the estimate sees it: a layer a chunk of the stages' width, one
+    fp32 row a micro-batch; and ``training`` resolved for it."""
     arch = Architecture(
         "linear", pp * virtual, WIDTH, WIDTH, WIDTH, GroupedQueryAttention(1, 1, WIDTH)
     )
-    par = Parallelism(pp=pp)
     one_row = replace(training, seq_len=1, param_dtype="fp32", global_batch_tokens=m)
-    resolved, _ = one_row.for_model(arch.layers, pp)
-    work = busiest_stage(arch, par, resolved)
-    return traffic(arch, par, resolved, {}, work)["pp"].bytes
+    return arch, one_row.for_model(arch.layers, pp)[0]
+
+
+def _pp_traffic(pp: int, virtual: int, m: int, training: Training) -> int:
+    """The estimate's ``pp`` bytes for the test's model (:func:`one_layer_a_chunk`)."""
+    arch, resolved = one_layer_a_chunk(pp, virtual, m, training)
+    par = Parallelism(pp=pp)
+    return traffic(arch, par, resolved, {}, busiest_stage(arch, par, resolved))["pp"].bytes
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ SOURCES: Mapping[str, str] = MappingProxyType(
     }
 )
 #: Where the micro-batches in flight of the schedules past 1F1B's and GPipe's come from.
-_V_SOURCES: Mapping[str, str] = MappingProxyType(
+_SCHEDULE_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "loopedbfs": "; loopedbfs: Lamy-Poirier (arXiv:2211.05953), torch's ScheduleLoopedBFS",
         "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
@@ -121,7 +121,7 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
             "gib": gib(getattr(memory, term)),
             "holds": holds[term],
             "source": SOURCES[term]
-            + (_V_SOURCES.get(training.schedule, "") if term == "activations" else ""),
+            + (_SCHEDULE_SOURCES.get(training.schedule, "") if term == "activations" else ""),
         }
         for term in holds
     ]

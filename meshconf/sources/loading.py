@@ -163,9 +163,7 @@ def _config_error(error: ValidationError, source: Source) -> ConfigError:
             message = message.replace(hint, "") if hint else message
             message += f" (resolved from {written})"
         diagnostics.append(source.diagnostic(path, message))
-    unplaced = float("inf")
-    diagnostics.sort(key=lambda d: (d.line or unplaced, d.column or unplaced))
-    return ConfigError(diagnostics)
+    return _in_file_order(diagnostics)
 
 
 def at_world_size(config: MeshConfig, world_size: int) -> MeshConfig:

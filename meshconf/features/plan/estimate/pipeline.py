@@ -157,10 +157,10 @@ def chunks_from_layers(
         problem = f"{made}: not a multiple of pp {pp}"
     elif schedule in V_SCHEDULES and per_rank != 2:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs two"
-    elif schedule in ("1f1b", "gpipe", "dualpipe") and per_rank != 1:
-        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
     elif schedule in LOOPED_SCHEDULES and per_rank < 2:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} needs at least 2"
+    elif schedule not in (*V_SCHEDULES, *LOOPED_SCHEDULES) and per_rank != 1:
+        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
     elif per_rank > most:
         problem = f"{made}, {per_rank} a pipeline rank: more than {most}"
     return min(per_rank, most), problem
@@ -241,8 +241,8 @@ def candidate_ranks(
     last rank (the output). Runs end where a round of chunks crosses the chunks with one
     layer more (chunks 1 to ``extra``; with ``ends``, the free chunks that take one more) or
     the first layer with experts. In a V, where the micro-batches in flight do not fall with
-    the rank, both ends of each run are taken; mirrored, with the mirror ranks, which run the
-    copies of those chunks."""
+    the rank, both ends of each run are taken; mirrored, each in the first half of the ranks,
+    whose mirror ranks hold the same."""
     count = pp * chunks_per_stage
     experts = arch.experts
     if ends != (None, None) and count >= 2:
@@ -273,8 +273,8 @@ def candidate_ranks(
         rank = rank_of_chunk(pp, chunk, placement)
         edges.update(rank + step for step in {*around, 1})
     if placement == "mirror":
-        # a chunk's copy runs on the mirror rank
-        edges.update(pp - 1 - rank for rank in list(edges))
+        # a rank and its mirror rank hold the same two chunks, and as many in flight
+        edges = {min(rank, pp - 1 - rank) for rank in edges if 0 <= rank < pp}
     return sorted(rank for rank in edges if 0 <= rank < pp)
 
 
