@@ -125,6 +125,24 @@ def test_pure_ddp_of_70b_on_1024_gpus_does_not_fit_and_ranks_last() -> None:
     assert rows.index(ddp) >= len(fitting)
 
 
+def test_rows_that_do_not_fit_follow_closest_to_fitting_first_and_unsplittable_ones_last() -> None:
+    # 8B in 12 GiB on 64 GPUs: some layouts fit, most do not, and pp 64 cannot be split
+    request = Request(64, 8, {}, PRESETS["llama3-8b"], Training(gpu_memory_gib=12))
+    plan = make_plan(request, 10**4)
+    estimates = [row.estimate for row in plan.best if row.estimate is not None]
+    assert len(estimates) == plan.total
+    fitting = [found for found in estimates if found.fits]
+    over = [found for found in estimates if not found.fits and found.problem is None]
+    unsplittable = [found for found in estimates if found.problem is not None]
+    assert fitting and over and unsplittable
+    assert estimates == fitting + over + unsplittable
+    steps = [found.step_seconds for found in fitting]
+    assert steps == sorted(steps)
+    totals = [found.memory.total for found in over]
+    assert totals == sorted(totals)
+    assert min(totals) > 12 * GIB
+
+
 def test_model_state_of_8b_under_fsdp_8_is_18_bytes_per_parameter_over_8() -> None:
     arch = PRESETS["llama3-8b"]
     memory = estimate_memory(arch, Parallelism(dp_shard=8), Training())

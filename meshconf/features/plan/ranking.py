@@ -4,7 +4,8 @@
 ``dp_shard``, ``cp``, ``tp``) whose product is the world size, under the degrees the user
 pins (``cp`` stays 1 unless pinned). Without a model it ranks them so that the dims with the
 most traffic keep their groups inside a node; with one, layouts that fit in memory come
-first, by estimated step time (``meshconf.features.plan.estimate``), node locality breaking ties.
+first, by estimated step time (``meshconf.features.plan.estimate``), node locality breaking ties;
+those that do not fit follow, closest to fitting first.
 This module is the pure logic: no torch, no command line, no I/O.
 
 Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import crossed_levels
+from meshconf.core.training import GIB
 from meshconf.features.plan.assignments import ValidAssignments
 from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.step import Estimate, estimate
@@ -136,18 +138,24 @@ def _estimated(
     bandwidths: tuple[float, ...],
     degrees: dict[str, int],
 ) -> _Ranked:
-    """With a model: layouts that fit first, then those that reach the global batch without
-    overshooting it, then by step time, then by node locality."""
+    """With a model: layouts that fit first, by step time; those that do not, after them,
+    closest to fitting first, so that a plan where nothing fits leads with what needs the
+    least change. Among layouts that fit equally, those that reach the global batch without
+    overshooting it come first, then the faster, then by node locality."""
     assert request.model is not None
     crosses = locality.crossings(degrees)
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
+    capacity = request.training.gpu_memory_gib * GIB
     # With --mfu over the step, the steps that reach it are equal: the layout whose compute
     # needs the smaller share of the peak to reach it comes first.
     needed = math.inf if found.compute_mfu is None else found.compute_mfu
+    # a pipeline that cannot be split or scheduled is further from running than any size
+    over = math.inf if found.problem else max(0.0, found.memory.total - capacity)
     key = (
         int(not found.fits),
+        over,
         int(overshoot),
         found.step_seconds,
         needed,
