@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from meshconf.core.formulas import Expr, compile_formula, parse
@@ -26,7 +26,10 @@ DEFAULT_DERIVED: Mapping[str, str] = MappingProxyType(
 DEFAULT_FORMULAS: Mapping[str, Expr] = MappingProxyType(
     {name: parse(text) for name, text in DEFAULT_DERIVED.items()}
 )
-_DEFAULT_SIZES = tuple((name, compile_formula(expr)) for name, expr in DEFAULT_FORMULAS.items())
+#: Each default formula compiled once, as a function of the degrees.
+DEFAULT_SIZE_OF: Mapping[str, Callable[[Mapping[str, int]], int]] = MappingProxyType(
+    {name: compile_formula(expr) for name, expr in DEFAULT_FORMULAS.items()}
+)
 
 
 def default_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
@@ -37,7 +40,7 @@ def default_sizes(degrees: Mapping[str, int]) -> dict[str, int]:
         FormulaError: a formula does not divide exactly.
     """
     sizes = dict(degrees)
-    for name, size_of in _DEFAULT_SIZES:
+    for name, size_of in DEFAULT_SIZE_OF.items():
         sizes[name] = size_of(degrees)
     return sizes
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
-from meshconf.core.domains import DEFAULT_FORMULAS
-from meshconf.core.formulas import evaluate
+from meshconf.core.domains import DEFAULT_SIZE_OF
 from meshconf.core.training import (
     DISPATCH_BYTES,
     DTYPE_BYTES,
@@ -215,14 +214,21 @@ class Parallelism:
         TypeError: a keyword is not a degree of ``meshconf.core.degrees.DEGREES``.
     """
 
-    __slots__ = ("_degrees", "_key")
+    # Each degree and derived dim is a slot, read as fast as an attribute: a plan reads them
+    # hundreds of times per layout. The derived ones are filled when first read.
+    __slots__ = ("_degrees", "_key", *DEGREE_NAMES, *DEFAULT_SIZE_OF)
+    _degrees: dict[str, int]
+    _key: tuple[int, ...]
 
     def __init__(self, **degrees: int) -> None:
         unknown = sorted(set(degrees) - set(DEGREE_NAMES))
         if unknown:
             raise TypeError(f"not degrees: {', '.join(unknown)}")
-        self._degrees = {name: degrees.get(name, 1) for name in DEGREE_NAMES}
-        self._key = tuple(self._degrees.values())
+        values = {name: degrees.get(name, 1) for name in DEGREE_NAMES}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_degrees", values)
+        object.__setattr__(self, "_key", tuple(values.values()))
 
     @classmethod
     def of(cls, degrees: Mapping[str, int]) -> Parallelism:
@@ -230,16 +236,19 @@ class Parallelism:
         return cls(**{name: degrees.get(name, 1) for name in DEGREE_NAMES})
 
     def __getattr__(self, name: str) -> int:
-        # Only names that are not slots or methods come here: the degrees, then the dims
-        # derived by the default formulas. A private name is a slot not yet set (copy, pickle).
-        if name.startswith("_"):
+        # Only slots not yet set come here: a derived dim read for the first time.
+        size_of = DEFAULT_SIZE_OF.get(name)
+        if size_of is None:
             raise AttributeError(name)
-        if name in DEFAULT_FORMULAS:
-            return evaluate(DEFAULT_FORMULAS[name], self._degrees)
-        try:
-            return self._degrees[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        size = size_of(self._degrees)
+        object.__setattr__(self, name, size)
+        return size
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Parallelism is immutable: cannot set {name}")
+
+    def __reduce__(self) -> tuple[object, tuple[dict[str, int]]]:
+        return (Parallelism.of, (dict(self._degrees),))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Parallelism) and self._key == other._key
