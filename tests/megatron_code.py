@@ -47,3 +47,13 @@ get_num_layers_to_build = _load(
         {"Optional": Optional, "TransformerConfig": object},
     ),
 )["get_num_layers_to_build"]
+
+#: ``get_pp_rank_microbatches(num_microbatches, num_model_chunks, group_size, ...,
+#: p2p_communicator=...)``: the warm-up forward passes each rank runs before its first
+#: backward pass, under 1F1B and the interleaved schedule. Given a communicator it reads the
+#: pipeline's size, the rank and the chunks per rank from it, and nothing of Megatron's state.
+get_pp_rank_microbatches = _load(
+    "megatron/core/pipeline_parallel/schedules.py",
+    ("get_pp_rank_microbatches",),
+    {"Optional": Optional, "P2PCommunicator": object, "parallel_state": None},
+)["get_pp_rank_microbatches"]

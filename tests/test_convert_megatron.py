@@ -180,7 +180,7 @@ def test_a_script_is_read_as_the_shell_would_expand_it() -> None:
         "EXPERTS=(--expert-model-parallel-size 8 '--expert-tensor-parallel-size' 1)\n"
         "torchrun --nproc-per-node=8 --nnodes $NODES \\\n"
         '    pretrain_gpt.py --tensor-model-parallel-size "$TP" \\\n'
-        "    --pipeline-model-parallel-size=$PP ${EXPERTS[@]} --num-layers 32\n"
+        "    --pipeline-model-parallel-size=$PP ${EXPERTS[@]} --num-layers 32 --hidden-size 4096\n"
     )
     settings = read_command_line(script)
     found = {
@@ -193,6 +193,7 @@ def test_a_script_is_read_as_the_shell_would_expand_it() -> None:
         "pipeline_model_parallel_size": ("--pipeline-model-parallel-size", "2", (8, 36)),
         "expert_model_parallel_size": ("--expert-model-parallel-size", "8", (5, 39)),
         "expert_tensor_parallel_size": ("--expert-tensor-parallel-size", "1", (5, 73)),
+        "num_layers": ("--num-layers", "32", (8, 67)),
     }
     conversion = convert_megatron(settings)
     assert conversion.data["world_size"] == 16

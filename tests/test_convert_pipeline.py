@@ -200,6 +200,13 @@ def test_nemo_s_split_switch_is_read_by_its_value(
 
 #: Any value a TOML document holds, and the words the pipeline keys use.
 TOML_VALUES = toml_values("1F1B", "interleaved1f1b", "DualPipeV", "GPipe", "0", "1")
+#: The schedules among those words, and what the estimate calls them.
+SCHEDULE_WORDS = {
+    "1f1b": "1f1b",
+    "interleaved1f1b": "interleaved",
+    "dualpipev": "dualpipev",
+    "gpipe": "gpipe",
+}
 PIPELINE_KEYS = (
     "pipeline_parallel_schedule",
     "pipeline_parallel_first_stage_less_layers",
@@ -218,6 +225,88 @@ def test_any_torchtitan_pipeline_settings_convert_or_are_refused_at_their_key(
     except ConversionError as error:
         assert {problem.key for problem in error.problems} <= set(PIPELINE_KEYS)
         return
-    assert training.get("pp_schedule") in (None, "1f1b", "interleaved", "gpipe")
+    schedule = table.get("pipeline_parallel_schedule", "1F1B")
+    # torchtitan reads the name in any case
+    assert isinstance(schedule, str)
+    assert training["pp_schedule"] == SCHEDULE_WORDS[schedule.casefold()]
     for key in ("embedding_as_layers", "output_as_layers"):
         assert type(training[key]) is int and 0 <= training[key] <= 100_000
+
+
+# --- Megatron-LM's model chunks per rank ------------------------------------------------------
+
+VIRTUAL = "--pipeline-model-parallel-size 4 "
+
+
+@pytest.mark.parametrize(
+    ("arguments", "chunks"),
+    [
+        ("--num-virtual-stages-per-pipeline-rank 3", 3),
+        # 32 layers over 4 stages: 8 a stage, in chunks of 2
+        ("--num-layers 32 --num-layers-per-virtual-pipeline-stage 2", 4),
+        ("--num-layers=32 --num-layers-per-virtual-pipeline-stage=4", 2),
+        # the embedding and the loss counted as layers: 32 again
+        ("--num-layers 30 --num-layers-per-virtual-pipeline-stage 2 "
+         "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split", 4),
+        # both, agreeing
+        ("--num-layers 32 --num-layers-per-virtual-pipeline-stage 2 "
+         "--num-virtual-stages-per-pipeline-rank 4", 4),
+    ],
+)  # fmt: skip
+def test_megatron_s_model_chunks_per_rank_set_the_interleaved_schedule(
+    arguments: str, chunks: int
+) -> None:
+    conversion = BY_NAME[MEGATRON].convert(read_command_line(VIRTUAL + arguments), world_size=8)
+    training = conversion.data["training"]
+    assert (training["pp_schedule"], training["virtual_stages"]) == ("interleaved", chunks)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ("--num-layers-per-virtual-pipeline-stage 2",
+         "--args:1:74: --num-layers-per-virtual-pipeline-stage: needs the model's number of "
+         "layers (--num-layers): Megatron-LM derives the model chunks per pipeline rank from it"),
+        ("--num-layers 30 --num-layers-per-virtual-pipeline-stage 2",
+         "--args:1:90: --num-layers-per-virtual-pipeline-stage: 30 layers do not split evenly "
+         "over 4 pipeline stages"),
+        ("--num-layers 32 --num-layers-per-virtual-pipeline-stage 3",
+         "--args:1:90: --num-layers-per-virtual-pipeline-stage: a pipeline stage's 8 layers are "
+         "not a multiple of the 3 layers of a model chunk"),
+        ("--num-layers 32 --num-layers-per-virtual-pipeline-stage 2 "
+         "--num-virtual-stages-per-pipeline-rank 2",
+         "--args:1:90: --num-layers-per-virtual-pipeline-stage: gives 4 model chunks per "
+         "pipeline rank, but --num-virtual-stages-per-pipeline-rank gives 2: which one is meant?"),
+        ("--num-layers 32 --decoder-first-pipeline-num-layers 6 "
+         "--num-layers-per-virtual-pipeline-stage 2",
+         "--args:1:128: --num-layers-per-virtual-pipeline-stage: beside "
+         "--decoder-first-pipeline-num-layers, Megatron-LM takes the model chunks per pipeline "
+         "rank from --num-virtual-stages-per-pipeline-rank, not from the layers of a chunk"),
+        ("--num-layers x --num-layers-per-virtual-pipeline-stage 2",
+         "--args:1:47: --num-layers: expected an integer >= 1, got the string 'x'"),
+        ("--num-virtual-stages-per-pipeline-rank 0",
+         "--args:1:73: --num-virtual-stages-per-pipeline-rank: expected an integer >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_megatron_s_model_chunks_that_do_not_add_up_are_refused_at_their_argument(
+    arguments: str, message: str
+) -> None:
+    with pytest.raises(ConversionError) as raised:
+        BY_NAME[MEGATRON].convert(read_command_line(VIRTUAL + arguments), world_size=8)
+    assert [problem.render("--args") for problem in raised.value.problems] == [message]
+
+
+def test_nemo_s_layers_per_virtual_stage_give_the_model_chunks(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    nemo = tmp_path / "nemo.yaml"
+    nemo.write_text(
+        "trainer: {devices: 8, num_nodes: 1}\n"
+        "model:\n  pipeline_model_parallel_size: 4\n  num_layers: 32\n"
+        "  num_layers_per_virtual_pipeline_stage: 4\n"
+        "  virtual_pipeline_model_parallel_size: null\n"
+    )
+    out = tmp_path / "converted.yaml"
+    result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    training = meshconf.load_config(out).training
+    assert training is not None
+    assert (training.pp_schedule, training.virtual_stages) == ("interleaved", 2)

@@ -48,6 +48,8 @@ def _converted(run_cli, tmp_path: Path, arguments: str):  # type: ignore[no-unty
             4,
         ),
         ("--recompute-granularity selective", "none", None),
+        # Megatron-LM's switch for selective recomputation
+        ("--recompute-activations", "none", None),
     ],
 )
 def test_recomputation_the_estimate_can_say_is_converted(
@@ -57,6 +59,22 @@ def test_recomputation_the_estimate_can_say_is_converted(
     assert config.training is not None
     assert config.training.activation_checkpointing == mode
     assert config.training.checkpoint_first == first
+
+
+def test_the_recomputation_switch_overrides_the_granularity_with_a_note(
+    run_cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    arguments = (
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+        "--recompute-activations"
+    )
+    config, text = _converted(run_cli, tmp_path, arguments)
+    assert config.training is not None
+    assert config.training.activation_checkpointing == "none"
+    assert (
+        "# - --recompute-activations sets Megatron-LM's recomputation to selective, over\n"
+        "#   --recompute-granularity full.\n"
+    ) in text
 
 
 def test_recomputation_in_groups_is_left_with_a_note(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -353,14 +371,17 @@ def test_any_torchtitan_training_tables_convert_or_are_refused_at_their_key(
 WORDS = st.sampled_from(["full", "selective", "uniform", "block", "1", "2", "0", "x", "-1", "1e3"])
 
 
-@given(granularity=WORDS, method=st.none() | WORDS, layers=st.none() | WORDS)
+@given(granularity=WORDS, method=st.none() | WORDS, layers=st.none() | WORDS, switch=st.booleans())
 @settings(max_examples=200, deadline=None)
 def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
-    granularity: str, method: str | None, layers: str | None
+    granularity: str, method: str | None, layers: str | None, switch: bool
 ) -> None:
     line = f"{ARGS}--recompute-granularity {granularity}"
     line += "" if method is None else f" --recompute-method {method}"
     line += "" if layers is None else f" --recompute-num-layers {layers}"
+    line += " --recompute-activations" if switch else ""
+    if switch:  # Megatron-LM's switch sets the granularity, over the one given
+        granularity = "selective"
     try:
         conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
     except ConversionError as error:

@@ -4,7 +4,7 @@ with located lines only, or exit 2 with one usage line; never a traceback, never
 limits, never a file written.
 
 Classes: Megatron launch scripts, ``--args`` and NeMo YAML (expansion, arithmetic, orders,
-sizes, constructs the reader does not run); model files and the numbers of plan and show;
+sizes, the model chunks per rank, constructs the reader does not run); model files and the numbers of plan and show;
 resolvers and output files.
 """
 
@@ -95,6 +95,17 @@ def megatron(rng: random.Random) -> Iterator[Case]:
         yield arguments(f"{flag} {size}")
         key = flag[2:].replace("-", "_")
         yield script(f"model:\n  {key}: {size or '~'}\n", "job.yaml")
+    for _ in range(4 * SCALE):  # the model chunks per rank, from the layers of a chunk
+        layers, per_chunk = rng.choice([*ODD_SIZES, "32"]), rng.choice([*ODD_SIZES, "2"])
+        pipeline = "--pipeline-model-parallel-size 4"
+        chunks = f"--num-layers {layers} --num-layers-per-virtual-pipeline-stage {per_chunk}"
+        nemo = (
+            f"model:\n  pipeline_model_parallel_size: 4\n  num_layers: {layers or '~'}\n"
+            f"  num_layers_per_virtual_pipeline_stage: {per_chunk or '~'}\n"
+        )
+        for case in (script(f"{LAUNCH} {pipeline} {chunks}\n"), script(nemo, "job.yaml")):
+            case.may_pass = True  # 32 layers in chunks of 2, or what YAML reads as those
+            yield case
     for _ in range(6 * SCALE):  # what the reader does not run
         construct, flag = rng.choice(CONSTRUCTS), rng.choice(SIZE_FLAGS)
         yield script(f"X={construct}\n{LAUNCH} {flag} $X\n")

@@ -44,12 +44,22 @@ SIZE_SETTINGS = (
 TRAINING_SETTINGS = {
     "decoder_first_pipeline_num_layers": "first_stage_layers",
     "decoder_last_pipeline_num_layers": "last_stage_layers",
-    "virtual_pipeline_model_parallel_size": "virtual_stages",
     "moe_router_group_topk": "moe_max_nodes",
 }
+#: The interleaved schedule's model chunks per rank, as NeMo and Megatron-LM give them: the
+#: count itself, or the layers of each chunk, from which Megatron-LM's arguments derive it
+#: over the model's layers.
+VIRTUAL_STAGE_SETTINGS = (
+    "virtual_pipeline_model_parallel_size",
+    "num_virtual_stages_per_pipeline_rank",
+)
+LAYERS_PER_VIRTUAL_STAGE = "num_layers_per_virtual_pipeline_stage"
+NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+#: Megatron-LM's switch for ``--recompute-granularity selective``, which it overrides.
+RECOMPUTE_SWITCH = "recompute_activations"
 #: Megatron's switches that count the embedding or the loss as a layer of the pipeline split,
 #: and the key of the ``training`` block each one sets to 1.
 SPLIT_WEIGHT_SETTINGS = {
@@ -61,6 +71,7 @@ FLAG_SETTINGS = (
     "use_tp_pp_dp_mapping",
     "use_distributed_optimizer",
     "fp8_param_gather",
+    RECOMPUTE_SWITCH,
     *SPLIT_WEIGHT_SETTINGS,
 )
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
@@ -73,7 +84,15 @@ NEMO_WORLD: dict[tuple[str | int, ...], str] = {
     ("trainer", "num_nodes"): "nnodes",
 }
 
-_VALUED = (*SIZE_SETTINGS, *TRAINING_SETTINGS, *RECOMPUTE_SETTINGS, ORDER_SETTING)
+_VALUED = (
+    *SIZE_SETTINGS,
+    *TRAINING_SETTINGS,
+    *VIRTUAL_STAGE_SETTINGS,
+    LAYERS_PER_VIRTUAL_STAGE,
+    NUM_LAYERS,
+    *RECOMPUTE_SETTINGS,
+    ORDER_SETTING,
+)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 

@@ -1,7 +1,8 @@
 """The ``training`` block of a config converted from Megatron-LM's settings: the ZeRO stage
 of its distributed optimizer, fp8 parameter gathers, the pipeline split's weights, the
-settings of :data:`~.megatron_input.TRAINING_SETTINGS` and activation recomputation, where
-the estimate's modes say the same as Megatron's.
+settings of :data:`~.megatron_input.TRAINING_SETTINGS`, the interleaved schedule's model
+chunks per rank and activation recomputation, where the estimate's modes say the same as
+Megatron's.
 """
 
 from __future__ import annotations
@@ -11,17 +12,22 @@ from collections.abc import Mapping
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
+    LAYERS_PER_VIRTUAL_STAGE,
+    NUM_LAYERS,
+    RECOMPUTE_SWITCH,
     SPLIT_WEIGHT_SETTINGS,
     TRAINING_SETTINGS,
+    VIRTUAL_STAGE_SETTINGS,
     Setting,
     integer_setting,
 )
 
 
-def training_block(draft: Draft, settings: Mapping[str, Setting]) -> None:
-    """The config's ``training`` block from Megatron's settings: the ZeRO stage its
-    distributed optimizer gives, the pipeline split's weights (:data:`SPLIT_WEIGHT_SETTINGS`),
-    and each of :data:`TRAINING_SETTINGS` given."""
+def training_block(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
+    """The config's ``training`` block from Megatron's settings, over ``pp`` pipeline stages:
+    the ZeRO stage its distributed optimizer gives, the pipeline split's weights
+    (:data:`SPLIT_WEIGHT_SETTINGS`), each of :data:`TRAINING_SETTINGS` given, the model chunks
+    per rank and the recomputation."""
     optimizer = settings.get("use_distributed_optimizer")
     problem = None if optimizer is None else boolean_problem(optimizer.value)
     if optimizer is not None and problem is not None:
@@ -53,11 +59,111 @@ def training_block(draft: Draft, settings: Mapping[str, Setting]) -> None:
             continue
         draft.training[key] = value
         draft.origins[("training", key)] = setting.key
-        if key == "virtual_stages":
-            draft.training["pp_schedule"] = "interleaved"
-    granularity = settings.get("recompute_granularity")
+    _virtual_stages(draft, settings, pp)
+    granularity = _granularity(draft, settings)
     if granularity is not None and granularity.value is not None:
         _recomputation(draft, settings, granularity)
+
+
+def _virtual_stages(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
+    """``training.virtual_stages``, and the interleaved schedule, from whichever settings give
+    the model chunks per rank (:data:`VIRTUAL_STAGE_SETTINGS`, or the layers of a chunk);
+    where several do, they must agree."""
+    given: list[tuple[Setting, int]] = []
+    for name in VIRTUAL_STAGE_SETTINGS:
+        setting = settings.get(name)
+        # NeMo writes null for a setting it leaves to Megatron's default
+        if setting is not None and setting.value is not None:
+            chunks = integer_setting(draft, setting)
+            if chunks is not None:
+                given.append((setting, chunks))
+    per_chunk = settings.get(LAYERS_PER_VIRTUAL_STAGE)
+    if per_chunk is not None and per_chunk.value is not None:
+        chunks = _chunks_from_layers(draft, settings, per_chunk, pp)
+        if chunks is not None:
+            given.append((per_chunk, chunks))
+    if not given:
+        return
+    (first, chunks), *others = given
+    for setting, other in others:
+        if other != chunks:
+            draft.fail(
+                setting.key,
+                f"gives {other} model chunks per pipeline rank, but {first.key} gives "
+                f"{chunks}: which one is meant?",
+            )
+            return
+    draft.training["virtual_stages"] = chunks
+    draft.origins[("training", "virtual_stages")] = first.key
+    draft.training["pp_schedule"] = "interleaved"
+
+
+def _chunks_from_layers(
+    draft: Draft, settings: Mapping[str, Setting], per_chunk: Setting, pp: int
+) -> int | None:
+    """The model chunks per rank as Megatron-LM's arguments derive them from
+    ``--num-layers-per-virtual-pipeline-stage``: a pipeline stage's share of the layers (the
+    embedding and the loss counted as layers where the split accounts for them) over the
+    layers of a chunk, each dividing exactly; None with the problem reported."""
+    layers_per_chunk = integer_setting(draft, per_chunk)
+    if layers_per_chunk is None:
+        return None
+    ends = [
+        settings[name]
+        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+        if name in settings and settings[name].value is not None
+    ]
+    if ends:
+        draft.fail(
+            per_chunk.key,
+            f"beside {ends[0].key}, Megatron-LM takes the model chunks per pipeline rank from "
+            "--num-virtual-stages-per-pipeline-rank, not from the layers of a chunk",
+        )
+        return None
+    model_layers = settings.get(NUM_LAYERS)
+    if model_layers is None or model_layers.value is None:
+        draft.fail(
+            per_chunk.key,
+            "needs the model's number of layers (--num-layers): Megatron-LM derives the model "
+            "chunks per pipeline rank from it",
+        )
+        return None
+    layers = integer_setting(draft, model_layers)
+    if layers is None:
+        return None
+    layers += sum(
+        1 for name in SPLIT_WEIGHT_SETTINGS if name in settings and settings[name].value is True
+    )
+    if layers % pp:
+        draft.fail(per_chunk.key, f"{layers} layers do not split evenly over {pp} pipeline stages")
+        return None
+    if (layers // pp) % layers_per_chunk:
+        draft.fail(
+            per_chunk.key,
+            f"a pipeline stage's {layers // pp} layers are not a multiple of the "
+            f"{layers_per_chunk} layers of a model chunk",
+        )
+        return None
+    return layers // pp // layers_per_chunk
+
+
+def _granularity(draft: Draft, settings: Mapping[str, Setting]) -> Setting | None:
+    """The recomputation granularity Megatron-LM runs: ``--recompute-activations`` sets it to
+    ``selective``, over any ``--recompute-granularity``."""
+    granularity = settings.get("recompute_granularity")
+    switch = settings.get(RECOMPUTE_SWITCH)
+    problem = None if switch is None else boolean_problem(switch.value)
+    if switch is not None and problem is not None:
+        draft.fail(switch.key, problem)
+        return granularity
+    if switch is None or switch.value is not True:
+        return granularity
+    if granularity is not None and granularity.value not in (None, "selective"):
+        draft.notes.append(
+            f"{switch.key} sets Megatron-LM's recomputation to selective, over "
+            f"{granularity.key} {granularity.value}."
+        )
+    return Setting("recompute_granularity", switch.key, "selective", switch.position)
 
 
 def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: Setting) -> None:
@@ -70,7 +176,7 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
         draft.training["activation_checkpointing"] = "none"
         draft.origins[key] = granularity.key
         draft.notes.append(
-            "--recompute-granularity selective recomputes the core attention, which the flash "
+            "Megatron-LM's selective recomputation recomputes the core attention, which the flash "
             "attention kernel does not keep anyway: training.activation_checkpointing: none "
             "(meshconf's selective is torchtitan's per-op policy)."
         )
