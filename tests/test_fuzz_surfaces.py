@@ -4,8 +4,8 @@ with located lines only, or exit 2 with one usage line; never a traceback, never
 limits, never a file written.
 
 Classes: Megatron launch scripts, ``--args`` and NeMo YAML (expansion, arithmetic, orders,
-sizes, the model chunks per rank, constructs the reader does not run); model files and the numbers of plan and show;
-resolvers and output files.
+sizes, the model chunks per rank, constructs the reader does not run); model files and the
+numbers of plan and show; resolvers and output files.
 """
 
 from __future__ import annotations
