@@ -57,3 +57,10 @@ get_pp_rank_microbatches = _load(
     ("get_pp_rank_microbatches",),
     {"Optional": Optional, "P2PCommunicator": object, "parallel_state": None},
 )["get_pp_rank_microbatches"]
+
+#: ``get_schedule_table(num_microbatches, num_model_chunks, group_size)``: the (micro-batch,
+#: model chunk) of each of a rank's forward passes, in the order the interleaved schedule
+#: runs them.
+get_schedule_table = _load(
+    "megatron/core/pipeline_parallel/schedules.py", ("get_schedule_table",), {}
+)["get_schedule_table"]

@@ -15,7 +15,7 @@ from test_convert_recompute import toml_values
 import meshconf
 from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
 from meshconf.features.convert.common import ConversionError
-from meshconf.features.convert.megatron_input import read_command_line
+from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
 
 PIPELINE = {"pipeline_parallel_degree": 4, "data_parallel_shard_degree": 2}
 
@@ -310,3 +310,30 @@ def test_nemo_s_layers_per_virtual_stage_give_the_model_chunks(run_cli, tmp_path
     training = meshconf.load_config(out).training
     assert training is not None
     assert (training.pp_schedule, training.virtual_stages) == ("interleaved", 2)
+
+
+def test_megatron_s_micro_batch_groups_go_with_the_model_chunks() -> None:
+    group = "--microbatch-group-size-per-virtual-pipeline-stage 8"
+    line = f"{VIRTUAL}--num-virtual-stages-per-pipeline-rank 2 {group}"
+    conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=8)
+    assert conversion.data["training"]["microbatch_group"] == 8
+    # without interleaving Megatron-LM runs no groups: the setting has no effect
+    conversion = BY_NAME[MEGATRON].convert(read_command_line(VIRTUAL + group), world_size=8)
+    assert "microbatch_group" not in conversion.data["training"]
+    assert (
+        "--microbatch-group-size-per-virtual-pipeline-stage is left out: only the interleaved "
+        "schedule groups micro-batches, and the arguments give no model chunks per pipeline "
+        "rank."
+    ) in conversion.notes
+    nemo = (
+        "model:\n  pipeline_model_parallel_size: 4\n  virtual_pipeline_model_parallel_size: 2\n"
+        "  microbatch_group_size_per_vp_stage: 8\n"
+        "  microbatch_group_size_per_virtual_pipeline_stage: 4\n"
+    )
+    with pytest.raises(ConversionError) as raised:
+        BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo), world_size=8)
+    assert [problem.render("nemo.yaml") for problem in raised.value.problems] == [
+        "nemo.yaml:4:3: model.microbatch_group_size_per_vp_stage: gives 8 micro-batches per "
+        "model chunk, but model.microbatch_group_size_per_virtual_pipeline_stage gives 4: "
+        "which one is meant?"
+    ]

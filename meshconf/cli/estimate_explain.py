@@ -115,13 +115,15 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         "gathers": gathered,
         "activations": held,
     }
+    schedule_sources = _SCHEDULE_SOURCES.get(training.schedule, "")
+    if training.microbatch_group is not None:
+        schedule_sources += "; micro-batch groups: Megatron-Core's get_pp_rank_microbatches"
     return [
         {
             "term": term,
             "gib": gib(getattr(memory, term)),
             "holds": holds[term],
-            "source": SOURCES[term]
-            + (_SCHEDULE_SOURCES.get(training.schedule, "") if term == "activations" else ""),
+            "source": SOURCES[term] + (schedule_sources if term == "activations" else ""),
         }
         for term in holds
     ]

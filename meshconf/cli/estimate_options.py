@@ -27,6 +27,7 @@ from meshconf.core.training import (
     SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     fp8_without_gathers,
+    group_mismatch,
     recomputation_mismatch,
     schedule_mismatch,
     split_conflict,
@@ -135,6 +136,8 @@ def _settings_problem(training: Training) -> str | None:
             "--embedding-as-layers and --output-as-layers exclude --first-stage-layers and "
             f"--last-stage-layers: {SPLIT_CONFLICT}"
         )
+    if group_mismatch(training.schedule, training.microbatch_group):
+        return "--microbatch-group needs --pp-schedule interleaved"
     # a virtual_stages of the default, 1, counts as not given
     virtual_stages = None if training.virtual_stages == 1 else training.virtual_stages
     mismatch = schedule_mismatch(training.schedule, virtual_stages, training.layers_per_stage)

@@ -105,6 +105,8 @@ def settings_line(model: Architecture, training: Training) -> str:
         schedule += f", {training.layers_per_stage} layers a chunk"
     elif schedule in LOOPED_SCHEDULES:
         schedule += f" x{training.virtual_stages}"
+    if training.microbatch_group is not None:
+        schedule += f" in groups of {training.microbatch_group} micro-batches"
     ends = (training.first_stage_layers, training.last_stage_layers)
     weights = training.split_weights
     if ends != (None, None):

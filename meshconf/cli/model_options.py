@@ -30,6 +30,7 @@ INTEGERS = (
     "checkpoint_every",
     "checkpoint_first",
     "virtual_stages",
+    "microbatch_group",
     "layers_per_stage",
     "first_stage_layers",
     "last_stage_layers",
@@ -69,6 +70,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "checkpoint_first": "--checkpoint-first",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
+        "microbatch_group": "--microbatch-group",
         "layers_per_stage": "--layers-per-stage",
         "first_stage_layers": "--first-stage-layers",
         "last_stage_layers": "--last-stage-layers",
@@ -141,6 +143,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "virtual_stages",
         metavar="V",
         help="model chunks per pipeline rank, for --pp-schedule interleaved or loopedbfs",
+    )
+    option(
+        "microbatch_group",
+        metavar="G",
+        help="with --pp-schedule interleaved, the micro-batches each model chunk runs before "
+        "the next chunk's (Megatron's --microbatch-group-size-per-virtual-pipeline-stage; "
+        "default: torch's rounds, pp when the micro-batches are a multiple of pp)",
     )
     option(
         "layers_per_stage",

@@ -76,6 +76,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "micro_batch": Bound(1, 2**16, "more sequences per micro-batch than any GPU holds"),
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
+    "microbatch_group": Bound(1, 2**30, "more micro-batches than any step runs"),
     "checkpoint_every": Bound(1, 100_000, "more layers than any model has"),
     "checkpoint_first": Bound(1, 100_000, "more layers than any model has"),
     "layers_per_stage": Bound(1, 100_000, "more layers than any model has"),
@@ -142,3 +143,9 @@ def schedule_mismatch(
     if schedule in LOOPED_SCHEDULES:
         return "stages" if virtual_stages is None or virtual_stages < 2 else None
     return "schedule" if virtual_stages not in (None, 1) else None
+
+
+def group_mismatch(schedule: str | None, group: int | None) -> bool:
+    """Whether micro-batches are grouped per model chunk (``microbatch_group``) under a
+    schedule other than the interleaved one, the only one that groups them."""
+    return group is not None and schedule != "interleaved"

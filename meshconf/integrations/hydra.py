@@ -76,6 +76,7 @@ class TrainingNode:
     reshard_after_forward: Optional[str] = None  # noqa: UP045
     pp_schedule: Optional[str] = None  # noqa: UP045
     virtual_stages: Optional[int] = None  # noqa: UP045
+    microbatch_group: Optional[int] = None  # noqa: UP045
     layers_per_stage: Optional[int] = None  # noqa: UP045
     first_stage_layers: Optional[int] = None  # noqa: UP045
     last_stage_layers: Optional[int] = None  # noqa: UP045

@@ -22,6 +22,7 @@ from meshconf.core.training import (
     Resharding,
     Schedule,
     fp8_without_gathers,
+    group_mismatch,
     recomputation_mismatch,
     schedule_mismatch,
     split_conflict,
@@ -105,6 +106,15 @@ class TrainingOptions(BaseModel):
         None,
         description="Model chunks per pipeline rank, with pp_schedule interleaved or loopedbfs.",
         examples=[8],
+    )
+    microbatch_group: Annotated[int, _bounded("microbatch_group")] | None = Field(
+        None,
+        description="With pp_schedule interleaved, the micro-batches each model chunk runs "
+        "before the next chunk's: Megatron-LM's "
+        "--microbatch-group-size-per-virtual-pipeline-stage (its default, pp); by default "
+        "torch's rounds (pp when the micro-batches are a multiple of pp). A rank holds "
+        "(virtual_stages - 1) times as many more micro-batches in flight.",
+        examples=[16],
     )
     layers_per_stage: Annotated[int, _bounded("layers_per_stage")] | None = Field(
         None,
@@ -215,6 +225,13 @@ class TrainingOptions(BaseModel):
                     "both": "virtual_stages and layers_per_stage exclude each other: both set "
                     "the model chunks per pipeline rank",
                 }[mismatch],
+            )
+        if group_mismatch(self.pp_schedule, self.microbatch_group):
+            self._refuse(
+                "microbatch_group",
+                "schedule_group",
+                "microbatch_group needs pp_schedule interleaved: no other schedule groups the "
+                "micro-batches of a model chunk",
             )
         return self
 

@@ -54,6 +54,12 @@ VIRTUAL_STAGE_SETTINGS = (
     "num_virtual_stages_per_pipeline_rank",
 )
 LAYERS_PER_VIRTUAL_STAGE = "num_layers_per_virtual_pipeline_stage"
+#: The micro-batches each model chunk runs before the next, as Megatron-LM's command line and
+#: Megatron-Core's config name them.
+GROUP_SETTINGS = (
+    "microbatch_group_size_per_virtual_pipeline_stage",
+    "microbatch_group_size_per_vp_stage",
+)
 NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
@@ -89,6 +95,7 @@ _VALUED = (
     *TRAINING_SETTINGS,
     *VIRTUAL_STAGE_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
+    *GROUP_SETTINGS,
     NUM_LAYERS,
     *RECOMPUTE_SETTINGS,
     ORDER_SETTING,

@@ -1,8 +1,8 @@
 """The ``training`` block of a config converted from Megatron-LM's settings: the ZeRO stage
 of its distributed optimizer, fp8 parameter gathers, the pipeline split's weights, the
 settings of :data:`~.megatron_input.TRAINING_SETTINGS`, the interleaved schedule's model
-chunks per rank and activation recomputation, where the estimate's modes say the same as
-Megatron's.
+chunks per rank and micro-batch groups, and activation recomputation, where the estimate's
+modes say the same as Megatron's.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
+    GROUP_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
     NUM_LAYERS,
     RECOMPUTE_SWITCH,
@@ -59,43 +60,76 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], pp: int) -> No
             continue
         draft.training[key] = value
         draft.origins[("training", key)] = setting.key
-    _virtual_stages(draft, settings, pp)
+    _interleaving(draft, settings, pp)
     granularity = _granularity(draft, settings)
     if granularity is not None and granularity.value is not None:
         _recomputation(draft, settings, granularity)
 
 
-def _virtual_stages(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
+def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
     """``training.virtual_stages``, and the interleaved schedule, from whichever settings give
-    the model chunks per rank (:data:`VIRTUAL_STAGE_SETTINGS`, or the layers of a chunk);
-    where several do, they must agree."""
-    given: list[tuple[Setting, int]] = []
-    for name in VIRTUAL_STAGE_SETTINGS:
-        setting = settings.get(name)
-        # NeMo writes null for a setting it leaves to Megatron's default
-        if setting is not None and setting.value is not None:
-            chunks = integer_setting(draft, setting)
-            if chunks is not None:
-                given.append((setting, chunks))
+    the model chunks per rank (:data:`VIRTUAL_STAGE_SETTINGS`, or the layers of a chunk),
+    and ``training.microbatch_group`` from :data:`GROUP_SETTINGS`, which only the
+    interleaved schedule reads."""
+    given = _integers(draft, settings, VIRTUAL_STAGE_SETTINGS)
     per_chunk = settings.get(LAYERS_PER_VIRTUAL_STAGE)
     if per_chunk is not None and per_chunk.value is not None:
         chunks = _chunks_from_layers(draft, settings, per_chunk, pp)
         if chunks is not None:
             given.append((per_chunk, chunks))
-    if not given:
+    chunks_setting = _agreed(draft, given, "model chunks per pipeline rank")
+    group_setting = _agreed(
+        draft, _integers(draft, settings, GROUP_SETTINGS), "micro-batches per model chunk"
+    )
+    if chunks_setting is not None:
+        setting, chunks = chunks_setting
+        draft.training["virtual_stages"] = chunks
+        draft.origins[("training", "virtual_stages")] = setting.key
+        draft.training["pp_schedule"] = "interleaved"
+    if group_setting is None:
         return
-    (first, chunks), *others = given
+    setting, group = group_setting
+    if chunks_setting is None:
+        draft.notes.append(
+            f"{setting.key} is left out: only the interleaved schedule groups micro-batches, "
+            "and the arguments give no model chunks per pipeline rank."
+        )
+        return
+    draft.training["microbatch_group"] = group
+    draft.origins[("training", "microbatch_group")] = setting.key
+
+
+def _integers(
+    draft: Draft, settings: Mapping[str, Setting], names: tuple[str, ...]
+) -> list[tuple[Setting, int]]:
+    """Each of ``names`` given, with its integer; problems reported."""
+    found = []
+    for name in names:
+        setting = settings.get(name)
+        # NeMo writes null for a setting it leaves to Megatron's default
+        if setting is not None and setting.value is not None:
+            value = integer_setting(draft, setting)
+            if value is not None:
+                found.append((setting, value))
+    return found
+
+
+def _agreed(
+    draft: Draft, given: list[tuple[Setting, int]], what: str
+) -> tuple[Setting, int] | None:
+    """The first of the settings that give the same number, or None when none is given or
+    they disagree (reported at the first that differs)."""
+    if not given:
+        return None
+    (first, value), *others = given
     for setting, other in others:
-        if other != chunks:
+        if other != value:
             draft.fail(
                 setting.key,
-                f"gives {other} model chunks per pipeline rank, but {first.key} gives "
-                f"{chunks}: which one is meant?",
+                f"gives {other} {what}, but {first.key} gives {value}: which one is meant?",
             )
-            return
-    draft.training["virtual_stages"] = chunks
-    draft.origins[("training", "virtual_stages")] = first.key
-    draft.training["pp_schedule"] = "interleaved"
+            return None
+    return first, value
 
 
 def _chunks_from_layers(

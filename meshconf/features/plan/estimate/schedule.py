@@ -35,8 +35,10 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
     - 1F1B starts ``pp - rank`` before its first backward (Narayanan et al. 2021, section
       2.2);
     - the interleaved schedule warms up ``2 (pp - rank - 1) + (v - 1) g`` chunk-micro-batches,
-      then holds one more, where ``g`` is the micro-batches of a round (:func:`round_size`:
-      ``pp`` when ``m`` is a multiple of ``pp``, as Megatron-LM's schedule always has it);
+      then holds one more, where ``g`` is the micro-batches each chunk runs before the next
+      chunk's: ``microbatch_group`` where given (Megatron-LM's
+      ``--microbatch-group-size-per-virtual-pipeline-stage``), else torch's round
+      (:func:`round_size`: ``pp`` when ``m`` is a multiple of ``pp``, Megatron-LM's default);
     - GPipe runs every forward pass before the first backward (Huang et al. 2019), and
       LoopedBFS every forward pass of every chunk (Lamy-Poirier, "Breadth-First Pipeline
       Parallelism", arXiv:2211.05953; torch's ``ScheduleLoopedBFS``);
@@ -66,7 +68,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
         return min(m, pp + 1)
     if v == 1:
         return min(m, pp - rank)
-    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * round_size(pp, m) + 1)
+    group = training.microbatch_group or round_size(pp, m)
+    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * group + 1)
 
 
 def round_size(pp: int, microbatches: int) -> int:
@@ -131,13 +134,18 @@ def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) with this many
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
-    ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`), and
-    DeepSeek's ``DualPipe`` an odd ``pp``, an odd count or fewer than ``2 pp``. Without a
-    pipeline (``pp`` 1) no schedule runs."""
+    ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`),
+    Megatron-LM's interleaved schedule a group of micro-batches (``microbatch_group``)
+    outside ``pp`` to ``m``, or a last group of fewer than ``pp``, and DeepSeek's ``DualPipe``
+    an odd ``pp``, an odd count or fewer than ``2 pp``. Without a pipeline (``pp`` 1) no
+    schedule runs."""
     if pp == 1:
         return None
     m = microbatches
     rounds = _rounds(pp, m)
+    group = training.microbatch_group
+    if training.schedule == "interleaved" and group is not None:
+        return _group_problem(pp, m, group)
     if training.schedule == "interleaved" and m % rounds:
         return (
             f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
@@ -159,4 +167,23 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
                 f"{m} micro-batches a step for dualpipe over pp {pp}: it sends half of them "
                 f"from each end, and needs an even count of at least {2 * pp}"
             )
+    return None
+
+
+def _group_problem(pp: int, microbatches: int, group: int) -> str | None:
+    """Megatron-LM's checks of its micro-batch groups, where its interleaved schedule makes
+    them: each chunk runs ``pp`` to ``m`` micro-batches before the next, and a last group
+    that is not whole still has ``pp``, so that no rank waits on its own chunk."""
+    m = microbatches
+    if not pp <= group <= m:
+        return (
+            f"microbatch_group {group} with {m} micro-batches a step over pp {pp}: Megatron-LM "
+            f"runs each model chunk on {pp} to {m} micro-batches before the next"
+        )
+    if 0 < m % group < pp:
+        return (
+            f"microbatch_group {group} leaves a last group of {m % group} of the {m} "
+            f"micro-batches a step, fewer than pp {pp}: Megatron-LM refuses it, as its ranks "
+            "would wait on their own chunks"
+        )
     return None

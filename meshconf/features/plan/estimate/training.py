@@ -52,6 +52,10 @@ class Training:
     checkpoint_first: int | None = None
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
+    #: Under the interleaved schedule, the micro-batches each model chunk runs before the
+    #: next chunk's (Megatron-LM's ``--microbatch-group-size-per-virtual-pipeline-stage``);
+    #: None, torch's rounds (:func:`~.schedule.round_size`).
+    microbatch_group: int | None = None
     reshard_after_forward: Resharding = "default"
     zero_stage: ZeroStage = 3
     #: Layers of each model chunk, the ends' weights counted: the chunks per pipeline rank
