@@ -399,3 +399,34 @@ def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
         expected, first = "full", int(layers)
     assert training.get("activation_checkpointing") == expected
     assert training.get("checkpoint_first") == first
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ("--expert-model-parallel-size 8", None),
+        ("--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+         "--expert-model-parallel-size 8", None),
+        ("", "--args:1:1: --overlap-moe-expert-parallel-comm: Megatron-LM overlaps the experts' "
+         "all-to-all only with expert parallelism (an expert-model-parallel size above 1)"),
+        ("--pipeline-model-parallel-size 2 --expert-model-parallel-size 8",
+         "--args:1:1: --overlap-moe-expert-parallel-comm: Megatron-LM overlaps the experts' "
+         "all-to-all over pp 2 only under the interleaved schedule: give the model chunks per "
+         "rank"),
+        ("--expert-model-parallel-size 8 --recompute-granularity full --recompute-method "
+         "uniform --recompute-num-layers 1",
+         "--args:1:1: --overlap-moe-expert-parallel-comm: Megatron-LM overlaps the experts' "
+         "all-to-all only without full recomputation"),
+    ],
+)  # fmt: skip
+def test_megatron_s_expert_overlap_is_converted_where_megatron_core_runs_it(
+    arguments: str, problem: str | None
+) -> None:
+    line = f"--overlap-moe-expert-parallel-comm {arguments}".strip()
+    if problem is None:
+        conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
+        assert conversion.data["training"]["ep_overlap"] is True
+        return
+    with pytest.raises(ConversionError) as raised:
+        BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
+    assert [error.render("--args") for error in raised.value.problems] == [problem]

@@ -3,7 +3,8 @@ installed megatron-core by tests/megatron_code.py:
 
 - the micro-batches in flight against its count of each rank's warm-up forward passes
   (``get_pp_rank_microbatches``): a rank holds its warm-up passes and the one forward pass of
-  its first 1F1B step, or every pass when all of them are warm-up;
+  its first 1F1B step, or every pass when all of them are warm-up; with the experts'
+  all-to-all overlapped, one more warm-up pass and none beside;
 - the interleaved schedule's bubble against the makespan of the order its ranks run their
   passes in: the warm-up forward passes, then one forward and one backward pass at a time,
   then the remaining backward passes, each in the order of its schedule table
@@ -35,14 +36,23 @@ from meshconf.features.plan.estimate.schedule import (
 from meshconf.features.plan.estimate.training import Training
 
 
-def _warm_up(pp: int, rank: int, chunks: int, microbatches: int, group: int) -> tuple[int, ...]:
-    """Megatron-Core's (total passes, all of them warm-up, warm-up passes, the rest)."""
+def _warm_up(
+    pp: int, rank: int, chunks: int, microbatches: int, group: int, overlap: bool = False
+) -> tuple[int, ...]:
+    """Megatron-Core's (total passes, all of them warm-up, warm-up passes, the rest), with
+    or without the experts' all-to-all overlapped."""
     communicator = SimpleNamespace(
         pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: rank),
         virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,
     )
     return tuple(
-        get_pp_rank_microbatches(microbatches, chunks, group, p2p_communicator=communicator)
+        get_pp_rank_microbatches(
+            microbatches,
+            chunks,
+            group,
+            overlap_moe_expert_parallel_comm=overlap,
+            p2p_communicator=communicator,
+        )
     )
 
 
@@ -119,6 +129,21 @@ def test_interleaved_holds_what_megatron_core_warms_up_and_one_more(pp: int, chu
                 assert in_flight_chunks(pp, rank, grouped, microbatches) == expected
                 if microbatches % pp == 0 and group == pp:  # Megatron-Core's default
                     assert in_flight_chunks(pp, rank, default, microbatches) == expected
+
+
+@pytest.mark.parametrize("pp", range(2, 9))
+def test_with_the_experts_overlapped_megatron_core_holds_as_many(pp: int) -> None:
+    """``--overlap-moe-expert-parallel-comm`` warms up one more forward pass, then runs each
+    forward pass together with a backward pass, layer by layer: the one frees what the other
+    takes, so a rank holds its warm-up passes at the peak, as many as without the overlap."""
+    for chunks, microbatches in itertools.product([2, 3, 4], range(pp, 4 * pp + 1, pp)):
+        training = Training(schedule="interleaved", virtual_stages=chunks, ep_overlap=True)
+        for rank in range(pp):
+            total, all_warm_up, warm_up, _ = _warm_up(
+                pp, rank, chunks, microbatches, pp, overlap=True
+            )
+            held = total if all_warm_up else warm_up
+            assert in_flight_chunks(pp, rank, training, microbatches) == held
 
 
 @pytest.mark.parametrize("pp", [2, 3, 4, 5])

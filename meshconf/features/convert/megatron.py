@@ -166,7 +166,7 @@ def convert_megatron(
     if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
         keys["order"] = keys["use_tp_pp_dp_mapping"]
     sizes = _sizes(draft, settings)
-    training_block(draft, settings, sizes["pipeline_model_parallel_size"])
+    training_block(draft, settings, sizes)
     order = _order(draft, settings, sizes)
     launch_note = _world(draft, settings)
     draft.check()

@@ -64,6 +64,8 @@ NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+#: Megatron-LM's switch that runs the experts' all-to-all under another micro-batch's compute.
+EP_OVERLAP_SWITCH = "overlap_moe_expert_parallel_comm"
 #: Megatron-LM's switch for ``--recompute-granularity selective``, which it overrides.
 RECOMPUTE_SWITCH = "recompute_activations"
 #: Megatron's switches that count the embedding or the loss as a layer of the pipeline split,
@@ -77,6 +79,7 @@ FLAG_SETTINGS = (
     "use_tp_pp_dp_mapping",
     "use_distributed_optimizer",
     "fp8_param_gather",
+    EP_OVERLAP_SWITCH,
     RECOMPUTE_SWITCH,
     *SPLIT_WEIGHT_SETTINGS,
 )

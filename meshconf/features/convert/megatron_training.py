@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.common import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
+    EP_OVERLAP_SWITCH,
     GROUP_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
     NUM_LAYERS,
@@ -24,11 +25,11 @@ from meshconf.features.convert.megatron_input import (
 )
 
 
-def training_block(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
-    """The config's ``training`` block from Megatron's settings, over ``pp`` pipeline stages:
-    the ZeRO stage its distributed optimizer gives, the pipeline split's weights
-    (:data:`SPLIT_WEIGHT_SETTINGS`), each of :data:`TRAINING_SETTINGS` given, the model chunks
-    per rank and the recomputation."""
+def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> None:
+    """The config's ``training`` block from Megatron's settings, with the mesh ``sizes`` by
+    Megatron's names: the ZeRO stage its distributed optimizer gives, the pipeline split's
+    weights (:data:`SPLIT_WEIGHT_SETTINGS`), each of :data:`TRAINING_SETTINGS` given, the
+    model chunks per rank, the recomputation and the experts' overlap."""
     optimizer = settings.get("use_distributed_optimizer")
     problem = None if optimizer is None else boolean_problem(optimizer.value)
     if optimizer is not None and problem is not None:
@@ -60,10 +61,38 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], pp: int) -> No
             continue
         draft.training[key] = value
         draft.origins[("training", key)] = setting.key
-    _interleaving(draft, settings, pp)
+    _interleaving(draft, settings, sizes["pipeline_model_parallel_size"])
     granularity = _granularity(draft, settings)
     if granularity is not None and granularity.value is not None:
         _recomputation(draft, settings, granularity)
+    overlap = settings.get(EP_OVERLAP_SWITCH)
+    if overlap is not None:
+        _expert_overlap(draft, overlap, sizes)
+
+
+def _expert_overlap(draft: Draft, overlap: Setting, sizes: Mapping[str, int]) -> None:
+    """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
+    Megatron-Core's config refuses it: without expert parallelism, over a pipeline without
+    model chunks, or with full recomputation."""
+    problem = boolean_problem(overlap.value)
+    if problem is not None:
+        draft.fail(overlap.key, problem)
+        return
+    if overlap.value is not True:
+        return
+    pp, ep = sizes["pipeline_model_parallel_size"], sizes["expert_model_parallel_size"]
+    why = None
+    if ep == 1:
+        why = "only with expert parallelism (an expert-model-parallel size above 1)"
+    elif pp > 1 and "virtual_stages" not in draft.training:
+        why = f"over pp {pp} only under the interleaved schedule: give the model chunks per rank"
+    elif draft.training.get("activation_checkpointing") == "full":
+        why = "only without full recomputation"
+    if why is not None:
+        draft.fail(overlap.key, f"Megatron-LM overlaps the experts' all-to-all {why}")
+        return
+    draft.training["ep_overlap"] = True
+    draft.origins[("training", "ep_overlap")] = overlap.key
 
 
 def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
