@@ -217,6 +217,14 @@ def models(rng: random.Random) -> Iterator[Case]:
         for value in HUGE_NUMBERS:
             # 0 is a size some of them take
             yield Case("numbers", [*args, value], may_pass=value == "0")
+    # the interleaved schedule's micro-batch groups, at the largest accepted and past it
+    grouped = [
+        "plan", "--world-size", str(2**20), "--model", "deepseek-v3", "--pp-schedule",
+        "interleaved", "--virtual-stages", "1024", "--microbatch-group",
+    ]  # fmt: skip
+    yield Case("numbers", [*grouped, str(2**30)], valid=True)
+    for value in HUGE_NUMBERS:
+        yield Case("numbers", [*grouped, value])
     # nor one that made a chunk for each layer the embedding counts as
     yield Case(
         "numbers",
