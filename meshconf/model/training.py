@@ -112,8 +112,9 @@ class TrainingOptions(BaseModel):
         description="With pp_schedule interleaved, the micro-batches each model chunk runs "
         "before the next chunk's: Megatron-LM's "
         "--microbatch-group-size-per-virtual-pipeline-stage (its default, pp); by default "
-        "torch's rounds (pp when the micro-batches are a multiple of pp). A rank holds "
-        "(virtual_stages - 1) times as many more micro-batches in flight.",
+        "torch's rounds (pp when the micro-batches are a multiple of pp). Each micro-batch "
+        "more in a group keeps virtual_stages - 1 more chunk-micro-batches in flight on every "
+        "rank.",
         examples=[16],
     )
     layers_per_stage: Annotated[int, _bounded("layers_per_stage")] | None = Field(
