@@ -67,13 +67,18 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
         _recomputation(draft, settings, granularity)
     overlap = settings.get(EP_OVERLAP_SWITCH)
     if overlap is not None:
-        _expert_overlap(draft, overlap, sizes)
+        chunks = (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE)
+        # given, even if wrongly (reported as such), as Megatron-Core's check reads it
+        chunked = any(name in settings and settings[name].value is not None for name in chunks)
+        _expert_overlap(draft, overlap, sizes, chunked)
 
 
-def _expert_overlap(draft: Draft, overlap: Setting, sizes: Mapping[str, int]) -> None:
+def _expert_overlap(
+    draft: Draft, overlap: Setting, sizes: Mapping[str, int], chunked: bool
+) -> None:
     """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
     Megatron-Core's config refuses it: without expert parallelism, over a pipeline without
-    model chunks, or with full recomputation."""
+    model chunks (``chunked``: some setting gives them), or with full recomputation."""
     problem = boolean_problem(overlap.value)
     if problem is not None:
         draft.fail(overlap.key, problem)
@@ -84,7 +89,7 @@ def _expert_overlap(draft: Draft, overlap: Setting, sizes: Mapping[str, int]) ->
     why = None
     if ep == 1:
         why = "only with expert parallelism (an expert-model-parallel size above 1)"
-    elif pp > 1 and "virtual_stages" not in draft.training:
+    elif pp > 1 and not chunked:
         why = f"over pp {pp} only under the interleaved schedule: give the model chunks per rank"
     elif draft.training.get("activation_checkpointing") == "full":
         why = "only without full recomputation"
