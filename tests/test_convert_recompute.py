@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 import meshconf
 from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
 from meshconf.features.convert.common import ConversionError
-from meshconf.features.convert.megatron_input import read_command_line
+from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
 
 ARGS = "--tensor-model-parallel-size 2 --use-distributed-optimizer "
 
@@ -430,3 +430,37 @@ def test_megatron_s_expert_overlap_is_converted_where_megatron_core_runs_it(
     with pytest.raises(ConversionError) as raised:
         BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
     assert [error.render("--args") for error in raised.value.problems] == [problem]
+
+
+SEQUENCE_NOTE = (
+    "--sequence-parallel is not set: with tp 2, Megatron-LM then keeps the norms' and "
+    "dropouts' activations whole on every tensor-parallel rank. The estimate splits them over "
+    "tp, as under sequence parallelism, so its activations are too low for this job."
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "noted"),
+    [
+        (ARGS, True),
+        (ARGS + "--sequence-parallel", False),
+        # without tensor parallelism there is nothing to split
+        ("--use-distributed-optimizer", False),
+    ],
+)
+def test_tensor_parallelism_without_sequence_parallelism_is_noted(line: str, noted: bool) -> None:
+    conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
+    assert (SEQUENCE_NOTE in conversion.notes) == noted
+
+
+def test_nemo_s_sequence_parallel_is_read_by_its_value() -> None:
+    nemo = "model:\n  tensor_model_parallel_size: 2\n  sequence_parallel: {value}\n"
+    converted = BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="true")), world_size=8)
+    assert SEQUENCE_NOTE not in converted.notes
+    converted = BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="false")), world_size=8)
+    assert SEQUENCE_NOTE in converted.notes
+    with pytest.raises(ConversionError) as raised:
+        BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="1")), world_size=8)
+    assert [problem.render("nemo.yaml") for problem in raised.value.problems] == [
+        "nemo.yaml:3:3: model.sequence_parallel: expected true or false, got the integer 1"
+    ]

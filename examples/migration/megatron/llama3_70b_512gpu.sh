@@ -32,4 +32,5 @@ torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py \
     ${MODEL_ARGS[@]} \
     ${MODEL_PARALLEL_ARGS[@]} \
     --micro-batch-size 1 \
-    --global-batch-size 512
+    --global-batch-size 512 \
+    --sequence-parallel

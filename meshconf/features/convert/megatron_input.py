@@ -64,6 +64,8 @@ NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+#: Megatron-LM's switch that splits the norms' and dropouts' activations over tp.
+SEQUENCE_PARALLEL_SWITCH = "sequence_parallel"
 #: Megatron-LM's switch that runs the experts' all-to-all under another micro-batch's compute.
 EP_OVERLAP_SWITCH = "overlap_moe_expert_parallel_comm"
 #: Megatron-LM's switch for ``--recompute-granularity selective``, which it overrides.
@@ -81,6 +83,7 @@ FLAG_SETTINGS = (
     "fp8_param_gather",
     EP_OVERLAP_SWITCH,
     RECOMPUTE_SWITCH,
+    SEQUENCE_PARALLEL_SWITCH,
     *SPLIT_WEIGHT_SETTINGS,
 )
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.

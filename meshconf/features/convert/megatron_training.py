@@ -17,6 +17,7 @@ from meshconf.features.convert.megatron_input import (
     LAYERS_PER_VIRTUAL_STAGE,
     NUM_LAYERS,
     RECOMPUTE_SWITCH,
+    SEQUENCE_PARALLEL_SWITCH,
     SPLIT_WEIGHT_SETTINGS,
     TRAINING_SETTINGS,
     VIRTUAL_STAGE_SETTINGS,
@@ -65,12 +66,31 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
     granularity = _granularity(draft, settings)
     if granularity is not None and granularity.value is not None:
         _recomputation(draft, settings, granularity)
+    _sequence_parallelism(draft, settings.get(SEQUENCE_PARALLEL_SWITCH), sizes)
     overlap = settings.get(EP_OVERLAP_SWITCH)
     if overlap is not None:
         chunks = (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE)
         # given, even if wrongly (reported as such), as Megatron-Core's check reads it
         chunked = any(name in settings and settings[name].value is not None for name in chunks)
         _expert_overlap(draft, overlap, sizes, chunked)
+
+
+def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[str, int]) -> None:
+    """A note where tensor parallelism runs without ``--sequence-parallel``: the estimate
+    splits every activation over tp, as sequence parallelism does (and torchtitan always
+    runs it), so without it the estimate's activations are too low."""
+    problem = None if switch is None else boolean_problem(switch.value)
+    if switch is not None and problem is not None:
+        draft.fail(switch.key, problem)
+        return
+    tp = sizes["tensor_model_parallel_size"]
+    if tp > 1 and (switch is None or switch.value is not True):
+        draft.notes.append(
+            f"--sequence-parallel is not set: with tp {tp}, Megatron-LM then keeps the norms' "
+            "and dropouts' activations whole on every tensor-parallel rank. The estimate "
+            "splits them over tp, as under sequence parallelism, so its activations are too "
+            "low for this job."
+        )
 
 
 def _expert_overlap(
