@@ -15,10 +15,15 @@ from importlib.metadata import distribution
 from typing import Any, Optional
 
 
+def source(file: str) -> str:
+    """The text of ``file`` of the installed megatron-core."""
+    return distribution("megatron-core").locate_file(file).read_text(encoding="utf-8")
+
+
 def _load(file: str, names: tuple[str, ...], namespace: dict[str, Any]) -> dict[str, Any]:
     """``names``, defined in ``file`` of the installed megatron-core, over ``namespace``."""
     path = distribution("megatron-core").locate_file(file)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = ast.parse(source(file), filename=str(path))
     wanted = [
         node
         for node in tree.body

@@ -13,7 +13,10 @@ installed megatron-core by tests/megatron_code.py:
 
 Megatron-Core runs each model chunk on a group of micro-batches before the next chunk
 (``--microbatch-group-size-per-virtual-pipeline-stage``, ``pp`` by default): every group it
-accepts is checked, and the ones it refuses are refused by the estimate too."""
+accepts is checked, and the ones it refuses are refused by the estimate too. Its checks are
+inline in ``forward_backward_pipelining_with_interleaving``, which needs a process group and
+CUDA to run: ``_accepted`` writes them out, and a test finds them, as written there, in the
+installed source."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from megatron_code import get_pp_rank_microbatches, get_schedule_table
+from megatron_code import get_pp_rank_microbatches, get_schedule_table, source
 from pipeline_orders import FORWARD, FULL, held_at_peak, step_time
 
 from meshconf.features.plan.estimate.schedule import (
@@ -100,6 +103,19 @@ def _accepted(pp: int, microbatches: int, group: int) -> bool:
     """Whether Megatron-Core's interleaved schedule runs these counts."""
     last = microbatches % group
     return pp <= group <= microbatches and not 0 < last < pp
+
+
+def test_the_groups_accepted_are_the_ones_megatron_core_checks_for() -> None:
+    checks = " ".join(source("megatron/core/pipeline_parallel/schedules.py").split())
+    assert (
+        "config.microbatch_group_size_per_vp_stage > num_microbatches or "
+        "config.microbatch_group_size_per_vp_stage < pipeline_parallel_size ): "
+    ) in checks
+    assert (
+        "final_microbatch_group_size = num_microbatches % "
+        "config.microbatch_group_size_per_vp_stage if 0 < final_microbatch_group_size < "
+        "pipeline_parallel_size:"
+    ) in checks
 
 
 @pytest.mark.parametrize("pp", range(2, 9))
