@@ -187,7 +187,7 @@ def show_estimate(
             return usage_error("--explain needs --model or --model-file")
         return [] if found is None else found
     model, training, result = found
-    report["estimate"] = {"model": model.name, **memory_json(result, training.gpu_memory_gib)}
+    report["estimate"] = {"model": model.name, **memory_json(result)}
     lines = ["", settings_line(model, training), *memory_lines(result, training)]
     if args.explain:
         report["estimate"]["terms"] = memory_terms(result, training)

@@ -44,16 +44,16 @@ def remedy(memory: Memory, term: str) -> str:
     return _REMEDIES[term]
 
 
-def headroom_gib(found: Estimate, gpu_memory_gib: float) -> float:
+def headroom_gib(found: Estimate) -> float:
     """GiB left on the GPU; negative for a layout that does not fit."""
-    return round(gpu_memory_gib - found.memory.total / GIB, 2)
+    return round(found.headroom / GIB, 2)
 
 
 def largest_term(found: Estimate) -> str:
     return max(MEMORY_PARTS, key=lambda part: int(getattr(found.memory, part)))
 
 
-def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
+def memory_json(found: Estimate) -> dict[str, Any]:
     """The estimate of one layout as ``--format json`` gives it."""
     memory = found.memory
     return {
@@ -63,7 +63,7 @@ def memory_json(found: Estimate, gpu_memory_gib: float) -> dict[str, Any]:
         },
         "memory_pp_rank": memory.pp_rank,
         "memory_peak_phase": memory.phase,
-        "headroom_gib": headroom_gib(found, gpu_memory_gib),
+        "headroom_gib": headroom_gib(found),
         "largest_term": largest_term(found),
         "fits": found.fits,
         "problem": found.problem,
@@ -133,7 +133,7 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
     gpu_memory_gib = training.gpu_memory_gib
     memory = found.memory
     parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in MEMORY_PARTS)
-    headroom = headroom_gib(found, gpu_memory_gib)
+    headroom = headroom_gib(found)
     if found.problem:
         verdict = f"does NOT fit in {gpu_memory_gib:g} GiB ({found.problem})"
     elif found.fits:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         }
         report["estimate"] = {
             "model": model.name,
-            **memory_json(estimated, training.gpu_memory_gib),
+            **memory_json(estimated),
         }
 
     # GiB for a real model; MiB for a small one, whose terms would round to nothing

@@ -181,8 +181,7 @@ def _rows(plan: Plan) -> list[list[str]]:
         cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
         found = assignment.estimate
         if found is not None:
-            gpu = plan.request.training.gpu_memory_gib
-            headroom = "-" if found.problem else f"{headroom_gib(found, gpu):.1f}"
+            headroom = "-" if found.problem else f"{headroom_gib(found):.1f}"
             cells += [
                 f"{found.memory.total / GIB:.1f}",
                 headroom,
@@ -222,7 +221,7 @@ def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any
         ],
     }
     if assignment.estimate is not None:
-        entry.update(memory_json(assignment.estimate, plan.request.training.gpu_memory_gib))
+        entry.update(memory_json(assignment.estimate))
     return entry
 
 

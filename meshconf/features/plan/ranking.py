@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import crossed_levels
-from meshconf.core.training import GIB
 from meshconf.features.plan.assignments import ValidAssignments
 from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.step import Estimate, estimate
@@ -147,12 +146,11 @@ def _estimated(
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
-    capacity = request.training.gpu_memory_gib * GIB
     # With --mfu over the step, the steps that reach it are equal: the layout whose compute
     # needs the smaller share of the peak to reach it comes first.
     needed = math.inf if found.compute_mfu is None else found.compute_mfu
     # a pipeline that cannot be split or scheduled is further from running than any size
-    over = math.inf if found.problem else max(0.0, found.memory.total - capacity)
+    over = math.inf if found.problem else max(0.0, -found.headroom)
     key = (
         int(not found.fits),
         over,

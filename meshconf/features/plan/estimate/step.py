@@ -29,6 +29,8 @@ class Estimate:
 
     memory: Memory
     fits: bool
+    #: Bytes the GPU has left beside ``memory``; negative when it does not hold it.
+    headroom: float
     microbatches: int
     compute_seconds: float
     bubble_fraction: float
@@ -83,9 +85,11 @@ def estimate(
         or split_problem(arch.layers, chunks, training.stage_ends)
         or schedule_problem(par.pp, m, training)
     )
+    headroom = training.gpu_memory_gib * GIB - memory.total
     return Estimate(
         memory=memory,
-        fits=problem is None and memory.total <= training.gpu_memory_gib * GIB,
+        fits=problem is None and headroom >= 0,
+        headroom=headroom,
         problem=problem,
         microbatches=m,
         compute_seconds=compute,
