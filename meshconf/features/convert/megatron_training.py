@@ -32,11 +32,7 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
     weights (:data:`SPLIT_WEIGHT_SETTINGS`), each of :data:`TRAINING_SETTINGS` given, the
     model chunks per rank, the recomputation and the experts' overlap."""
     optimizer = settings.get("use_distributed_optimizer")
-    problem = None if optimizer is None else boolean_problem(optimizer.value)
-    if optimizer is not None and problem is not None:
-        draft.fail(optimizer.key, problem)
-    distributed = optimizer is not None and optimizer.value is True
-    draft.training["zero_stage"] = 1 if distributed else 0
+    draft.training["zero_stage"] = 0 if _switched_on(draft, optimizer) is None else 1
     if optimizer is not None:
         draft.origins[("training", "zero_stage")] = optimizer.key
     fp8 = settings.get("fp8_param_gather")
@@ -45,21 +41,12 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
         draft.training["fp8_param_gather"] = fp8.value
         draft.origins[("training", "fp8_param_gather")] = fp8.key
     for name, key in SPLIT_WEIGHT_SETTINGS.items():
-        switch = settings.get(name)
-        problem = None if switch is None else boolean_problem(switch.value)
-        if switch is not None and problem is not None:
-            draft.fail(switch.key, problem)
-        elif switch is not None and switch.value is True:
+        switch = _switched_on(draft, settings.get(name))
+        if switch is not None:
             draft.training[key] = 1
             draft.origins[("training", key)] = switch.key
-    for name, key in TRAINING_SETTINGS.items():
-        setting = settings.get(name)
-        # NeMo writes null for a setting it leaves to Megatron's default
-        if setting is None or setting.value is None:
-            continue
-        value = integer_setting(draft, setting)
-        if value is None:
-            continue
+    for setting, value in _integers(draft, settings, tuple(TRAINING_SETTINGS)):
+        key = TRAINING_SETTINGS[setting.name]
         draft.training[key] = value
         draft.origins[("training", key)] = setting.key
     _interleaving(draft, settings, sizes["pipeline_model_parallel_size"])
@@ -79,12 +66,8 @@ def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[s
     """A note where tensor parallelism runs without ``--sequence-parallel``: the estimate
     splits every activation over tp, as sequence parallelism does (and torchtitan always
     runs it), so without it the estimate's activations are too low."""
-    problem = None if switch is None else boolean_problem(switch.value)
-    if switch is not None and problem is not None:
-        draft.fail(switch.key, problem)
-        return
     tp = sizes["tensor_model_parallel_size"]
-    if tp > 1 and (switch is None or switch.value is not True):
+    if _switched_on(draft, switch) is None and tp > 1:
         draft.notes.append(
             f"--sequence-parallel is not set: with tp {tp}, Megatron-LM then keeps the norms' "
             "and dropouts' activations whole on every tensor-parallel rank. The estimate "
@@ -99,11 +82,7 @@ def _expert_overlap(
     """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
     Megatron-Core's config refuses it: without expert parallelism, over a pipeline without
     model chunks (``chunked``: some setting gives them), or with full recomputation."""
-    problem = boolean_problem(overlap.value)
-    if problem is not None:
-        draft.fail(overlap.key, problem)
-        return
-    if overlap.value is not True:
+    if _switched_on(draft, overlap) is None:
         return
     pp, ep = sizes["pipeline_model_parallel_size"], sizes["expert_model_parallel_size"]
     why = None
@@ -151,6 +130,17 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
         return
     draft.training["microbatch_group"] = group
     draft.origins[("training", "microbatch_group")] = setting.key
+
+
+def _switched_on(draft: Draft, switch: Setting | None) -> Setting | None:
+    """The switch, when it is given and true; None when it is not given or false, or its
+    value is not true or false (reported at its key)."""
+    if switch is None:
+        return None
+    problem = boolean_problem(switch.value)
+    if problem is not None:
+        draft.fail(switch.key, problem)
+    return switch if switch.value is True else None
 
 
 def _integers(
@@ -239,12 +229,8 @@ def _granularity(draft: Draft, settings: Mapping[str, Setting]) -> Setting | Non
     """The recomputation granularity Megatron-LM runs: ``--recompute-activations`` sets it to
     ``selective``, over any ``--recompute-granularity``."""
     granularity = settings.get("recompute_granularity")
-    switch = settings.get(RECOMPUTE_SWITCH)
-    problem = None if switch is None else boolean_problem(switch.value)
-    if switch is not None and problem is not None:
-        draft.fail(switch.key, problem)
-        return granularity
-    if switch is None or switch.value is not True:
+    switch = _switched_on(draft, settings.get(RECOMPUTE_SWITCH))
+    if switch is None:
         return granularity
     if granularity is not None and granularity.value not in (None, "selective"):
         draft.notes.append(
