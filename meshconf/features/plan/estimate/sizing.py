@@ -8,6 +8,7 @@ Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,7 +40,7 @@ def local_shard(weights: Sequence[Weight], par: Parallelism) -> Shard:
 
 def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:
     """Elements of the weights after tp/ep/etp only: what an FSDP all-gather rebuilds."""
-    return sum(_tp_local(weight, par)[0] * _tp_local(weight, par)[1] for weight in weights)
+    return sum(math.prod(_tp_local(weight, par)) for weight in weights)
 
 
 @lru_cache(maxsize=4096)
