@@ -112,14 +112,18 @@ def test_no_outlines_without_gpus_per_node() -> None:
 
 
 def test_a_node_inside_one_row_is_one_closed_rectangle() -> None:
-    # tp=8 along x, one node per row: each outline is the 4 sides of 8 cells (8 + 8 + 1 + 1).
+    # tp=8 along x, one node per row: each outline is the 4 sides of the row of 8 cells.
     root = parse(render_svg(textbook(), 0, 8))
     for outline in node_outlines(root):
-        assert outline.get("d", "").count("M") == 18
+        segments = outline_segments(outline)
+        assert len(segments) == 4
+        xs = {x for x1, _, x2, _ in segments for x in (x1, x2)}
+        ys = {y for _, y1, _, y2 in segments for y in (y1, y2)}
+        assert len(xs) == len(ys) == 2
 
 
 def outline_segments(outline: ET.Element) -> list[tuple[float, float, float, float]]:
-    """The ``Mx1 y1Lx2 y2`` segments of a node outline's path."""
+    """The ``Mx1 y1Lx2 y2`` segments of an outline's path."""
     segments = []
     for part in outline.get("d", "").split("M")[1:]:
         start, end = part.split("L")
@@ -129,18 +133,17 @@ def outline_segments(outline: ET.Element) -> list[tuple[float, float, float, flo
     return segments
 
 
-def test_a_node_split_by_a_block_gap_is_outlined_on_both_sides_of_the_gap() -> None:
+def test_a_node_split_by_a_block_gap_is_one_outline_around_the_gap() -> None:
     # 64 GPUs per node: tp=8 along x, pp=4 then dp_replicate along y, so a node is two
-    # dp_replicate blocks of 4 rows, one above the other with a gap between them. Each block
-    # is outlined on its own: 8 + 8 + 4 + 4 segments, and four distinct y for the 8-wide sides.
+    # dp_replicate blocks of 4 rows, one above the other with a gap between them. The node is
+    # one rectangle whose sides go past the gap: 4 segments, 2 distinct x and 2 distinct y.
     root = parse(render_svg(textbook(), 0, 64))
     outlines = node_outlines(root)
     assert len(outlines) == 256 // 64
     for outline in outlines:
         segments = outline_segments(outline)
-        assert len(segments) == 2 * (8 + 8 + 4 + 4)
-        horizontal_ys = {y1 for x1, y1, x2, y2 in segments if y1 == y2}
-        assert len(horizontal_ys) == 4
+        assert len(segments) == 4
+        assert len({y1 for x1, y1, x2, y2 in segments if y1 == y2}) == 2
 
 
 def test_the_legend_names_each_dim_with_size_stride_and_node_locality() -> None:

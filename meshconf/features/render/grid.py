@@ -96,17 +96,61 @@ def cell_digits(digits: Sequence[Digit], per_cell: int) -> list[Digit]:
     return cells
 
 
-def fold(digit: Digit) -> list[Digit]:
-    """A long digit as an inner part (at least its square root) and an outer part."""
-    if digit.size <= WRAP_SIZE:
-        return [digit]
-    inner = next(d for d in divisors(digit.size) if d * d >= digit.size)
-    if inner == digit.size:  # a prime size cannot be folded
-        return [digit]
+def fold(digit: Digit, inner: int) -> list[Digit]:
+    """A digit as an inner part of ``inner`` values and an outer part."""
     outer = Digit(
         digit.dim, digit.size // inner, digit.stride * inner, digit.step * inner, digit.span
     )
     return [replace(digit, size=inner), outer]
+
+
+def fold_options(digit: Digit, units: Sequence[int]) -> list[list[Digit]]:
+    """The ways to fold a digit longer than ``WRAP_SIZE`` (one way, unfolded, for a short or
+    prime one). ``units`` are the sizes in cells of the nodes and levels. Where one ends
+    inside the digit, the inner part is one that makes each unit one block of it or whole
+    blocks of it, a rectangle of the grid (an NVLink domain of 72 GPUs over tp 4 and fsdp 72
+    folds fsdp as 36 x 2 or 18 x 4, not 9 x 8), those inside one block first. Otherwise
+    the inner part is the smallest divisor at least the digit's square root."""
+    candidates = [d for d in divisors(digit.size) if 1 < d < digit.size]
+    if digit.size <= WRAP_SIZE or not candidates:
+        return [[digit]]
+    # the units that end inside the digit, in values of the digit
+    cuts = {
+        unit // digit.stride
+        for unit in units
+        if unit % digit.stride == 0
+        and digit.stride < unit < digit.stride * digit.size
+        and digit.size % (unit // digit.stride) == 0
+    }
+    if not cuts:
+        return [fold(digit, next(d for d in candidates if d * d >= digit.size))]
+
+    def fit(inner: int) -> tuple[int, int]:
+        whole = sum(1 for cut in cuts if inner % cut == 0 or cut % inner == 0)
+        within = sum(1 for cut in cuts if inner % cut == 0)
+        return whole, within
+
+    best = max(fit(inner) for inner in candidates)
+    return [fold(digit, inner) for inner in candidates if fit(inner) == best]
+
+
+def fold_digits(digits: Sequence[Digit], units: Sequence[int]) -> list[Digit]:
+    """The digits with the long ones folded (:func:`fold_options`), inner to outer; where a
+    digit may fold several ways, the one that leaves the grid squarest."""
+    options = [fold_options(digit, units) for digit in digits]
+    folded: list[Digit] = []
+    for index, ways in enumerate(options):
+        later = [part for way in options[index + 1 :] for part in way[0]]
+        folded += min(ways, key=lambda way: _oblong([*folded, *way, *later]))
+    return folded
+
+
+def _oblong(digits: Sequence[Digit]) -> float:
+    """How far the grid of ``digits`` is from square: its longer side over its shorter."""
+    along_x, along_y = split_axes(digits)
+    width = math.prod(digit.size for digit in along_x)
+    height = math.prod(digit.size for digit in along_y)
+    return max(width, height) / min(width, height)
 
 
 def mark_solo(digits: Sequence[Digit]) -> list[Digit]:
@@ -231,8 +275,12 @@ def make_grid(
     """The cells of ``layout`` on two axes, sized so the grid fits the picture; ``levels``
     are the levels above the node."""
     per_cell = ranks_per_cell(layout)
+    sizes = [level.size for level in levels]
+    if gpus_per_node is not None:
+        sizes.append(gpus_per_node)
+    units = [size // per_cell for size in sizes if size % per_cell == 0]
     digits = cell_digits(rank_digits(layout), per_cell)
-    digits = mark_solo([part for digit in digits for part in fold(digit)])
+    digits = mark_solo(fold_digits(digits, units))
     along_x, along_y = split_axes(digits)
     # Lay both axes out with a 1-pixel cell, then scale the cell so the grid fits.
     unit_x = Axis.build(along_x, 1.0).extent

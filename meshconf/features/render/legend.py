@@ -8,7 +8,6 @@ from meshconf.core.layout import DomainLayout
 from meshconf.core.levels import Level
 from meshconf.features.render.grid import FULL_LIMIT, Axis, Grid, rank_digits
 from meshconf.features.render.shapes import (
-    LEVEL_STROKES,
     LINE_PX,
     NODE_STROKE,
     RANK_FILL,
@@ -16,6 +15,7 @@ from meshconf.features.render.shapes import (
     Rect,
     Shape,
     Text,
+    level_stroke,
     text_width,
 )
 
@@ -59,8 +59,8 @@ def _legend_lines(grid: Grid, colours: dict[str, str]) -> list[_LegendLine]:
             text = f"{facts}; coloured: rank {rank}'s group"
             lines.append(_LegendLine(text, colours[dim.name]))
     lines.append(_node_line(grid))
-    for level, stroke in zip(grid.levels, LEVEL_STROKES, strict=False):
-        lines.append(_level_line(grid, level, stroke))
+    for index, level in enumerate(grid.levels):
+        lines.append(_level_line(grid, level, level_stroke(index)))
     return lines
 
 

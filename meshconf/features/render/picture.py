@@ -10,7 +10,6 @@ from meshconf.features.render.grid import Digit, Grid, make_grid
 from meshconf.features.render.legend import arrangement, legend_shapes, summary_note, title_lines
 from meshconf.features.render.shapes import (
     CELL_FILL,
-    LEVEL_STROKES,
     LINE_PX,
     MIN_LABEL_PX,
     NODE_STROKE,
@@ -22,6 +21,7 @@ from meshconf.features.render.shapes import (
     Shape,
     Text,
     dim_colours,
+    level_stroke,
     text_width,
 )
 
@@ -89,58 +89,132 @@ def _cell_tooltip(grid: Grid, first: int) -> str:
 
 
 def _outline_shapes(grid: Grid, left: float, top: float) -> list[Shape]:
-    """The outlines of the nodes, then of each level above them, each wider than the last."""
+    """The outlines of the nodes, then of each level above them, each wider than the last;
+    each unit of a level above the node carries its name and index."""
     width = min(2.5, max(1.0, grid.cell * 0.1))
-    shapes = _unit_shapes(grid, left, top, grid.cells_per_node, NODE_STROKE, width, "node")
-    for level, stroke in zip(grid.levels, LEVEL_STROKES, strict=False):
+    outlines = _UnitOutlines(grid, left, top)
+    shapes = outlines.shapes(grid.cells_per_node, NODE_STROKE, width, "node", None)
+    for index, level in enumerate(grid.levels):
         width += 1.5
         cells = grid.cells_per_unit(level.size)
-        shapes += _unit_shapes(grid, left, top, cells, stroke, width, f"level-{level.name}")
+        shapes += outlines.shapes(cells, level_stroke(index), width, f"level-{level.name}", level)
     return shapes
 
 
-def _unit_shapes(
-    grid: Grid,
-    left: float,
-    top: float,
-    per_node: int | None,
-    stroke: str,
-    width: float,
-    css_class: str,
-) -> list[Shape]:
-    """One path per unit of ``per_node`` cells: the cell edges where the neighbour is in
-    another unit or across a gap."""
-    if per_node is None:
-        return []
-    cell = grid.cell
-    placements = grid.placements
-    at = {(column, row): index for index, (_, _, column, row) in enumerate(placements)}
-    outlines: dict[int, list[tuple[float, float, float, float]]] = {}
-    for index, (x, y, column, row) in enumerate(placements):
-        x, y = left + x, top + y
-        node = index // per_node
-        sides = (
-            ((column - 1, row), (x, y, x, y + cell)),
-            ((column + 1, row), (x + cell, y, x + cell, y + cell)),
-            ((column, row - 1), (x, y, x + cell, y)),
-            ((column, row + 1), (x, y + cell, x + cell, y + cell)),
-        )
-        for neighbour_at, segment in sides:
-            neighbour = at.get(neighbour_at)
-            if neighbour is None or neighbour // per_node != node or _apart(grid, index, neighbour):
-                outlines.setdefault(node, []).append(segment)
-    return [
-        Lines(tuple(segments), stroke, width, css_class=css_class)
-        for _, segments in sorted(outlines.items())
-    ]
+Segment = tuple[float, float, float, float]
 
 
-def _apart(grid: Grid, first: int, second: int) -> bool:
-    """Whether a block gap separates two cells that are neighbours in the grid."""
-    first_x, first_y, _, _ = grid.placements[first]
-    second_x, second_y, _, _ = grid.placements[second]
-    dx, dy = abs(first_x - second_x), abs(first_y - second_y)
-    return max(dx, dy) > grid.cell * 1.001
+class _UnitOutlines:
+    """One closed outline per unit of consecutive cells, around all of its cells: where a
+    unit goes on across a gap between blocks, its outline goes round the gap too, so that
+    a unit is never drawn as two boxes.
+
+    Along each axis the grid alternates slots of cells and of the gaps between them (a gap
+    of no width where two blocks touch). A unit fills the slots of its cells, the gap between
+    two of its cells, and the corner between four; its outline is every side of a filled
+    slot whose neighbour is not filled, joined into straight runs."""
+
+    def __init__(self, grid: Grid, left: float, top: float) -> None:
+        self.grid = grid
+        columns: dict[int, float] = {}
+        rows: dict[int, float] = {}
+        self.at: dict[tuple[int, int], int] = {}
+        for index, (x, y, column, row) in enumerate(grid.placements):
+            columns[column], rows[row] = left + x, top + y
+            self.at[(column, row)] = index
+        self.xs = _slot_edges([columns[c] for c in range(len(columns))], grid.cell)
+        self.ys = _slot_edges([rows[r] for r in range(len(rows))], grid.cell)
+
+    def shapes(
+        self, per_unit: int | None, stroke: str, width: float, css_class: str, level: Level | None
+    ) -> list[Shape]:
+        """The outline of every unit of ``per_unit`` cells (none when units do not fall on
+        cells' edges), and for a ``level`` above the node a tab naming each unit."""
+        if per_unit is None:
+            return []
+        filled: dict[int, set[tuple[int, int]]] = {}
+        for (column, row), index in self.at.items():
+            unit = index // per_unit
+            slots = filled.setdefault(unit, set())
+            slots.add((2 * column, 2 * row))
+            right = self._unit_at(column + 1, row, per_unit)
+            below = self._unit_at(column, row + 1, per_unit)
+            if right == unit:
+                slots.add((2 * column + 1, 2 * row))
+            if below == unit:
+                slots.add((2 * column, 2 * row + 1))
+            if right == below == unit == self._unit_at(column + 1, row + 1, per_unit):
+                slots.add((2 * column + 1, 2 * row + 1))
+        shapes: list[Shape] = []
+        for unit, slots in sorted(filled.items()):
+            data = (("data-unit", str(unit)),)
+            shapes.append(Lines(self._outline(slots), stroke, width, css_class, data))
+            if level is not None:
+                shapes += self._tab(slots, f"{level.name} {unit}", stroke, css_class)
+        return shapes
+
+    def _unit_at(self, column: int, row: int, per_unit: int) -> int | None:
+        index = self.at.get((column, row))
+        return None if index is None else index // per_unit
+
+    def _outline(self, slots: set[tuple[int, int]]) -> tuple[Segment, ...]:
+        xs, ys = self.xs, self.ys
+        horizontal: dict[float, list[tuple[float, float]]] = {}
+        vertical: dict[float, list[tuple[float, float]]] = {}
+        for sx, sy in slots:
+            x0, x1, y0, y1 = xs[sx], xs[sx + 1], ys[sy], ys[sy + 1]
+            if (sx, sy - 1) not in slots:
+                horizontal.setdefault(y0, []).append((x0, x1))
+            if (sx, sy + 1) not in slots:
+                horizontal.setdefault(y1, []).append((x0, x1))
+            if (sx - 1, sy) not in slots:
+                vertical.setdefault(x0, []).append((y0, y1))
+            if (sx + 1, sy) not in slots:
+                vertical.setdefault(x1, []).append((y0, y1))
+        segments = [(a, y, b, y) for y, runs in horizontal.items() for a, b in _joined(runs)]
+        segments += [(x, a, x, b) for x, runs in vertical.items() for a, b in _joined(runs)]
+        return tuple(sorted(segments))
+
+    def _tab(
+        self, slots: set[tuple[int, int]], text: str, stroke: str, css_class: str
+    ) -> list[Shape]:
+        """A small label in the outline's colour at the unit's top left corner, when a font
+        large enough to read fits a cell."""
+        size = min(10.0, self.grid.cell * 0.34)
+        if size < _MIN_TAB_PX:
+            return []
+        top = min(sy for _, sy in slots)
+        left = min(sx for sx, sy in slots if sy == top)
+        x, y = self.xs[left], self.ys[top]
+        width, height = text_width(text, size) + size * 0.6, size * 1.3
+        return [
+            Rect(x, y - height / 2, width, height, stroke, css_class=f"{css_class} tab"),
+            Text(x + width / 2, y, text, size, fill="#ffffff", css_class=f"{css_class} tab"),
+        ]
+
+
+#: The smallest font a unit's tab is written in.
+_MIN_TAB_PX = 6.0
+
+
+def _slot_edges(starts: list[float], cell: float) -> list[float]:
+    """The edges of the alternating cell and gap slots along an axis whose cells start at
+    ``starts``: slot ``2 i`` is cell ``i``, slot ``2 i + 1`` the gap after it."""
+    edges = []
+    for position in starts:
+        edges += [position, position + cell]
+    return edges
+
+
+def _joined(runs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Runs along one line, those that touch joined into one; runs of no length left out."""
+    joined: list[tuple[float, float]] = []
+    for start, end in sorted(runs):
+        if joined and start <= joined[-1][1] + 1e-9:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], end))
+        else:
+            joined.append((start, end))
+    return [(start, end) for start, end in joined if end - start > 1e-9]
 
 
 def _header_font(grid: Grid) -> float:
@@ -153,7 +227,8 @@ def _column_headers(grid: Grid, left: float, top: float, row_height: float) -> l
     levels = len(grid.x.digits)
     for level, digit in enumerate(grid.x.digits):
         y = top + (levels - 1 - level) * row_height + row_height / 2
-        room = grid.x.units[level] * 0.95
+        # a fifth of each block left free, so that neighbouring labels never touch
+        room = grid.x.units[level] * 0.8
         choice = _header_style(digit, room, _header_font(grid))
         if choice is None:
             continue

@@ -69,6 +69,7 @@ def _svg_lines(lines: Lines) -> str:
     ]
     if lines.css_class:
         pairs.append(("class", lines.css_class))
+    pairs += lines.data
     return f"<path{_attributes(pairs)}/>"
 
 
