@@ -242,7 +242,7 @@ def test_plan_with_a_model_estimates_a_bounded_number_of_rows(run_cli) -> None: 
     )
     pinned = run_cli(*args, "--tp", "8", "--limit", "1")
     assert pinned.returncode == 0, pinned.stderr
-    assert pinned.stdout.splitlines()[2].startswith("1458 valid assignments; ")
+    assert pinned.stdout.splitlines()[3].startswith("1458 valid assignments; ")
 
 
 def test_a_failed_write_leaves_the_old_file(

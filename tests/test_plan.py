@@ -275,6 +275,8 @@ def test_emit_prints_a_config_that_validates(run_cli, tmp_path: Path) -> None:
         "# groups cross nodes: dp_replicate(8); stay in a node: fsdp(4) tp(2) ep(4) etp(2)",
         "world_size: 64",
         "gpus_per_node: 8",
+        "inside:",
+        "  node: [fsdp, tp, ep, etp]",
         "degrees:",
         "  pp: 1",
         "  dp_replicate: 8",
@@ -427,7 +429,7 @@ def test_a_node_larger_than_the_world_is_planned_with_a_warning(run_cli) -> None
         (["--world-size", "8", "--tp", "-2"], "--tp: expected an integer >= 1, got '-2'"),
         (["--world-size", "8", "--cp", "two"], "--cp: expected an integer >= 1, got 'two'"),
         (["--world-size", "8", "--limit", "0"], "--limit: expected an integer >= 1, got '0'"),
-        (["--tp", "2"], "--world-size N is required"),
+        (["--tp", "2"], "--world-size N is required (or a CONFIG with world_size)"),
         (
             ["--world-size", "8", "--emit", "99"],
             "--emit 99 is not a row: there are 20 valid assignments",

@@ -64,27 +64,27 @@ def test_every_row_s_level_counts_are_its_layouts(request_: Request) -> None:
 def test_traffic_is_charged_at_the_smallest_level_that_holds_the_group() -> None:
     """ep inside an NVLink domain of 64 rides NVLink (900 GB/s); fsdp across domains the
     network; tp inside a node the node's links."""
-    training = Training(intra_node_gbps=7200, inter_node_gbps=400)
+    training = Training(intra_node_gb_s=900, inter_node_gb_s=50)
     levels = (Level("node", 4), Level("nvlink", 64, 900.0))
     bandwidths = level_bandwidths(levels, training)
-    assert bandwidths == (7200, 7200.0, 400)
+    assert bandwidths == (900, 900.0, 50)
     par = Parallelism.of(
         {"pp": 4, "dp_replicate": 1, "dp_shard": 64, "cp": 1, "tp": 4, "ep": 16, "etp": 1}
     )
     flows = traffic(
         PRESETS["deepseek-v3"], par, training, {"tp": 0, "ep": 1, "fsdp": 2}, None, bandwidths
     )
-    assert flows["tp"].gbps == 7200 and flows["ep"].gbps == 7200.0 and flows["fsdp"].gbps == 400
-    assert math.isclose(flows["ep"].seconds, flows["ep"].bytes * 8 / 7200e9)
+    assert flows["tp"].gb_s == 900 and flows["ep"].gb_s == 900 and flows["fsdp"].gb_s == 50
+    assert math.isclose(flows["ep"].seconds, flows["ep"].bytes / 900e9)
     without_level = traffic(PRESETS["deepseek-v3"], par, training, {"tp": 0, "ep": 1, "fsdp": 1})
-    assert without_level["ep"].gbps == 400
+    assert without_level["ep"].gb_s == 50
     assert without_level["ep"].seconds == pytest.approx(flows["ep"].seconds * 18)
 
 
 def test_a_level_without_bandwidth_is_the_node_s_for_nvlink_and_the_network_s_above() -> None:
-    training = Training(intra_node_gbps=3600, inter_node_gbps=400)
+    training = Training(intra_node_gb_s=450, inter_node_gb_s=50)
     levels = (Level("node", 8), Level("nvlink", 72), Level("pod", 1152), Level("rack", 2304, 100.0))
-    assert level_bandwidths(levels, training) == (3600, 3600, 400, 800.0, 400)
+    assert level_bandwidths(levels, training) == (450, 450, 50, 100.0, 50)
 
 
 def test_plan_table_and_emit_with_an_nvlink_level(run_cli) -> None:  # type: ignore[no-untyped-def]
@@ -121,7 +121,11 @@ def test_plan_table_and_emit_with_an_nvlink_level(run_cli) -> None:  # type: ign
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--level", "nvlink=64"], "--level needs --gpus-per-node: a level holds whole nodes"),
+        (
+            ["--level", "nvlink=64"],
+            "--level nvlink=64 needs the node's size: add --level node=N (or --gpus-per-node "
+            "N); a level holds whole nodes",
+        ),
         (
             ["--gpus-per-node", "4", "--level", "nvlink=70"],
             "--level nvlink=70: one nvlink domain of 70 GPUs must hold whole units of the level "

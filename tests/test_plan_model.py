@@ -185,8 +185,12 @@ def test_plan_text_marks_rows_that_do_not_fit(run_cli) -> None:
     result = run_cli("plan", *args, "--model", "llama3-70b")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[2] == "1 valid assignment; 0 fit in 80 GiB"
-    assert lines[4].split()[6:8] == ["1204.7", "-1124.7"]
+    assert lines[2] == (
+        "gpu h100-sxm: 80 GiB, 989 TFLOP/s dense bf16 at MFU 0.4, 450 GB/s inside a node, 50 "
+        "GB/s across nodes"
+    )
+    assert lines[3] == "1 valid assignment; 0 fit in 80 GiB"
+    assert lines[5].split()[6:8] == ["1204.7", "-1124.7"]
 
 
 def test_a_layout_that_does_not_fit_names_its_largest_term_and_the_remedy(run_cli) -> None:  # type: ignore[no-untyped-def]

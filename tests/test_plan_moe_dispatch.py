@@ -26,8 +26,8 @@ def test_fp8_dispatch_sends_three_quarters_of_bf16() -> None:
 
 
 def test_node_limited_routing_sends_one_copy_per_node_and_forwards_over_nvlink() -> None:
-    training = Training(intra_node_gbps=3600, inter_node_gbps=400, moe_max_nodes=4)
-    unlimited = traffic(DEEPSEEK, PAR, Training(intra_node_gbps=3600, inter_node_gbps=400), CROSSES)
+    training = Training(intra_node_gb_s=450, inter_node_gb_s=50, moe_max_nodes=4)
+    unlimited = traffic(DEEPSEEK, PAR, Training(intra_node_gb_s=450, inter_node_gb_s=50), CROSSES)
     limited = traffic(DEEPSEEK, PAR, training, CROSSES)
     sent = unlimited["ep"].bytes
     assert limited["ep"].bytes == sent

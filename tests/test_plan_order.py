@@ -143,6 +143,8 @@ def test_emit_writes_the_order_and_its_command_prints_the_same_config(
         "# groups cross nodes: fsdp(32); stay in a node: dp_replicate(2)",
         "world_size: 64",
         "gpus_per_node: 8",
+        "inside:",
+        "  node: [dp_replicate]",
         "order: [tp, cp, dp_shard, pp, dp_replicate]",
         "degrees:",
         "  pp: 1",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -15,6 +16,7 @@ from meshconf.cli.estimate_report import memory_json, memory_lines, settings_lin
 from meshconf.cli.model_options import (
     CHOICES,
     DEFAULTS,
+    DEPRECATED_GBPS,
     FLAGS,
     INTEGERS,
     MODEL_OPTIONS,
@@ -34,6 +36,7 @@ from meshconf.core.training import (
 )
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
+from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
@@ -59,6 +62,8 @@ def model_request(
     """The model and settings the options ask for, over ``config_settings`` (a config's
     ``training`` block) over the defaults, or the exit code after printing a usage error or
     the problems of an invalid model file."""
+    for note in deprecation_notes(args):
+        print(f"meshconf: note: {note}", file=sys.stderr)
     found = _model_request(args, config_settings)
     return usage_error(found) if isinstance(found, str) else found
 
@@ -66,24 +71,30 @@ def model_request(
 def _model_request(
     args: argparse.Namespace, config_settings: Mapping[str, Any]
 ) -> tuple[Architecture | None, Training] | str | int:
-    names = [*INTEGERS, *NUMBERS, *CHOICES, *FLAGS]
+    names = [*INTEGERS, *NUMBERS, *DEPRECATED_GBPS, *CHOICES, *FLAGS]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.model is not None and args.model_file is not None:
         return "--model and --model-file exclude each other"
+    hardware = gpu_settings(args.gpu)
     if args.model is None and args.model_file is None:
         if given:
             return f"{MODEL_OPTIONS[next(iter(given))]} needs --model or --model-file"
-        return None, DEFAULTS
+        return None, replace(DEFAULTS, **hardware)
     settings: dict[str, Any] = {}
     for name, text in given.items():
         if name in CHOICES or name in FLAGS:
-            settings[name] = text
+            settings[name] = int(text) if name == "zero_stage" else text
             continue
         value = _value(name, text)
         if isinstance(value, str):
             return value
+        if name in DEPRECATED_GBPS:
+            replacement = DEPRECATED_GBPS[name]
+            if replacement in given:
+                return f"{MODEL_OPTIONS[name]} and {MODEL_OPTIONS[replacement]} exclude each other"
+            name, value = replacement, float(value) / 8
         settings[name] = value
-    training = Training(**{**DEFAULTS.__dict__, **config_settings, **settings})
+    training = Training(**{**DEFAULTS.__dict__, **hardware, **config_settings, **settings})
     problem = _settings_problem(training)
     if problem:
         return problem
@@ -101,9 +112,41 @@ def _model_request(
         return EXIT_INVALID
 
 
+def gpu_settings(name: str | None) -> dict[str, Any]:
+    """The training settings a ``--gpu`` preset gives (none without one)."""
+    if name is None:
+        return {}
+    gpu = GPUS[name]
+    return {
+        "gpu": gpu.name,
+        "gpu_memory_gib": gpu.memory_gib,
+        "peak_tflops": gpu.peak_tflops,
+        "intra_node_gb_s": gpu.scale_up_gb_s,
+        "inter_node_gb_s": gpu.network_gb_s,
+    }
+
+
+def deprecation_notes(args: argparse.Namespace) -> list[str]:
+    """A note for each option given that goes away in the next release."""
+    notes = []
+    for name, replacement in DEPRECATED_GBPS.items():
+        text = getattr(args, name, None)
+        if text is None:
+            continue
+        value = _value(name, text)
+        instead = f"{float(value) / 8:g}" if not isinstance(value, str) else "GB/S"
+        notes.append(
+            f"{MODEL_OPTIONS[name]} takes Gb/s and goes away in the next release; use "
+            f"{MODEL_OPTIONS[replacement]} {instead} (GB/s, as a level's bandwidth_gb_s)"
+        )
+    return notes
+
+
 def _value(name: str, text: Any) -> int | float | str:
     """The number an option gives, or the message saying why it is not one."""
-    bound = TRAINING_BOUNDS[name]
+    bound = TRAINING_BOUNDS[DEPRECATED_GBPS.get(name, name)]
+    if name in DEPRECATED_GBPS:  # Gb/s: eight times the GB/s bounds
+        bound = replace(bound, minimum=bound.minimum * 8, maximum=bound.maximum * 8)
     try:
         if name in INTEGERS:
             return bounded_int(

@@ -124,7 +124,17 @@ def settings_line(model: Architecture, training: Training) -> str:
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
         f"{training.checkpointing} checkpointing{every}, {schedule}; "
         f"{training.param_dtype} params, {training.grad_dtype} grads; "
-        f"{training.gpu_memory_gib:g} GiB per GPU{resharding}"
+        f"{training.gpu}, {training.gpu_memory_gib:g} GiB per GPU{resharding}"
+    )
+
+
+def hardware_line(training: Training) -> str:
+    """The GPU an estimate assumed, with the figures it used (the preset's, or the options
+    that replace them)."""
+    return (
+        f"gpu {training.gpu}: {training.gpu_memory_gib:g} GiB, {training.peak_tflops:g} TFLOP/s "
+        f"dense bf16 at MFU {training.mfu:g}, {training.intra_node_gb_s:g} GB/s inside a node, "
+        f"{training.inter_node_gb_s:g} GB/s across nodes"
     )
 
 

@@ -18,6 +18,7 @@ from meshconf.core.training import (
     SCHEDULES,
     ZERO_STAGES,
 )
+from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.training import Training
 
@@ -38,7 +39,12 @@ INTEGERS = (
     "output_as_layers",
     "moe_max_nodes",
 )
-NUMBERS = ("gpu_memory_gib", "intra_node_gbps", "inter_node_gbps", "peak_tflops", "mfu")
+NUMBERS = ("gpu_memory_gib", "intra_node_gb_s", "inter_node_gb_s", "peak_tflops", "mfu")
+#: The options that took bandwidths in Gb/s, by the GB/s setting that replaces each; they
+#: still work, converted, with a note, until the next release.
+DEPRECATED_GBPS: Mapping[str, str] = MappingProxyType(
+    {"intra_node_gbps": "intra_node_gb_s", "inter_node_gbps": "inter_node_gb_s"}
+)
 CHOICES = (
     "param_dtype",
     "grad_dtype",
@@ -82,7 +88,10 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "ep_overlap": "--ep-overlap",
         "dispatch_dtype": "--dispatch-dtype",
         "fp8_param_gather": "--fp8-param-gather",
+        "gpu": "--gpu",
         "gpu_memory_gib": "--gpu-memory-gib",
+        "intra_node_gb_s": "--intra-node-gb-s",
+        "inter_node_gb_s": "--inter-node-gb-s",
         "intra_node_gbps": "--intra-node-gbps",
         "inter_node_gbps": "--inter-node-gbps",
         "peak_tflops": "--peak-tflops",
@@ -192,8 +201,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "zero_stage",
-        type=int,
-        choices=ZERO_STAGES,
+        # compared as text: argparse's int() would take "٣" or "0_3" for 3
+        choices=tuple(str(stage) for stage in ZERO_STAGES),
         help="what data parallelism over fsdp shards: 1 the optimizer state (Megatron's "
         "distributed optimizer), 2 also gradients, 3 also parameters "
         f"(FSDP; {DEFAULTS.zero_stage})",
@@ -225,21 +234,35 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "ZeRO 1 and 2 keeps them in fp8 (torchtitan's enable_fsdp_float8_all_gather, "
         "Megatron's --fp8-param-gather; default: in --param-dtype)",
     )
-    option("gpu_memory_gib", metavar="GIB", help=f"memory per GPU ({DEFAULTS.gpu_memory_gib:g})")
     option(
-        "intra_node_gbps",
-        metavar="GBPS",
-        help=f"bandwidth per GPU inside a node, each way ({DEFAULTS.intra_node_gbps:g})",
+        "gpu",
+        choices=tuple(GPUS),
+        help=f"the GPU: its memory, dense bf16 peak and the bandwidths inside a node and "
+        f"across, from its datasheet (docs/plan.md); the options below override each "
+        f"({DEFAULTS.gpu}). Without --gpus-per-node and --level, its node and NVLink domain too",
     )
     option(
-        "inter_node_gbps",
-        metavar="GBPS",
-        help=f"bandwidth per GPU across nodes ({DEFAULTS.inter_node_gbps:g})",
+        "gpu_memory_gib",
+        metavar="GIB",
+        help=f"memory per GPU (the GPU's; {DEFAULTS.gpu_memory_gib:g})",
     )
+    option(
+        "intra_node_gb_s",
+        metavar="GB/S",
+        help="bandwidth per GPU inside a node, GB/s each way, as a level's bandwidth_gb_s "
+        f"(the GPU's NVLink or Infinity Fabric; {DEFAULTS.intra_node_gb_s:g})",
+    )
+    option(
+        "inter_node_gb_s",
+        metavar="GB/S",
+        help=f"bandwidth per GPU across nodes, GB/s ({DEFAULTS.inter_node_gb_s:g})",
+    )
+    for name, replacement in DEPRECATED_GBPS.items():
+        option(name, metavar="GBPS", help=f"deprecated: {MODEL_OPTIONS[replacement]} in Gb/s")
     option(
         "peak_tflops",
         metavar="TF",
-        help=f"peak dense TFLOP/s of one GPU ({DEFAULTS.peak_tflops:g})",
+        help=f"peak dense TFLOP/s of one GPU (the GPU's; {DEFAULTS.peak_tflops:g})",
     )
     option("mfu", metavar="F", help=f"fraction of peak reached ({DEFAULTS.mfu:g})")
     option(

@@ -9,24 +9,38 @@ import json
 import sys
 from typing import Any
 
-from meshconf.cli.common import EXIT_OK, bounded_number, emit, positive_int, usage_error
+from meshconf.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    bounded_number,
+    emit,
+    positive_int,
+    usage_error,
+)
 from meshconf.cli.estimate_options import model_request, training_block
 from meshconf.cli.model_options import add_model_options, model_words
 from meshconf.cli.plan_report import emitted_yaml, explained_row, json_report, print_table
-from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
-from meshconf.core.levels import Level
+from meshconf.core.errors import ConfigError, SourceError
+from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.core.messages import shorten, spoken_list
+from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.gpus import GPUS
+from meshconf.features.plan.estimate.training import Training
 from meshconf.features.plan.ranking import (
     make_plan,
 )
 from meshconf.features.plan.request import (
     PlanError,
     Request,
+    level_text,
     node_warning,
     option_flag,
 )
+from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS
+from meshconf.sources.loading import load_config
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
@@ -44,13 +58,12 @@ def _numbers(args: argparse.Namespace) -> dict[str, int] | str:
             numbers[name] = positive_int(text)
         except argparse.ArgumentTypeError as error:
             return f"{option_flag(name)}: {error}"
-    if "world_size" not in numbers:
-        return "--world-size N is required"
     return numbers
 
 
-def _levels(args: argparse.Namespace) -> tuple[Level, ...] | str:
-    """The ``--level NAME=SIZE[@GB/S]`` options, or the message of the first bad one."""
+def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]] | str:
+    """The ``--level NAME=SIZE[@GB/S]`` options: the node's (``--level node=N`` is
+    ``--gpus-per-node N``), if given, and the others; or the message of the first bad one."""
     levels: list[Level] = []
     for text in args.level or ():
         name, equals, rest = text.partition("=")
@@ -78,7 +91,117 @@ def _levels(args: argparse.Namespace) -> tuple[Level, ...] | str:
         levels.append(level)
     if len(levels) > MAX_LEVELS:
         return f"--level: {len(levels)} levels are more than {MAX_LEVELS}"
-    return tuple(levels)
+    node = next((level for level in levels if level.name == NODE), None)
+    if node is not None and levels[0] is not node:
+        return f"--level {level_text(node)}: the node is the innermost level; give it first"
+    return node, tuple(level for level in levels if level.name != NODE)
+
+
+def _load(args: argparse.Namespace) -> MeshConfig | int:
+    """The config ``plan CONFIG`` plans for, or the exit code after its problems."""
+    try:
+        return load_config(args.path, args.overrides, args.key)
+    except ConfigError as error:
+        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
+        emit(lambda: print(lines))
+        return EXIT_INVALID
+    except SourceError as error:
+        return usage_error(str(error))
+
+
+def _request(
+    args: argparse.Namespace,
+    numbers: dict[str, int],
+    config: MeshConfig | None,
+    modelled: tuple[Architecture | None, Training],
+    notes: list[str],
+) -> Request | str:
+    """What to plan: the options over the config's values over the ``--gpu`` preset's
+    topology; ``notes`` get a line for each option that replaces a value of the config."""
+    given_levels = _levels(args)
+    if isinstance(given_levels, str):
+        return given_levels
+    given_node, given_above = given_levels
+    source = args.path
+
+    def replaced(option: str, what: str) -> None:
+        notes.append(f"{option} replaces {what} of {source}")
+
+    world = numbers.get("world_size")
+    configured_world = None if config is None else config.resolved_world_size
+    if world is None:
+        if configured_world is None:
+            if config is None:
+                return "--world-size N is required (or a CONFIG with world_size)"
+            return f"--world-size N is required: {source} has no world_size"
+        world = configured_world
+    elif configured_world not in (None, world):
+        replaced(f"--world-size {world}", f"world_size {configured_world}")
+
+    node_size = numbers.get("gpus_per_node")
+    if given_node is not None and node_size not in (None, given_node.size):
+        return f"--level {level_text(given_node)} and --gpus-per-node {node_size} disagree"
+    node = given_node or (None if node_size is None else Level(NODE, node_size))
+    configured = () if config is None else config.topology
+    configured_node = next((level for level in configured if level.name == NODE), None)
+    configured_above = tuple(level for level in configured if level.name != NODE)
+    if node is not None and configured_node not in (None, node):
+        replaced(f"--level {level_text(node)}", f"the node level {level_text(configured_node)}")
+    if given_above and configured_above and given_above != configured_above:
+        written = " ".join(level_text(level) for level in configured_above)
+        replaced("--level", f"the levels {written}")
+    node = node or configured_node
+    above = given_above or configured_above
+    model, training = modelled
+    if node is None and not above and args.gpu is not None:
+        gpu = GPUS[args.gpu]
+        node = Level(NODE, gpu.gpus_per_node)
+        if gpu.nvlink_domain is not None:
+            above = (Level(NVLINK, gpu.nvlink_domain, gpu.scale_up_gb_s),)
+        placed = " and ".join(level_text(level) for level in (node, *above))
+        notes.append(f"--gpu {gpu.name}: levels {placed}, as its datasheet gives them")
+    if above and node is None:
+        return (
+            f"--level {level_text(above[0])} needs the node's size: add --level node=N "
+            "(or --gpus-per-node N); a level holds whole nodes"
+        )
+
+    pins: dict[str, int] = {}
+    if config is not None:
+        degrees = config.degrees
+        pins = {
+            name: getattr(degrees, name)
+            for name in DEGREE_NAMES
+            if name in degrees.explicit and getattr(degrees, name) != AUTO
+        }
+    for name in DEGREE_NAMES:
+        if name in numbers:
+            if pins.get(name, numbers[name]) != numbers[name]:
+                replaced(f"{option_flag(name)} {numbers[name]}", f"degrees.{name} {pins[name]}")
+            pins[name] = numbers[name]
+
+    order = None if args.order is None else tuple(args.order.split(","))
+    if config is not None and config.order is not None:
+        if order is not None and order != tuple(config.order):
+            replaced(f"--order {args.order}", f"order {','.join(config.order)}")
+        order = order or tuple(config.order)
+    inside = {} if config is None or config.inside is None else dict(config.inside)
+    if config is not None and config.inside_node is not None:
+        notes.append(
+            f"{source}'s inside_node is not planned: the rows are numbered without it "
+            "(inside keeps dims inside levels, and plan reads it)"
+        )
+    return Request(
+        world_size=world,
+        levels=above,
+        gpus_per_node=None if node is None else node.size,
+        node_bandwidth_gb_s=None if node is None else node.bandwidth_gb_s,
+        pins=pins,
+        model=model,
+        training=training,
+        order=order,
+        inside={level: tuple(dims) for level, dims in inside.items()},
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,22 +214,26 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(
             "--explain prints one row's memory as text; leave out --emit and --format json"
         )
-    modelled = model_request(args)
+    config = None
+    if args.path is not None:
+        loaded = _load(args)
+        if isinstance(loaded, int):
+            return loaded
+        config = loaded
+    elif args.key is not None or args.overrides:
+        option = "--key" if args.key is not None else "-o"
+        return usage_error(f"{option} needs a config: meshconf plan CONFIG {option} ...")
+    block = None if config is None else config.training
+    modelled = model_request(args, {} if block is None else block.estimate_settings())
     if isinstance(modelled, int):
         return modelled
+    notes: list[str] = []
+    request = _request(args, numbers, config, modelled, notes)
+    if isinstance(request, str):
+        return usage_error(request)
+    for note in notes:
+        print(f"meshconf: note: {note}", file=sys.stderr)
     model, training = modelled
-    levels = _levels(args)
-    if isinstance(levels, str):
-        return usage_error(levels)
-    request = Request(
-        world_size=numbers["world_size"],
-        levels=levels,
-        gpus_per_node=numbers.get("gpus_per_node"),
-        pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
-        model=model,
-        training=training,
-        order=None if args.order is None else tuple(args.order.split(",")),
-    )
     if "explain" in numbers and model is None:
         return usage_error("--explain needs --model or --model-file")
     wanted = numbers.get("emit", numbers.get("explain", numbers.get("limit", DEFAULT_LIMIT)))
@@ -123,8 +250,9 @@ def run(args: argparse.Namespace) -> int:
             f"--{shown} {numbers[shown]} is not a row: there are {plan.total} valid assignments"
         )
     if "emit" in numbers:
+        written = {} if block is None else block.model_dump(exclude_none=True)
         text = emitted_yaml(
-            plan, numbers["emit"], model_words(args), training_block(args, training)
+            plan, numbers["emit"], _replay_words(args), written | training_block(args, training)
         )
         emit(lambda: print(text, end=""))
     elif "explain" in numbers:
@@ -138,6 +266,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _replay_words(args: argparse.Namespace) -> list[str]:
+    """The config and model words that, with the request's own, print the plan again."""
+    words = [] if args.path is None else [args.path]
+    if args.key is not None:
+        words.append(f"--key {args.key}")
+    words += [f"-o {override}" for override in args.overrides]
+    return words + model_words(args)
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan",
@@ -146,16 +283,40 @@ def add_parser(subparsers: Any) -> None:
         "product is the world size, under the pinned degrees, ranked so that the groups "
         "with the most traffic stay inside a node; --emit prints one as a config.",
     )
-    parser.add_argument("--world-size", metavar="N", help="the number of ranks (required)")
-    parser.add_argument("--gpus-per-node", metavar="G", help="ranks per node, for locality")
+    parser.add_argument(
+        "path",
+        nargs="?",
+        metavar="CONFIG",
+        help="a config to plan for: its world size, levels, inside, order, the degrees it "
+        "writes (as pins) and its training block; an option given beside it replaces the "
+        "config's value, with a note",
+    )
+    parser.add_argument(
+        "--key", metavar="K", help="dotted key of the meshconf block inside a larger file"
+    )
+    parser.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override a value of CONFIG before it is read (repeatable): degrees.tp=4",
+    )
+    parser.add_argument(
+        "--world-size", metavar="N", help="the number of ranks (required without CONFIG)"
+    )
+    parser.add_argument(
+        "--gpus-per-node", metavar="G", help="ranks per node, for locality (--level node=G)"
+    )
     parser.add_argument(
         "--level",
         action="append",
         metavar="NAME=SIZE[@GB/S]",
-        help="a level above the node, inner to outer, as a config's levels: GPUs in one unit "
-        "and, optionally, the bandwidth inside it in GB/s per GPU (nvlink=72@900); repeat "
-        "for each level. Groups' traffic is charged at the bandwidth of the smallest level "
-        "that holds them",
+        help="a level, inner to outer, as a config's levels: GPUs in one unit and, "
+        "optionally, the bandwidth inside it in GB/s per GPU (nvlink=72@900); repeat for each "
+        "level, the node (node=4) first. Groups' traffic is charged at the bandwidth of the "
+        "smallest level that holds them",
     )
     for name in DEGREE_NAMES:
         parser.add_argument(option_flag(name), dest=name, metavar="D", help=f"pin {name} to D")

@@ -10,7 +10,14 @@ from typing import Any
 import yaml
 
 from meshconf.cli.estimate_explain import explain_lines
-from meshconf.cli.estimate_report import gib, headroom_gib, memory_json, memory_lines, settings_line
+from meshconf.cli.estimate_report import (
+    gib,
+    hardware_line,
+    headroom_gib,
+    memory_json,
+    memory_lines,
+    settings_line,
+)
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.levels import plural_units, unit_article
 from meshconf.core.training import GIB
@@ -20,17 +27,22 @@ from meshconf.features.plan.ranking import (
     Plan,
     build_config,
     config_data,
+    kept_inside,
     rationale,
 )
 from meshconf.features.plan.request import Request, level_text, option_flag
 
 
 def _command_line(request: Request, index: int, model_words: list[str]) -> str:
-    """The command that prints this config again, options in a fixed order."""
+    """The command that prints this config again, options in a fixed order; ``model_words``
+    (the config, if any, and the model's options) follow the request's own."""
     words = ["meshconf plan", f"--world-size {request.world_size}"]
-    if request.gpus_per_node is not None:
-        words.append(f"--gpus-per-node {request.gpus_per_node}")
-    words += [f"--level {level_text(level)}" for level in request.levels]
+    if request.node_bandwidth_gb_s is not None:
+        words += [f"--level {level_text(level)}" for level in request.topology]
+    else:
+        if request.gpus_per_node is not None:
+            words.append(f"--gpus-per-node {request.gpus_per_node}")
+        words += [f"--level {level_text(level)}" for level in request.levels]
     if request.order is not None:
         words.append(f"--order {','.join(request.order)}")
     words += [
@@ -78,7 +90,8 @@ _ConfigDumper.add_representer(list, _flow_list)
 
 def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[str, Any]) -> str:
     """Row ``index`` as a config, after comments that say why it ranks there and the command
-    that prints it again."""
+    that prints it again. Its ``inside`` keeps each dim inside the level the row keeps it in
+    (:func:`kept_inside`), so that the runtime checks the placement the row was ranked on."""
     request = plan.request
     assignment = plan.best[index - 1]
     config = build_config(request, assignment.degrees)
@@ -93,7 +106,7 @@ def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[
         if request.gpus_per_node is not None
         else ""
     )
-    data = config_data(request, assignment.degrees)
+    data = config_data(request, assignment.degrees, kept_inside(request, config))
     if training:
         data["training"] = training
     body = yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False)
@@ -152,6 +165,7 @@ def _header(plan: Plan) -> list[str]:
     lines = [f"{world}; pinned: {pins}{order}"]
     if request.model is not None:
         lines.append(settings_line(request.model, request.training))
+        lines.append(hardware_line(request.training))
         fit = f"{plan.fitting} fit in {request.training.gpu_memory_gib:g} GiB"
         count = count.replace(";", f"; {fit};", 1) if ";" in count else f"{count}; {fit}"
     lines.append(count)

@@ -25,6 +25,15 @@ from meshconf.core.layout import DomainLayout, Mode
 NODE = "node"
 #: The level of an NVLink domain, which the runtime finds on the machine.
 NVLINK = "nvlink"
+#: The environment variables that tell a rank its unit of each level:
+#: ``MESHCONF_LEVEL_NVLINK=rack07``.
+ENVIRONMENT_PREFIX = "MESHCONF_LEVEL_"
+
+
+def environment_name(level: str) -> str:
+    """``MESHCONF_LEVEL_NVLINK`` for ``nvlink``: level names that differ only in case read
+    one variable, so meshconf compares level names this way."""
+    return ENVIRONMENT_PREFIX + level.upper()
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,8 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "embedding_as_layers": Bound(0, 100_000, "more layers than any model has"),
     "output_as_layers": Bound(0, 100_000, "more layers than any model has"),
     "gpu_memory_gib": Bound(0.125, 16384, "more memory than any GPU has"),
-    "intra_node_gbps": Bound(0.01, 100_000, "faster than any link inside a node"),
-    "inter_node_gbps": Bound(0.01, 100_000, "faster than any network between nodes"),
+    "intra_node_gb_s": Bound(0.01, 100_000, "faster than any link inside a node"),
+    "inter_node_gb_s": Bound(0.01, 100_000, "faster than any network between nodes"),
     "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
     "mfu": Bound(0.001, 1, "more than the peak"),
 }

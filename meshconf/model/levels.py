@@ -13,6 +13,7 @@ from meshconf.core.layout import DomainLayout, LayoutError
 from meshconf.core.levels import (
     NODE,
     Level,
+    environment_name,
     kept_parts,
     level_bands,
     parts_text,
@@ -43,16 +44,24 @@ def _level_path(spec: MeshSpec, index: int, key: str) -> KeyPath:
 def check_levels(spec: MeshSpec, result: Analysis) -> None:
     """Level names are distinct; each level holds whole units of the one below."""
     levels = spec.topology
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for index, level in enumerate(levels):
-        if level.name in seen:
+        variable = environment_name(level.name)
+        first = seen.get(variable)
+        if first == level.name:
             written_twice = (
                 "gpus_per_node already gives the node level; leave this one out or gpus_per_node"
                 if level.name == NODE and spec.gpus_per_node is not None
                 else f"level {level.name!r} appears twice"
             )
             result.fail(_level_path(spec, index, "name"), written_twice)
-        seen.add(level.name)
+        elif first is not None:
+            result.fail(
+                _level_path(spec, index, "name"),
+                f"level {level.name!r} and level {first!r} differ only in case, and both read "
+                f"{variable} at run time; give them names apart",
+            )
+        seen.setdefault(variable, level.name)
         if index == 0:
             continue
         below = levels[index - 1]

@@ -18,19 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from meshconf.core.levels import NODE, NVLINK, unit_article
+from meshconf.core.levels import NODE, NVLINK, environment_name, unit_article
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.rendezvous import RankReasonError, Rendezvous, ranks_named
 
-ENVIRONMENT_PREFIX = "MESHCONF_LEVEL_"
 #: Longest unit name a rank publishes; a longer variable is refused.
 MAX_UNIT_NAME = 256
 _SHOWN_UNITS = 4
-
-
-def environment_name(level: str) -> str:
-    """``MESHCONF_LEVEL_NVLINK`` for ``nvlink``."""
-    return ENVIRONMENT_PREFIX + level.upper()
 
 
 def nvlink_domain(device: torch.device) -> str | None:

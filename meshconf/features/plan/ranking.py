@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from meshconf.core.degrees import EXPERT_DEGREES, WORLD_FACTORS
+from meshconf.core.errors import ConfigError
 from meshconf.core.levels import crossed_levels
 from meshconf.features.plan.assignments import ValidAssignments
 from meshconf.features.plan.estimate.communication import level_bandwidths
@@ -33,6 +34,7 @@ from meshconf.features.plan.estimate.training import Parallelism
 from meshconf.features.plan.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
 from meshconf.features.plan.request import PlanError, Request, check_request
 from meshconf.model.config import MeshConfig
+from meshconf.sources.loading import load_config
 
 
 @dataclass(frozen=True)
@@ -83,23 +85,95 @@ def make_plan(request: Request, count: int) -> Plan:
         [level.size for level in request.levels],
     )
     valid = ValidAssignments(request)
+    rows = _KeptInside(request, valid) if request.inside else _Numbered(locality, valid)
     if request.model is None:
         # plain tuples compare fastest; keys end with every degree, so they never tie
-        ranked = ((_locality_key(request, locality, degrees), degrees) for degrees in valid)
+        ranked = (
+            (_locality_key(request, locality, degrees, rows.crossings(degrees)), degrees)
+            for degrees in rows
+        )
         best = [_Ranked(key, degrees) for key, degrees in heapq.nsmallest(count, ranked)]
         fitting = None
     else:
         fits = _FitCounter()
         bandwidths = level_bandwidths(request.topology, request.training)
         estimated = (
-            fits.count(_estimated(request, locality, bandwidths, degrees)) for degrees in valid
+            fits.count(_estimated(request, locality, bandwidths, degrees, rows.crossings(degrees)))
+            for degrees in rows
         )
         best = heapq.nsmallest(count, estimated)
         fitting = fits.fitting
     if valid.seen == 0:
         raise PlanError(valid.no_assignment_message())
+    if rows.seen == 0:
+        raise PlanError(rows.no_assignment_message())
     assignments = tuple(Assignment(row.degrees, row.key, row.estimate) for row in best)
-    return Plan(request, valid.seen, assignments, fitting, valid.left_out)
+    return Plan(request, rows.seen, assignments, fitting, valid.left_out)
+
+
+class _Numbered:
+    """The valid assignments numbered in the request's order, each dim's crossings found by
+    arithmetic on the degrees (:class:`NodeLocality`)."""
+
+    def __init__(self, locality: NodeLocality, valid: ValidAssignments) -> None:
+        self._locality = locality
+        self._valid = valid
+
+    def __iter__(self) -> Iterator[dict[str, int]]:
+        return iter(self._valid)
+
+    @property
+    def seen(self) -> int:
+        return self._valid.seen
+
+    def crossings(self, degrees: Mapping[str, int]) -> dict[str, int]:
+        return self._locality.crossings(degrees)
+
+    def no_assignment_message(self) -> str:
+        return self._valid.no_assignment_message()
+
+
+class _KeptInside:
+    """The valid assignments whose config keeps the request's ``inside``: each built as a
+    config, so numbered in bands as meshconf numbers it and checked by every rule, its
+    dims' crossings read from its own layouts."""
+
+    def __init__(self, request: Request, valid: ValidAssignments) -> None:
+        self._request = request
+        self._valid = valid
+        self._crossings: dict[tuple[int, ...], dict[str, int]] = {}
+        self.seen = 0
+        self._refusal: str | None = None
+
+    def __iter__(self) -> Iterator[dict[str, int]]:
+        for degrees in self._valid:
+            try:
+                config = build_config(self._request, degrees)
+            except ConfigError as error:
+                if self._refusal is None:
+                    written = " ".join(f"{name}={degrees[name]}" for name in WORLD_FACTORS)
+                    self._refusal = f"{written}: {error.diagnostics[0].render()}"
+                continue
+            self.seen += 1
+            dims = rationale(self._request, config)
+            self._crossings[_factors(degrees)] = {dim.name: len(dim.crossed) for dim in dims}
+            yield degrees
+
+    def crossings(self, degrees: Mapping[str, int]) -> dict[str, int]:
+        return self._crossings[_factors(degrees)]
+
+    def no_assignment_message(self) -> str:
+        kept = "; ".join(
+            f"{level}: [{', '.join(dims)}]" for level, dims in self._request.inside.items()
+        )
+        return (
+            f"no assignment keeps inside {{{kept}}}: {self._valid.seen} are valid without it, "
+            f"and each is refused with it, such as {self._refusal}"
+        )
+
+
+def _factors(degrees: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(degrees[name] for name in WORLD_FACTORS)
 
 
 @dataclass(frozen=True, order=True)
@@ -122,13 +196,16 @@ class _FitCounter:
 
 
 def _locality_key(
-    request: Request, locality: NodeLocality, degrees: Mapping[str, int]
+    request: Request,
+    locality: NodeLocality,
+    degrees: Mapping[str, int],
+    crosses: Mapping[str, int],
 ) -> tuple[float, ...]:
     """Without a model: a model that needs tensor parallelism rarely fits in a replica, so
     with ``--tp`` > 1 a layout of replicas alone (no FSDP shards) comes after the others."""
     needs_tp = request.pins.get("tp", 1) > 1
     replicas_only = needs_tp and degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1
-    return (int(replicas_only), *locality.key(degrees))
+    return (int(replicas_only), *locality.key(degrees, crosses))
 
 
 def _estimated(
@@ -136,13 +213,13 @@ def _estimated(
     locality: NodeLocality,
     bandwidths: tuple[float, ...],
     degrees: dict[str, int],
+    crosses: Mapping[str, int],
 ) -> _Ranked:
     """With a model: layouts that fit first, by step time; those that do not, after them,
     closest to fitting first, so that a plan where nothing fits leads with what needs the
     least change. Among layouts that fit equally, those that reach the global batch without
     overshooting it come first, then the faster, then by node locality."""
     assert request.model is not None
-    crosses = locality.crossings(degrees)
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     wanted = request.training.global_batch_tokens
     overshoot = wanted is not None and found.batch_tokens > wanted
@@ -162,27 +239,66 @@ def _estimated(
     return _Ranked(key, degrees, found)
 
 
-def build_config(request: Request, degrees: Mapping[str, int]) -> MeshConfig:
-    """The assignment as a validated config; every rule of meshconf runs on it."""
-    return MeshConfig.model_validate(config_data(request, degrees))
+def build_config(
+    request: Request,
+    degrees: Mapping[str, int],
+    inside: Mapping[str, Sequence[str]] | None = None,
+) -> MeshConfig:
+    """The assignment as a validated config (with ``inside``, if given, in place of the
+    request's); every rule of meshconf runs on it.
+
+    Raises :class:`ConfigError`, one located diagnostic per problem, when a rule refuses it
+    (only the request's ``inside`` can: the assignments pass the other rules)."""
+    return load_config(config_data(request, degrees, inside))
 
 
-def config_data(request: Request, degrees: Mapping[str, int]) -> dict[str, object]:
+def config_data(
+    request: Request,
+    degrees: Mapping[str, int],
+    inside: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, object]:
     """The config of an assignment as plain data: every world factor explicit, ep and etp
-    only when pinned (otherwise they keep their default, 1), the order when given."""
+    only when pinned (otherwise they keep their default, 1), the order and ``inside`` (the
+    request's, unless given) when there are any. A node with a bandwidth of its own is the
+    first of ``levels``; otherwise ``gpus_per_node`` gives it."""
     data: dict[str, object] = {"world_size": request.world_size}
-    if request.gpus_per_node is not None:
+    written = [
+        {key: value for key, value in dataclasses.asdict(level).items() if value is not None}
+        for level in request.topology
+    ]
+    if request.node_bandwidth_gb_s is not None:
+        data["levels"] = written
+    elif written:
         data["gpus_per_node"] = request.gpus_per_node
-    if request.levels:
-        data["levels"] = [
-            {key: value for key, value in dataclasses.asdict(level).items() if value is not None}
-            for level in request.levels
-        ]
+        if written[1:]:
+            data["levels"] = written[1:]
+    kept = request.inside if inside is None else inside
+    if kept:
+        data["inside"] = {level: list(dims) for level, dims in kept.items()}
     if request.order is not None:
         data["order"] = list(request.order)
     names = WORLD_FACTORS + tuple(name for name in EXPERT_DEGREES if name in request.pins)
     data["degrees"] = {name: degrees[name] for name in names}
     return data
+
+
+def kept_inside(request: Request, config: MeshConfig) -> dict[str, list[str]]:
+    """``inside`` for a row's config: the request's, and each dim of more than one rank that
+    the row keeps inside a level smaller than the world, named at the innermost level it
+    stays inside, so that the runtime checks the placement the row was ranked on."""
+    topology = request.topology
+    kept = {level: list(dims) for level, dims in request.inside.items()}
+    for dim in rationale(request, config):
+        count = len(dim.crossed)
+        if dim.size == 1 or count == len(topology):
+            continue
+        level = topology[count]
+        if level.size >= request.world_size:
+            continue
+        below = {name for inner in topology[: count + 1] for name in kept.get(inner.name, ())}
+        if dim.name not in below:
+            kept.setdefault(level.name, []).append(dim.name)
+    return {level.name: kept[level.name] for level in topology if kept.get(level.name)}
 
 
 def rationale(request: Request, config: MeshConfig) -> list[DimLocality]:

@@ -29,6 +29,9 @@ from meshconf.model.numbering import check_order
 MAX_ASSIGNMENTS = 1_000_000
 #: With a model, each assignment is estimated (about 0.1 ms each): at most this many.
 MAX_ESTIMATED_ASSIGNMENTS = 20_000
+#: With ``inside``, each assignment is numbered and checked as a whole config (about 2.5 ms
+#: each): at most this many.
+MAX_INSIDE_ASSIGNMENTS = 2_000
 
 
 class PlanError(MeshconfError, ValueError):
@@ -48,13 +51,17 @@ class Request:
     order: tuple[str, ...] | None = None
     #: The levels above the node, inner to outer (``--level``).
     levels: tuple[Level, ...] = ()
+    #: The bandwidth inside a node, GB/s per GPU, where the node level gives one.
+    node_bandwidth_gb_s: float | None = None
+    #: The dims every row keeps inside each level, as a config's ``inside``.
+    inside: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def topology(self) -> tuple[Level, ...]:
         """The node (when ``gpus_per_node`` is given) and the levels above it."""
         if self.gpus_per_node is None:
             return ()
-        return (Level(NODE, self.gpus_per_node), *self.levels)
+        return (Level(NODE, self.gpus_per_node, self.node_bandwidth_gb_s), *self.levels)
 
     @property
     def rank_order(self) -> tuple[str, ...]:
@@ -104,6 +111,7 @@ def check_request(request: Request) -> None:
     assignments than a plan ranks."""
     _check_ranges(request)
     _check_levels(request)
+    _check_inside(request)
     _check_order(request)
     _check_pins_fit(request)
     _check_count(request)
@@ -136,7 +144,10 @@ def _check_levels(request: Request) -> None:
     if not request.levels:
         return
     if request.gpus_per_node is None:
-        raise PlanError("--level needs --gpus-per-node: a level holds whole nodes")
+        raise PlanError(
+            f"--level {level_text(request.levels[0])} needs the node's size: add --level "
+            "node=N (or --gpus-per-node N); a level holds whole nodes"
+        )
     spec = replace(rule_inputs({}), gpus_per_node=request.gpus_per_node, levels=request.levels)
     result = Analysis()
     check_levels(spec, result)
@@ -145,6 +156,18 @@ def _check_levels(request: Request) -> None:
         index = problem.path[1] if problem.path[0] == "levels" else 0
         assert isinstance(index, int)
         raise PlanError(f"--level {level_text(request.levels[index])}: {problem.message}")
+
+
+def _check_inside(request: Request) -> None:
+    """``inside`` names levels of the request; the dims it names are checked with each row."""
+    names = [level.name for level in request.topology]
+    for level in request.inside:
+        if level not in names:
+            raise PlanError(
+                f"inside.{level}: the plan has no level {level!r} (levels: "
+                f"{', '.join(names) or 'none'}); add --level {level}=SIZE, or leave "
+                f"{level} out of inside"
+            )
 
 
 def _check_order(request: Request) -> None:
@@ -226,6 +249,12 @@ def assignment_count(request: Request) -> int:
 
 def _check_count(request: Request) -> None:
     count = assignment_count(request)
+    if request.inside and count > MAX_INSIDE_ASSIGNMENTS:
+        raise PlanError(
+            f"--world-size {request.world_size} with inside has {count} assignments to number "
+            f"and check, more than the {MAX_INSIDE_ASSIGNMENTS} a plan checks; pin a degree "
+            "(such as --tp 8) to narrow them"
+        )
     if count > MAX_ASSIGNMENTS:
         raise PlanError(
             f"--world-size {request.world_size} splits into {count} assignments of "

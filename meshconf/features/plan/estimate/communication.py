@@ -47,26 +47,26 @@ class DimTraffic:
     bytes: int
     seconds: float
     crosses_nodes: bool
-    #: Bandwidth the traffic was charged at, Gbit/s per GPU.
-    gbps: float = 0.0
+    #: Bandwidth the traffic was charged at, GB/s per GPU.
+    gb_s: float = 0.0
 
 
 def level_bandwidths(levels: Sequence[Level], training: Training) -> tuple[float, ...]:
-    """Gbit/s per GPU inside one unit of each level, then across the outermost: a level's
-    own ``bandwidth_gb_s`` (GB/s), else the node's bandwidth for a node or an NVLink domain
+    """GB/s per GPU inside one unit of each level, then across the outermost: a level's
+    own ``bandwidth_gb_s``, else the node's bandwidth for a node or an NVLink domain
     (``nvlink``) and the network's for a level above them. Empty without levels: then
     :func:`traffic` tells only inside a node from across nodes."""
     if not levels:
         return ()
     inside = tuple(
-        level.bandwidth_gb_s * 8
+        level.bandwidth_gb_s
         if level.bandwidth_gb_s is not None
-        else training.intra_node_gbps
+        else training.intra_node_gb_s
         if level.name in (NODE, NVLINK)
-        else training.inter_node_gbps
+        else training.inter_node_gb_s
         for level in levels
     )
-    return (*inside, training.inter_node_gbps)
+    return (*inside, training.inter_node_gb_s)
 
 
 def traffic(
@@ -90,27 +90,27 @@ def traffic(
         if size == 1 or (arch.experts is None and name in EXPERT_DIMS):
             continue
         crossed = int(crosses.get(name, 0))
-        gbps = _gbps(training, bandwidths, crossed)
-        seconds = sent[name] * 8 / (gbps * 1e9)
+        bandwidth = _bandwidth(training, bandwidths, crossed)
+        seconds = sent[name] / (bandwidth * 1e9)
         limit = training.moe_max_nodes
         if name == "ep" and limit is not None and crossed and arch.experts is not None:
             # Node-limited routing (DeepSeek-V3, section 2.1.2; its dispatch kernels, 3.2.2):
             # a token crosses to at most ``limit`` units, one copy per unit, and is forwarded
             # there to its top-k experts over the unit's own links.
             remote = sent[name] * min(limit, arch.experts.top_k) / arch.experts.top_k
-            local = _gbps(training, bandwidths, crossed - 1)
-            seconds = remote * 8 / (gbps * 1e9) + sent[name] * 8 / (local * 1e9)
-        found[name] = DimTraffic(name, size, sent[name], seconds, crossed > 0, gbps)
+            local = _bandwidth(training, bandwidths, crossed - 1)
+            seconds = remote / (bandwidth * 1e9) + sent[name] / (local * 1e9)
+        found[name] = DimTraffic(name, size, sent[name], seconds, crossed > 0, bandwidth)
     return found
 
 
-def _gbps(training: Training, bandwidths: Sequence[float], crossed: int) -> float:
-    """Gbit/s for groups that cross ``crossed`` levels: the level's own bandwidth, or with
+def _bandwidth(training: Training, bandwidths: Sequence[float], crossed: int) -> float:
+    """GB/s for groups that cross ``crossed`` levels: the level's own bandwidth, or with
     no levels given, the network's for a group that crosses and the node's for one that
     does not."""
     if bandwidths:
         return bandwidths[min(crossed, len(bandwidths) - 1)]
-    return training.inter_node_gbps if crossed else training.intra_node_gbps
+    return training.inter_node_gb_s if crossed else training.intra_node_gb_s
 
 
 def _size(par: Parallelism, name: str) -> int:

@@ -24,6 +24,7 @@ from meshconf.core.training import (
     Schedule,
     ZeroStage,
 )
+from meshconf.features.plan.estimate.gpus import DEFAULT_GPU, GPUS
 from meshconf.features.plan.estimate.pipeline import (
     Placement,
     chunks_from_layers,
@@ -76,10 +77,14 @@ class Training:
     dispatch_dtype: DispatchDtype | None = None
     #: Whether the blocks' dense linear weights are gathered (and, unsharded, kept) in fp8.
     fp8_param_gather: bool = False
-    gpu_memory_gib: float = 80.0
-    intra_node_gbps: float = 3600.0
-    inter_node_gbps: float = 400.0
-    peak_tflops: float = 989.0
+    #: The GPU preset (:data:`~.gpus.GPUS`) the next four figures come from, unless given.
+    gpu: str = DEFAULT_GPU
+    gpu_memory_gib: float = GPUS[DEFAULT_GPU].memory_gib
+    #: GB/s per GPU, each way, between GPUs of one node.
+    intra_node_gb_s: float = GPUS[DEFAULT_GPU].scale_up_gb_s
+    #: GB/s per GPU across nodes.
+    inter_node_gb_s: float = GPUS[DEFAULT_GPU].network_gb_s
+    peak_tflops: float = GPUS[DEFAULT_GPU].peak_tflops
     mfu: float = 0.4
     mfu_counts: MfuCounts = "model"
     mfu_over: MfuOver = "compute"
