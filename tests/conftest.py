@@ -7,7 +7,7 @@ import resource
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # MESHCONF_TEST_YAML=pure hides libyaml before anything imports PyYAML, so that the tests read
@@ -16,6 +16,7 @@ from pathlib import Path
 if os.environ.get("MESHCONF_TEST_YAML") == "pure":
     sys.modules["yaml._yaml"] = None  # type: ignore[assignment]
 
+import forkserver
 import pytest
 from _pytest.mark.expression import Expression
 
@@ -88,6 +89,16 @@ RANK_MODULES = frozenset(
         "test_runtime_training",
     }
 )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: a worker per core, and one more, which the set-up failure tests hold for
+    about two minutes mostly waiting for their bounds while the others compute.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still chooses, as pytest-xdist reads it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -187,3 +198,13 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
         return run_in_process(*args, cwd=cwd)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The socket of a fork server (tests/forkserver.py) that imported torch, the runtime and
+    tests/measure_builds.py once: ``meshconf measure`` commands and the probes that run in a
+    process of their own start there in a fraction of a second, not six."""
+    preload = (*forkserver.TORCH_MODULES, "meshconf.runtime.measure", "measure_builds")
+    with forkserver.serving(tmp_path_factory.mktemp("torch-server"), preload) as socket_path:
+        yield socket_path

@@ -1,7 +1,8 @@
 """Run a function on N real processes (gloo on CPU), forked, with torchrun-style variables.
 
 The test process itself never creates a process group or runs a collective: every test that
-does runs in forked children, so the next fork starts from a clean process.
+does runs in forked children, so the next fork starts from a clean process. What torch
+imports lazily is imported here, before the fork, so that the ranks do not each import it.
 
 Ports: a forked helper process hosts the rendezvous store on a port the kernel picks (port 0)
 and keeps it for the whole run, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE=True``),
@@ -22,7 +23,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+# Imported here, once, before any rank is forked: torch imports torch._dynamo (and sympy
+# with it) the first time FSDP2 or DTensor runs, which costs each forked rank about two
+# seconds of CPU when the parent has not; imported in the parent, the ranks inherit it.
+import torch._dynamo
 import torch.distributed as dist
+import torch.distributed.tensor  # noqa: F401
 import torch.multiprocessing as mp
 
 

@@ -236,3 +236,34 @@ def step_raises(context: DistributedContext) -> TrainingStep:
         model(torch.zeros(BATCH, SEQ + 1)).sum().backward()
 
     return TrainingStep(model, torch.optim.AdamW(model.parameters()), forward_backward)
+
+
+def exits(context: DistributedContext) -> TrainingStep:
+    raise SystemExit(3)
+
+
+def step_exits(context: DistributedContext) -> TrainingStep:
+    model = LlamaLike(ARCH)
+
+    def forward_backward() -> None:
+        raise SystemExit(0)
+
+    return TrainingStep(model, torch.optim.AdamW(model.parameters()), forward_backward)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message either")
+
+
+def step_raises_unprintable(context: DistributedContext) -> TrainingStep:
+    model = LlamaLike(ARCH)
+
+    def forward_backward() -> None:
+        raise _Unprintable
+
+    return TrainingStep(model, torch.optim.AdamW(model.parameters()), forward_backward)
+
+
+def returns_wrong_fields(context: DistributedContext) -> TrainingStep:
+    return TrainingStep("model", None, 1)  # type: ignore[arg-type]

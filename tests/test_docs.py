@@ -18,7 +18,11 @@ runs too. In short:
 Each doc runs in its own scratch copy of the repository's README, docs, examples, schemas,
 benchmarks and top-level dotfiles, with this interpreter's bin directory first on PATH. Its
 blocks run in order, in the same directory, so a doc may create a file in one command and use
-it in a later one. Different docs run side by side on a few threads.
+it in a later one. Different docs run side by side on a few threads. Their ``meshconf``
+commands and Python snippets run in children forked from one server that imported meshconf
+and torch once (tests/forkserver.py); other commands (``python``, ``torchrun``) start fresh,
+and so does a snippet that reads ``sys.modules``, which speaks of what a fresh interpreter
+imports.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from forkserver import SHIM
+from forkserver import SHIM, TORCH_MODULES, run as run_in_server, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -291,30 +294,15 @@ def environment(forkserver: Path | None = None) -> dict[str, str]:
 
 @contextmanager
 def forkserver(folder: Path) -> Iterator[Path]:
-    """Serve the docs' ``meshconf`` commands from one process that has imported the command
-    line (tests/forkserver.py); yields the folder to hand to :func:`environment`."""
+    """Serve the docs' ``meshconf`` commands and Python snippets from one process that has
+    imported the command line and torch (tests/forkserver.py); yields the folder to hand to
+    :func:`environment`."""
     shim = folder / "bin" / "meshconf"
     shim.parent.mkdir()
     shim.write_text(SHIM.format(python=sys.executable))
     shim.chmod(0o755)
-    socket_path = folder / "socket"
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "forkserver.py"), str(socket_path)],
-        env=environment(),
-        cwd=folder,
-    )
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while not socket_path.exists():
-            assert server.poll() is None and time.monotonic() < deadline, "no fork server"
-            time.sleep(0.05)
+    with serving(folder, TORCH_MODULES, TIMEOUT_S):
         yield folder
-    finally:
-        socket_path.unlink(missing_ok=True)  # the server stops once its commands are done
-        try:
-            server.wait(TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def run_command(command: Command, name: str, cwd: Path, env: dict[str, str]) -> str | None:
@@ -368,15 +356,22 @@ def run_script(
     where = f"{name}:{script.line}: python block"
     path = snippets / f"{name.replace('/', '_')}_line{script.line}.py"
     path.write_text(script.code, encoding="utf-8")
+    server = env.get("MESHCONF_FORKSERVER")
     try:
-        result = subprocess.run(
-            [sys.executable, str(path)],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
+        # a snippet that reads sys.modules speaks of a fresh interpreter's imports
+        if server is not None and "sys.modules" not in script.code:
+            result = run_in_server(
+                Path(server), [str(path)], cwd=cwd, env=env, script=str(path), timeout=TIMEOUT_S
+            )
+        else:
+            result = subprocess.run(
+                [sys.executable, str(path)],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
     except subprocess.TimeoutExpired:
         return f"{where}\ntimed out after {TIMEOUT_S} s"
     problems = []

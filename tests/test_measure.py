@@ -2,8 +2,11 @@
 and torch's fake process group (which simulates the world: nothing communicates), measured
 by torch's memory trackers, beside the estimate for the same shapes.
 
-Each run is a subprocess, as a user runs it, from the tests folder so that
-``--build measure_builds:...`` imports tests/measure_builds.py. The tolerances are those
+Each run is a ``meshconf measure`` command, run from the tests folder so that ``--build
+measure_builds:...`` imports tests/measure_builds.py: in a child forked from a server that
+imported torch and the build module once (tests/forkserver.py), as a subprocess would run it
+but for the imports; the build that cannot be imported runs in a fresh process. The
+tolerances are those
 docs/estimate.md states: the model state (parameters, optimizer) exactly; FSDP's gathered
 working set within 15%, the activations within 10% and the peak within 5% of the estimate.
 """
@@ -11,11 +14,14 @@ working set within 15%, the activations within 10% and the peak within 5% of the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forkserver
 import pytest
 from measure_builds import (
     ARCH,
@@ -46,24 +52,44 @@ RAISING_LINE = _line_of("measure_builds.py", "raise ValueError")
 W512 = "world_size: 512\ndegrees: {dp_shard: -1}\n"
 
 
+_SERVER: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _server(torch_server: Path) -> Iterator[None]:
+    """The fork server this module's ``meshconf measure`` commands run in."""
+    _SERVER.append(torch_server)
+    yield
+    _SERVER.remove(torch_server)
+
+
 def _measure(
     tmp_path: Path, config: str, build: str, *options: str
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "mesh.yaml").write_text(config)
     (tmp_path / "small.yaml").write_text(MODEL_FILE)
-    command = [sys.executable, "-m", "meshconf", "measure", str(tmp_path / "mesh.yaml")]
+    command = ["meshconf", "measure", str(tmp_path / "mesh.yaml")]
     command += ["--build", f"measure_builds:{build}", *options]
-    return subprocess.run(command, cwd=HERE, capture_output=True, text=True, timeout=120)
+    return forkserver.run(_SERVER[0], command, cwd=HERE, env=dict(os.environ))
+
+
+_REPORTS: dict[tuple[str, ...], dict[str, Any]] = {}
 
 
 def _report(tmp_path: Path, config: str, build: str, *options: str) -> dict[str, Any]:
-    done = _measure(
-        tmp_path, config, build, "--model-file", str(tmp_path / "small.yaml"), *TRAINING,
-        "--format", "json", *options,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report: dict[str, Any] = json.loads(done.stdout)
-    return report
+    """The JSON report of a measurement with the small model's file; the same measurement
+    asked for again (by another test) is read once."""
+    key = (config, build, *options)
+    if key not in _REPORTS:
+        done = _measure(
+            tmp_path, config, build, "--model-file", str(tmp_path / "small.yaml"), *TRAINING,
+            "--format", "json", *options,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        _REPORTS[key] = json.loads(done.stdout)
+        # the options give the estimate what the build runs, so the two are compared
+        assert _REPORTS[key]["mismatches"] == []
+    return _REPORTS[key]
 
 
 def _close(measured: int, estimated: int, tolerance: float) -> bool:
@@ -204,6 +230,13 @@ def test_the_text_report_sets_each_term_beside_its_estimate(tmp_path: Path) -> N
         ),
         ("no_such_function", 2, "--build: module 'measure_builds' has no function "
          "'no_such_function'"),
+        ("exits", 1, "the build function exited (SystemExit 3)"),
+        ("step_exits", 1, "forward_backward exited (SystemExit 0)"),
+        ("step_raises_unprintable", 1, "forward_backward raised _Unprintable: _Unprintable "
+         "(measure_builds.py:{line})"),
+        ("returns_wrong_fields", 1, "the build function's TrainingStep: model is a str, not a "
+         "torch.nn.modules.module.Module; optimizer is a NoneType, not a torch.optim.optimizer."
+         "Optimizer; forward_backward is a int, not callable"),
     ],
 )  # fmt: skip
 def test_a_failing_build_is_one_located_line(
@@ -211,7 +244,8 @@ def test_a_failing_build_is_one_located_line(
 ) -> None:
     done = _measure(tmp_path, "world_size: 8\ndegrees: {dp_shard: 8}\n", build)
     assert (done.returncode, done.stdout) == (code, "")
-    assert done.stderr == f"meshconf: error: {message}\n"
+    line = _line_of("measure_builds.py", "raise _Unprintable")
+    assert done.stderr == f"meshconf: error: {message.format(line=line)}\n"
 
 
 def test_a_step_that_raises_names_the_line_of_the_users_code(tmp_path: Path) -> None:
@@ -244,3 +278,69 @@ def test_a_build_that_cannot_be_loaded_is_a_usage_error(
     assert done.returncode == 2
     assert done.stderr.startswith(f"meshconf: error: {message}")
     assert done.stderr.count("\n") == 1
+
+
+def test_a_module_that_exits_while_imported_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "leaving.py").write_text("import sys\nsys.exit('not today')\n")
+    (tmp_path / "mesh.yaml").write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
+    command = ["meshconf", "measure", "mesh.yaml", "--build", "leaving:build"]
+    done = forkserver.run(_SERVER[0], command, cwd=tmp_path, env=dict(os.environ))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "meshconf: error: --build: module 'leaving' exited while it was imported (SystemExit "
+        "'not today')\n"
+    )
+
+
+def test_an_estimate_of_another_run_is_named_and_not_set_beside_the_measurement(
+    tmp_path: Path,
+) -> None:
+    """The user's build runs the small model on sequences of 64 in fp32; an estimate of
+    another model, or of the default settings, is not compared with it."""
+    config = "world_size: 8\ndegrees: {dp_shard: 8}\n"
+    other = _measure(tmp_path, config, "fsdp", "--model", "llama3-8b")
+    assert other.returncode == 0, other.stderr
+    lines = other.stdout.splitlines()
+    assert lines[2].startswith("not comparable: the build stores ")
+    assert lines[2].endswith(
+        " parameter elements on this rank, the estimate 1,003,782,656: estimate the model the "
+        "build makes (--model or --model-file)"
+    )
+    assert lines[3:6] == [
+        "not comparable: the build's micro-batches hold 2 sequences, the estimate's 1 "
+        "(--micro-batch 2)",
+        "not comparable: the build's sequences hold 64 tokens, the estimate's 8,192 (--seq-len 64)",
+        "not comparable: the build computes in fp32, the estimate in bf16 (--param-dtype fp32)",
+    ]
+    assert lines[6] == "term         MiB at the peak"  # no estimate column
+    assert lines[-1].startswith("the estimate (") and lines[-1].endswith(
+        "MiB) is left out: it is for another run than the build's; give the options above to "
+        "compare them"
+    )
+    defaults = _measure(
+        tmp_path, config, "fsdp", "--model-file", str(tmp_path / "small.yaml"), "--format", "json"
+    )
+    report = json.loads(defaults.stdout)
+    assert [item["setting"] for item in report["mismatches"]] == [
+        "micro_batch",
+        "seq_len",
+        "param_dtype",
+    ]
+    assert report["mismatches"][1] == {
+        "setting": "seq_len",
+        "build": 64,
+        "estimate": 8192,
+        "message": "the build's sequences hold 64 tokens, the estimate's 8,192 (--seq-len 64)",
+    }
+
+
+def test_a_small_model_s_figures_are_exact(tmp_path: Path) -> None:
+    config = "world_size: 8\ndegrees: {dp_shard: 8}\n"
+    done = _measure(
+        tmp_path, config, "fsdp", "--model-file", str(tmp_path / "small.yaml"), *TRAINING
+    )
+    assert "model small (3,213,568 parameters); seq 64" in done.stdout.splitlines()[1]
+    report = _report(tmp_path, config, "fsdp")
+    memory = report["estimate"]["memory_bytes"]
+    assert memory == report["estimate_bytes"]
+    assert memory["params"] > 0 and report["estimate"]["memory_gib"]["params"] == 0.0

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
+import forkserver
 import pytest
 from measure_builds import ARCH, BATCH, SEQ, cpu_norm_extra
 from sequence_parallel_probe import TP
@@ -33,22 +33,19 @@ MODES = ["none", "selective", "full"]
 TOKENS = SEQ * BATCH
 
 
-def _probe(mode: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(HERE / "sequence_parallel_probe.py"), mode],
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _probe(server: Path, mode: str) -> dict[str, Any]:
+    """The probe's report for ``mode``, run as ``python sequence_parallel_probe.py MODE`` in a
+    child of the fork server (tests/forkserver.py), which imported torch once."""
+    script = str(HERE / "sequence_parallel_probe.py")
+    done = forkserver.run(server, [script, mode], cwd=HERE, env=dict(os.environ), script=script)
     assert done.returncode == 0, done.stderr
     probed: dict[str, Any] = json.loads(done.stdout)
     return probed
 
 
 @pytest.fixture(scope="module")
-def probed() -> dict[str, dict[str, Any]]:
-    return {mode: _probe(mode) for mode in MODES}
+def probed(torch_server: Path) -> dict[str, dict[str, Any]]:
+    return {mode: _probe(torch_server, mode) for mode in MODES}
 
 
 @pytest.mark.parametrize("mode", MODES)

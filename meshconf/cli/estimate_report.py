@@ -61,6 +61,11 @@ def memory_json(found: Estimate) -> dict[str, Any]:
             **{part: gib(getattr(memory, part)) for part in MEMORY_PARTS},
             "total": gib(memory.total),
         },
+        # exact, for a model whose figures round to nothing in GiB
+        "memory_bytes": {
+            **{part: int(getattr(memory, part)) for part in MEMORY_PARTS},
+            "total": int(memory.total),
+        },
         "memory_pp_rank": memory.pp_rank,
         "memory_peak_phase": memory.phase,
         "headroom_gib": headroom_gib(found),
@@ -83,6 +88,11 @@ def memory_json(found: Estimate) -> dict[str, Any]:
         "compute_mfu": None if found.compute_mfu is None else round(found.compute_mfu, 4),
         "step_seconds": round(found.step_seconds, 4),
     }
+
+
+def parameters_text(count: int) -> str:
+    """``70.6B parameters`` from a billion on; below, every digit: ``3,660,032 parameters``."""
+    return f"{count / 1e9:.1f}B parameters" if count >= 10**9 else f"{count:,} parameters"
 
 
 def settings_line(model: Architecture, training: Training) -> str:
@@ -120,7 +130,7 @@ def settings_line(model: Architecture, training: Training) -> str:
     elif training.checkpoint_first is not None:
         every = f" of the first {training.checkpoint_first} blocks of each chunk"
     return (
-        f"model {model.name} ({model.parameter_count() / 1e9:.1f}B parameters); seq "
+        f"model {model.name} ({parameters_text(model.parameter_count())}); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
         f"{training.checkpointing} checkpointing{every}, {schedule}; "
         f"{training.param_dtype} params, {training.grad_dtype} grads; "

@@ -6,6 +6,7 @@ when a model is given (meshconf.runtime.measure)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -21,7 +22,7 @@ from meshconf.cli.common import (
 )
 from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.estimate_report import MEMORY_PARTS, memory_json, settings_line
-from meshconf.cli.model_options import add_model_options
+from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.training import GIB
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_simulation_size(world_size, 1)
         check_simulation_memory(world_size)
-        from meshconf.runtime.measure import load_build, measure_memory
+        from meshconf.runtime.measure import load_build, measure_memory, mismatches
     except MeshconfError as error:
         return usage_error(str(error))
     try:
@@ -54,9 +55,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"meshconf: error: {printable(str(error))}", file=sys.stderr)
         return EXIT_INVALID
     estimate = None if found is None else found[2]
-    shown = [term for term in MEMORY_PARTS if measured.terms[term] or estimate is not None]
-    if measured.terms["other"]:
-        shown.append("other")
     report: dict[str, Any] = {
         "rank": measured.rank,
         "world_size": measured.world_size,
@@ -65,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         "measured_bytes": {**measured.terms, "peak": measured.peak},
     }
     settings = None
+    differences = []
     if found is not None:
         model, training, estimated = found
         settings = settings_line(model, training)
@@ -73,14 +72,30 @@ def run(args: argparse.Namespace) -> int:
             **{term: getattr(memory, term) for term in MEMORY_PARTS},
             "total": memory.total,
         }
-        report["estimate"] = {
-            "model": model.name,
-            **memory_json(estimated),
-        }
+        report["estimate"] = {"model": model.name, **memory_json(estimated)}
+        differences = mismatches(
+            measured.observed,
+            {
+                "parameter_elements": memory.params // training.param_bytes,
+                "micro_batch": training.micro_batch,
+                "seq_len": training.seq_len,
+                "param_dtype": training.param_dtype,
+                "grad_dtype": training.grad_dtype,
+            },
+            {name: option for name, option in MODEL_OPTIONS.items()}
+            | {"model": "--model or --model-file"},
+            cp=config.dim_sizes.get("cp", 1),
+        )
+        report["mismatches"] = [dataclasses.asdict(mismatch) for mismatch in differences]
+    comparable = estimate is not None and not differences
+    shown = [term for term in MEMORY_PARTS if measured.terms[term] or comparable]
+    if measured.terms["other"]:
+        shown.append("other")
 
-    # GiB for a real model; MiB for a small one, whose terms would round to nothing
-    largest = max(measured.peak, 0 if estimate is None else estimate.memory.total)
-    unit, unit_name = (GIB, "GiB") if largest >= GIB else (_MIB, "MiB")
+    # MiB when either column's largest figure is under a GiB, whose terms would round to
+    # nothing in GiB
+    smallest = measured.peak if estimate is None else min(measured.peak, estimate.memory.total)
+    unit, unit_name = (GIB, "GiB") if smallest >= GIB else (_MIB, "MiB")
 
     def amount(size: int) -> str:
         return f"{size / unit:.3f}"
@@ -93,18 +108,27 @@ def run(args: argparse.Namespace) -> int:
         )
         if settings is not None:
             print(settings)
-        header = f"{unit_name} at the peak" + ("   estimate" if estimate is not None else "")
+        for mismatch in differences:
+            print(f"not comparable: {mismatch.message}")
+        header = f"{unit_name} at the peak" + ("   estimate" if comparable else "")
         print(f"{'term':<12} {header}")
         for term in shown:
             cells = f"{amount(measured.terms[term]):>15}"
-            if estimate is not None:
+            if comparable:
+                assert estimate is not None
                 value = getattr(estimate.memory, term, None)
                 cells += f"   {'-' if value is None else amount(value):>8}"
             print(f"{term:<12} {cells}")
         total = f"{amount(measured.peak):>15}"
-        if estimate is not None:
+        if comparable:
+            assert estimate is not None
             total += f"   {amount(estimate.memory.total):>8}"
         print(f"{'peak':<12} {total}")
+        if estimate is not None and not comparable:
+            print(
+                f"the estimate ({amount(estimate.memory.total)} {unit_name}) is left out: it is "
+                "for another run than the build's; give the options above to compare them"
+            )
 
     emit(text if args.format == "text" else lambda: print(json.dumps(report)))
     return EXIT_OK

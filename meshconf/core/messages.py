@@ -56,7 +56,10 @@ def shorten(text: str, limit: int = 40) -> str:
 def first_line(error: BaseException) -> str:
     """An error's first line, or its type's name when it says nothing: a dependency's error
     quoted inside one line of meshconf's."""
-    text = str(error).strip()
+    try:
+        text = str(error).strip()
+    except Exception:  # an error of user code whose message itself fails
+        text = ""
     return text.splitlines()[0] if text else type(error).__name__
 
 

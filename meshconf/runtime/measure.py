@@ -82,19 +82,102 @@ BuildFunction = Callable[[DistributedContext], TrainingStep]
 
 
 @dataclass(frozen=True)
+class Observed:
+    """What the build ran, as the estimate names it, where the measurement could see it
+    (None where not): the sequences its model was called with (``(micro-batch, tokens)``,
+    read off the first argument of more than one dimension of each call), the dtype its
+    model computed in (that of its output) and its gradients' dtype, and the parameter
+    elements the rank stores (the tracker's bytes over the parameters' element size)."""
+
+    calls: frozenset[tuple[int, int]]
+    compute_dtype: str | None
+    grad_dtype: str | None
+    parameter_elements: int | None
+
+
+@dataclass(frozen=True)
 class MeasuredMemory:
     """Bytes of each term of :data:`TERMS` when the rank's memory peaked, and that peak;
-    ``tracker`` is the class of torch ``torch_version`` that measured them."""
+    ``tracker`` is the class of torch ``torch_version`` that measured them; ``observed``
+    what the build ran."""
 
     rank: int
     world_size: int
     tracker: str
     torch_version: str
     terms: Mapping[str, int]
+    observed: Observed
 
     @property
     def peak(self) -> int:
         return sum(self.terms.values())
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A setting of the estimate that is not what the build ran: the setting's name in the
+    estimate, the build's value and the estimate's, and the sentence that says so."""
+
+    setting: str
+    build: int | str
+    estimate: int | str
+    message: str
+
+
+#: What each setting that differs says.
+_SAID = {
+    "micro_batch": "the build's micro-batches hold {build} sequences, the estimate's {estimate}",
+    "seq_len": "the build's sequences hold {build} tokens, the estimate's {estimate}",
+    "param_dtype": "the build computes in {build}, the estimate in {estimate}",
+    "grad_dtype": "the build's gradients are {build}, the estimate's {estimate}",
+}
+
+
+def mismatches(
+    observed: Observed,
+    estimated: Mapping[str, int | str],
+    options: Mapping[str, str],
+    cp: int = 1,
+) -> list[Mismatch]:
+    """Where the estimate's settings differ from what the build ran: ``estimated`` holds the
+    estimate's ``parameter_elements`` (on this rank), ``micro_batch``, ``seq_len``,
+    ``param_dtype`` and ``grad_dtype``; ``options`` the option that sets each. A sequence
+    split over ``cp`` ranks may reach the model as a rank's share."""
+    found: list[Mismatch] = []
+
+    def differ(setting: str, build: int | str, estimate: int | str) -> None:
+        said = _SAID[setting].format(
+            build=f"{build:,}" if isinstance(build, int) else build,
+            estimate=f"{estimate:,}" if isinstance(estimate, int) else estimate,
+        )
+        found.append(Mismatch(setting, build, estimate, f"{said} ({options[setting]} {build})"))
+
+    elements, wanted = observed.parameter_elements, estimated["parameter_elements"]
+    assert isinstance(wanted, int)
+    if elements is not None and abs(elements - wanted) > 0.02 * max(wanted, 1):
+        found.append(
+            Mismatch(
+                "model",
+                elements,
+                wanted,
+                f"the build stores {elements:,} parameter elements on this rank, the estimate "
+                f"{wanted:,}: estimate the model the build makes ({options['model']})",
+            )
+        )
+    if observed.calls:
+        batches = {batch for batch, _ in observed.calls}
+        tokens = {length for _, length in observed.calls}
+        seq_len = estimated["seq_len"]
+        assert isinstance(seq_len, int)
+        if estimated["micro_batch"] not in batches:
+            differ("micro_batch", min(batches), estimated["micro_batch"])
+        if not tokens & {seq_len, seq_len // cp}:
+            differ("seq_len", max(tokens), seq_len)
+    if observed.compute_dtype not in (None, estimated["param_dtype"]):
+        differ("param_dtype", observed.compute_dtype, estimated["param_dtype"])
+    if observed.grad_dtype not in (None, estimated["grad_dtype"]):
+        differ("grad_dtype", observed.grad_dtype, estimated["grad_dtype"])
+    return found
 
 
 def load_build(spec: str) -> BuildFunction:
@@ -116,11 +199,18 @@ def load_build(spec: str) -> BuildFunction:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as leaving:
+        raise BuildError(
+            f"--build: module {module_name!r} exited while it was imported (SystemExit "
+            f"{shorten(repr(leaving.code))})"
+        ) from None
+    except BaseException as error:
         raise BuildError(
             f"--build: module {module_name!r} could not be imported: {_described(error)}"
         ) from error
-    function = getattr(module, function_name, None)
+    function = _call(f"--build: module {module_name!r}", getattr, module, function_name, None)
     if not callable(function):
         raise BuildError(f"--build: module {module_name!r} has no function {function_name!r}")
     built: BuildFunction = function
@@ -148,27 +238,117 @@ def measure_memory(
     try:
         context.build_all()
         with FakeTensorMode():
-            step = _call("the build function", build, context)
-            if not isinstance(step, TrainingStep):
-                raise BuildError(
-                    f"the build function returned {type(step).__name__}, not a "
-                    "meshconf.runtime.TrainingStep(model, optimizer, forward_backward)"
-                )
+            step = _checked(_call("the build function", build, context))
+            watch = _Watch(step.model)
             # The first step creates the optimizer's state. It runs untracked: under fake
             # tensors, DTensor's sharding propagation of the state's zeros_like shows the
             # tracker tensors of the weights' global size, which no GPU allocates.
-            _step_once(step)
-            tracker, name = _tracker(step)
-            with tracker:
-                _step_once(step)
+            _step_once(step, watch)
+            tracker, name = _call("torch's memory tracker", _tracker, step)
+            _call("the tracked step", _tracked_step, step, watch, tracker)
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         context.close()
-    return MeasuredMemory(rank, world_size, name, torch.__version__, _terms(snapshot))
+    terms = _terms(snapshot)
+    observed = watch.observed(terms["params"], step.model)
+    return MeasuredMemory(rank, world_size, name, torch.__version__, terms, observed)
 
 
-def _step_once(step: TrainingStep) -> None:
+def _checked(step: object) -> TrainingStep:
+    """``step`` if it is a :class:`TrainingStep` of a module, an optimizer and a callable.
+
+    Raises:
+        BuildError: it is something else, or holds something else.
+    """
+    if not isinstance(step, TrainingStep):
+        raise BuildError(
+            f"the build function returned {type(step).__name__}, not a "
+            "meshconf.runtime.TrainingStep(model, optimizer, forward_backward)"
+        )
+    expected = {
+        "model": (step.model, nn.Module),
+        "optimizer": (step.optimizer, torch.optim.Optimizer),
+    }
+    wrong = [
+        f"{field} is a {type(value).__name__}, not a {kind.__module__}.{kind.__qualname__}"
+        for field, (value, kind) in expected.items()
+        if not isinstance(value, kind)
+    ]
+    if not callable(step.forward_backward):
+        wrong.append(f"forward_backward is a {type(step.forward_backward).__name__}, not callable")
+    if wrong:
+        raise BuildError(f"the build function's TrainingStep: {'; '.join(wrong)}")
+    return step
+
+
+class _Watch:
+    """What the model is called with and computes in, and its gradients' dtype, seen from
+    hooks on the user's root module while the steps run."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.calls: set[tuple[int, int]] = set()
+        self.compute_dtypes: set[torch.dtype] = set()
+        self.grad_dtypes: set[torch.dtype] = set()
+        model.register_forward_pre_hook(self._before, with_kwargs=True)
+        model.register_forward_hook(self._after)
+        self._model = model
+
+    def _before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        shaped = _tensors([*args, *kwargs.values()])
+        wide = next((tensor for tensor in shaped if tensor.dim() >= 2), None)
+        if wide is not None:
+            self.calls.add((int(wide.shape[0]), int(wide.shape[1])))
+
+    def _after(self, module: nn.Module, args: Any, output: Any) -> None:
+        floating = next((t for t in _tensors([output]) if t.is_floating_point()), None)
+        if floating is not None:
+            self.compute_dtypes.add(floating.dtype)
+
+    def gradients(self) -> None:
+        """Note the dtype of the gradients there are, before the optimizer steps."""
+        for parameter in self._model.parameters():
+            if parameter.grad is not None:
+                self.grad_dtypes.add(parameter.grad.dtype)
+
+    def observed(self, parameter_bytes: int, model: nn.Module) -> Observed:
+        sizes = {parameter.element_size() for parameter in model.parameters()}
+        return Observed(
+            frozenset(self.calls),
+            _dtype_name(self.compute_dtypes),
+            _dtype_name(self.grad_dtypes),
+            parameter_bytes // sizes.pop() if len(sizes) == 1 else None,
+        )
+
+
+def _tensors(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors among ``values``, and in their lists, tuples and dicts, in order."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found += _tensors(list(value))
+        elif isinstance(value, dict):
+            found += _tensors(list(value.values()))
+    return found
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _dtype_name(dtypes: set[torch.dtype]) -> str | None:
+    """The estimate's name of the one dtype seen, or None (none, several, or another)."""
+    return _DTYPE_NAMES.get(next(iter(dtypes))) if len(dtypes) == 1 else None
+
+
+def _tracked_step(step: TrainingStep, watch: _Watch, tracker: Any) -> None:
+    with tracker:
+        _step_once(step, watch)
+
+
+def _step_once(step: TrainingStep, watch: _Watch) -> None:
     _call("forward_backward", step.forward_backward)
+    watch.gradients()
     _call("the optimizer's step", step.optimizer.step)
     _call("the optimizer's zero_grad", step.optimizer.zero_grad)
 
@@ -196,11 +376,16 @@ def _terms(snapshot: Mapping[torch.device, Mapping[Any, int]]) -> dict[str, int]
 
 
 def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)``; whatever user code does but return is one :class:`BuildError`
+    naming ``what``: an exception, or an exit (``SystemExit``) that would otherwise end
+    meshconf with the user's status and no word. An interrupt is the user's to give."""
     try:
         return function(*args)
-    except MeshconfError:
+    except (MeshconfError, KeyboardInterrupt):
         raise
-    except Exception as error:
+    except SystemExit as leaving:
+        raise BuildError(f"{what} exited (SystemExit {shorten(repr(leaving.code))})") from None
+    except BaseException as error:
         raise BuildError(f"{what} raised {_described(error)}") from error
 
 
