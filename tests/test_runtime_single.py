@@ -353,3 +353,24 @@ def test_importing_the_runtime_probes_torch() -> None:
         "UnsupportedTorchError meshconf's runtime needs DeviceMesh._pg_registry, which torch "
         f"{torch.__version__} does not have; meshconf is tested with torch 2.13.0 and 2.14.1\n"
     )
+
+
+def test_a_failed_start_is_a_short_traceback_under_the_documented_name(tmp_path: Path) -> None:
+    """The traceback of a set-up failure is the user's line, the call and meshconf's message,
+    under the name the docs give the exception (meshconf.runtime.RuntimeSetupError), whichever
+    module defines it."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from meshconf import DistributedContext, load_config\n"
+        "config = load_config({'world_size': 1, 'runtime': {'device': 'cuda'}})\n"
+        "DistributedContext(config, environ={})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1].startswith("meshconf.runtime.RuntimeSetupError: runtime.device is cuda")
+    assert len(lines) <= 8, done.stderr
+    assert "During handling" not in done.stderr and "direct cause" not in done.stderr

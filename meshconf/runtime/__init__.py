@@ -56,6 +56,21 @@ from meshconf.runtime.rendezvous import (  # noqa: E402
 )
 from meshconf.runtime.setup import TopologyWarning  # noqa: E402
 
+# A traceback names an exception by its module: these read as the names the docs give them,
+# meshconf.runtime.RankFailedError, not the module each is defined in.
+for _exported in (
+    BuildError,
+    CreationOrderError,
+    LaunchError,
+    RankFailedError,
+    RuntimeSetupError,
+    SetupTimeoutError,
+    TopologyWarning,
+    UnsupportedTorchError,
+):
+    _exported.__module__ = __name__
+del _exported
+
 __all__ = [
     "BuildError",
     "CreationOrderError",

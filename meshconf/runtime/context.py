@@ -19,11 +19,18 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshconf.core.errors import MeshconfError
+from meshconf.core.levels import NODE, environment_name
 from meshconf.core.messages import first_line
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.groups import GroupRegistry
-from meshconf.runtime.inputs import check_config, check_simulated_world, environment, launch_of
-from meshconf.runtime.launch import Launch, LaunchError
+from meshconf.runtime.inputs import (
+    check_config,
+    check_launched_world,
+    check_simulated_world,
+    environment,
+    launch_of,
+)
+from meshconf.runtime.launch import Launch
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
 from meshconf.runtime.placement import check_placement, publish_units
@@ -63,6 +70,16 @@ _ALREADY_KNOWN = (
     StoreGoneError,
     KeyboardInterrupt,
 )
+
+
+def _told(error: MeshconfError) -> MeshconfError:
+    """``error`` without the frames meshconf raised it through: its message says all it
+    knows, and on every rank of a failed start the traceback is then the user's line and
+    the call that failed, a few lines a rank. This rank's own reason is a
+    ``RuntimeSetupError``, as documented (``RankReasonError`` only marks it for publishing)."""
+    if type(error) is RankReasonError:
+        return RuntimeSetupError(str(error))
+    return error.with_traceback(None)
 
 
 def _register_fake_backend() -> None:
@@ -133,7 +150,7 @@ class DistributedContext(MeshRequests):
             )
             if rendezvous is not None:
                 rendezvous.publish(f"rank {launch.rank} could not load the config: {error}")
-            raise
+            raise _told(error) from None
         context = cls.__new__(cls)
         rendezvous = join(launch, environ, config.runtime.setup_timeout_s)
         context._open(config, launch, rendezvous, environ)
@@ -159,6 +176,8 @@ class DistributedContext(MeshRequests):
                     registry.destroy()
                 if owns_default_group and dist.is_initialized():
                     dist.destroy_process_group()
+            if isinstance(error, MeshconfError):
+                raise _told(error) from None
             raise
         if self.is_main_process:
             warn_topology(self.topology_warnings)
@@ -172,7 +191,8 @@ class DistributedContext(MeshRequests):
         environ: Mapping[str, str],
     ) -> None:
         # Levels say where nodes are themselves, or leave them out on purpose.
-        if config.levels is None and config.gpus_per_node is None and launch.local_world_size:
+        from_launcher = config.levels is None and config.gpus_per_node is None
+        if from_launcher and launch.local_world_size:
             config = config.model_copy(update={"gpus_per_node": launch.local_world_size})
         device = pick_device(config.runtime.device, launch)
         backend = pick_backend(config.runtime.backend, device)
@@ -184,7 +204,14 @@ class DistributedContext(MeshRequests):
         if launch.source == "none" and not owns_default_group:
             rank, size = dist.get_rank(), dist.get_world_size()
             launch = Launch(rank, size, rank, size, "none")
+        check_launched_world(config, launch)
         self._prepare(config, launch, device, backend, owns_default_group)
+        self.topology_warnings = node_warnings(
+            self.config,
+            launch,
+            node_from_launcher=from_launcher,
+            node_named=environment_name(NODE) in environ,
+        )
         self._rendezvous = rendezvous
         if rendezvous is not None:
             self._check_same_config(rendezvous, environ)
@@ -248,11 +275,6 @@ class DistributedContext(MeshRequests):
         backend: str,
         owns_default_group: bool,
     ) -> None:
-        if config.world_size is not None and config.world_size != launch.world_size:
-            raise LaunchError(
-                f"world_size: the config says {config.world_size}, but {launch.source} started "
-                f"{launch.world_size} ranks"
-            )
         self.config = at_world_size(config, launch.world_size)
         self.launch = launch
         self.device = device
@@ -265,7 +287,7 @@ class DistributedContext(MeshRequests):
         )
         self._meshes = MeshCache(self.config, launch.rank, device.type, self._registry)
         self._requests: dict[tuple[str, ...], DeviceMesh | None] = {}
-        self.topology_warnings = node_warnings(self.config, launch)
+        self.topology_warnings = []
         _register_fake_backend()
 
     def _check_same_config(self, rendezvous: Rendezvous, environ: Mapping[str, str]) -> None:
@@ -284,7 +306,7 @@ class DistributedContext(MeshRequests):
                 "same overrides"
             )
         if self.config.inside:
-            check_placement(self.config, rendezvous)
+            warn_topology(check_placement(self.config, rendezvous))
         rendezvous.phase("checked")
 
     # Teardown ---------------------------------------------------------------------------

@@ -50,6 +50,16 @@ def launch_of(environ: Mapping[str, str]) -> Launch:
         raise
 
 
+def check_launched_world(config: MeshConfig, launch: Launch) -> None:
+    """Raises :class:`LaunchError` when the config's world size is not the launcher's (or,
+    without a launcher, the default process group's)."""
+    if config.world_size is not None and config.world_size != launch.world_size:
+        raise LaunchError(
+            f"world_size: the config says {config.world_size}, but {launch.source} started "
+            f"{launch.world_size} ranks"
+        )
+
+
 def check_simulated_world(rank: int, world_size: int) -> None:
     """Raises :class:`ArgumentTypeError` unless both are integers, and
     :class:`RuntimeSetupError` for a world larger than

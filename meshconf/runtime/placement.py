@@ -18,7 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from meshconf.core.levels import NODE, NVLINK, environment_name, unit_article
+from meshconf.core.levels import (
+    NODE,
+    NVLINK,
+    environment_name,
+    plural_units,
+    unit_article,
+    unit_name,
+)
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.rendezvous import RankReasonError, Rendezvous, ranks_named
 
@@ -80,14 +87,11 @@ def locate(
 
 def kept_groups(config: MeshConfig, rank: int) -> list[tuple[str, str, str, list[int]]]:
     """(level, dim, domain, ranks) of every group of ``rank`` that ``inside`` keeps in a
-    unit: each kept dim in the first domain that has it, and the dims kept inside a level
-    below too, since units nest."""
+    unit: each dim under the level ``inside`` names it at, in the first domain that has it."""
     groups = []
-    kept: list[str] = []
     layouts, sizes = config.layouts, config.dim_sizes
     for level in config.topology:
-        kept += (config.inside or {}).get(level.name, ())
-        for dim in dict.fromkeys(kept):
+        for dim in dict.fromkeys((config.inside or {}).get(level.name, ())):
             domain = next((d for d, layout in layouts.items() if dim in layout.dim_names), None)
             if domain is not None and sizes[dim] > 1:
                 ranks = layouts[domain].group(rank, dim).ranks()
@@ -99,33 +103,71 @@ def misplaced_group(
     config: MeshConfig,
     rank: int,
     units_of: Callable[[list[int]], list[dict[str, str | None]]],
-) -> str | None:
-    """The message for the first group of ``rank`` that spans two units of a level the config
-    keeps it inside, or None; ``units_of`` gives the published units of some ranks."""
+) -> tuple[str | None, list[str]]:
+    """The message for the first group of ``rank`` that spans two units of the level the
+    config keeps it inside, or of a level above it (units nest, so a group inside a node is
+    inside that node's NVLink domain too), or None; and a note for each group left unchecked
+    at a level because some of its members know their unit there and others do not (said by
+    the lowest member that knows; where no rank knows, rank 0 says it for itself).
+    ``units_of`` gives the published units of some ranks. The message names the ``inside``
+    key as written and the tightest level the group breaks."""
     groups = kept_groups(config, rank)
     members = sorted({member for *_, ranks in groups for member in ranks})
     units = dict(zip(members, units_of(members), strict=True))
-    for level, dim, domain, ranks in groups:
-        where = [units[member].get(level) for member in ranks]
-        if None in where or len(set(where)) == 1:
-            continue
-        by_unit: dict[str, list[int]] = {}
-        for member, unit in zip(ranks, where, strict=True):
-            assert unit is not None
+    names = [level.name for level in config.topology]
+    notes: list[str] = []
+    for written, dim, domain, ranks in groups:
+        for level in names[names.index(written) :]:
+            where = [units[member].get(level) for member in ranks]
+            unknown = [member for member, unit in zip(ranks, where, strict=True) if unit is None]
+            known = [member for member in ranks if member not in unknown]
+            if unknown and known and rank == known[0]:
+                notes.append(
+                    f"inside.{written}: {dim}'s group of {ranks_named(ranks)} was not checked "
+                    f"at the {level} level on the machine: {ranks_named(unknown)} do not know "
+                    f"their {unit_name(level)} (set {environment_name(level)} there)"
+                )
+            placed = {unit for unit in where if unit is not None}
+            if len(placed) > 1:
+                text = _misplaced_text(config, written, level, dim, domain, ranks, where)
+                return text, notes
+    return None, notes
+
+
+def _misplaced_text(
+    config: MeshConfig,
+    written: str,
+    level: str,
+    dim: str,
+    domain: str,
+    ranks: list[int],
+    where: list[str | None],
+) -> str:
+    by_unit: dict[str, list[int]] = {}
+    for member, unit in zip(ranks, where, strict=True):
+        if unit is not None:
             by_unit.setdefault(unit, []).append(member)
-        held = "; ".join(
-            f"{unit!r} holds {ranks_named(held_ranks)}"
-            for unit, held_ranks in list(by_unit.items())[:_SHOWN_UNITS]
-        )
-        size = next(item.size for item in config.topology if item.name == level)
-        return (
-            f"inside.{level}: the config keeps {dim} (domain {domain!r}) inside "
-            f"{unit_article(level)}, but the launcher placed {dim}'s group of "
-            f"{ranks_named(ranks)} in {len(by_unit)} of them: {held}; start the ranks so that "
-            f"each {level} unit holds {size} consecutive ranks (a hostfile ordered by {level}), "
-            f"or set {environment_name(level)} to where each rank really is"
-        )
-    return None
+    held = "; ".join(
+        f"{_shown(unit)} holds {ranks_named(held_ranks)}"
+        for unit, held_ranks in list(by_unit.items())[:_SHOWN_UNITS]
+    )
+    size = next(item.size for item in config.topology if item.name == level)
+    spread = f"{len(by_unit)} {plural_units(level)}"
+    if level != written:
+        spread += f", though {unit_article(written)} lies inside {unit_article(level)}"
+    return (
+        f"inside.{written}: the config keeps {dim} (domain {domain!r}) inside "
+        f"{unit_article(written)}, but the launcher placed {dim}'s group of "
+        f"{ranks_named(ranks)} in {spread}: {held}; start the ranks so that each "
+        f"{unit_name(level)} holds {size} consecutive ranks (a hostfile ordered by {level}), or "
+        f"set {environment_name(level)} to where each rank really is"
+    )
+
+
+def _shown(unit: str) -> str:
+    """A unit's name as the launcher gave it, quoted; escaped where it is not printable
+    ASCII, so that two names that print alike read apart."""
+    return repr(unit) if unit.isascii() and unit.isprintable() else ascii(unit)
 
 
 def publish_units(
@@ -137,7 +179,10 @@ def publish_units(
     Raises:
         RankReasonError: as :func:`locate`.
     """
-    units = locate([level.name for level in config.topology], environ, device)
+    try:
+        units = locate([level.name for level in config.topology], environ, device)
+    except RankReasonError as error:
+        raise RankReasonError(f"rank {rendezvous.launch.rank}: {error}") from None
     rendezvous.store.set(f"where/{rendezvous.launch.rank}", json.dumps(units))
     return [
         f"inside.{level}: where this rank is in its {level} level is unknown (set "
@@ -147,16 +192,20 @@ def publish_units(
     ]
 
 
-def check_placement(config: MeshConfig, rendezvous: Rendezvous) -> None:
-    """Once every rank has joined (and so published), check this rank's kept groups.
+def check_placement(config: MeshConfig, rendezvous: Rendezvous) -> list[str]:
+    """Once every rank has joined (and so published), check this rank's kept groups; the
+    notes on groups left unchecked (:func:`misplaced_group`).
 
     Raises:
         RankReasonError: a kept group spans two units of its level; the message names it.
     """
     rank = rendezvous.launch.rank
-    problem = misplaced_group(config, rank, lambda ranks: _published_units(rendezvous, ranks))
+    problem, notes = misplaced_group(
+        config, rank, lambda ranks: _published_units(rendezvous, ranks)
+    )
     if problem is not None:
         raise RankReasonError(f"rank {rank}: {problem}")
+    return notes
 
 
 def _published_units(rendezvous: Rendezvous, ranks: list[int]) -> list[dict[str, str | None]]:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import format_key
-from meshconf.features.plan.topology import topology_warnings
+from meshconf.features.plan.topology import node_key, topology_warnings
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.launch import Launch, LaunchError
 from meshconf.runtime.rendezvous import RuntimeSetupError
@@ -86,21 +86,34 @@ def check_existing_default_group(launch: Launch) -> None:
         )
 
 
-def node_warnings(config: MeshConfig, launch: Launch) -> list[str]:
+def node_warnings(
+    config: MeshConfig,
+    launch: Launch,
+    *,
+    node_from_launcher: bool = False,
+    node_named: bool = False,
+) -> list[str]:
     """``show``'s topology warnings for the node size in use, and a launcher that runs
-    another number of ranks per node than the config places groups on."""
+    another number of ranks per node than the config places groups on. Each names the key
+    the config gives the node's size with; ``node_from_launcher``: it gives none, and the
+    size is the launcher's. ``node_named``: the environment tells each rank its node
+    (``MESHCONF_LEVEL_NODE``), which the placement check reads instead of the launcher's
+    ranks per node."""
     gpus_per_node = config.node_size
     if gpus_per_node is None:
         return []
     messages = []
-    if launch.source != "none" and launch.local_world_size not in (None, gpus_per_node):
+    runs = launch.local_world_size
+    if launch.source != "none" and runs not in (None, gpus_per_node) and not node_named:
+        key = node_key(config)
         messages.append(
-            f"gpus_per_node: the config places groups on nodes of {gpus_per_node} ranks, but "
-            f"{launch.source} runs {launch.local_world_size} on this node, so the groups do not "
-            "sit where the config says (they still work); set gpus_per_node to "
-            f"{launch.local_world_size} or start {gpus_per_node} ranks per node"
+            f"{key}: the config places groups on nodes of {gpus_per_node} ranks, but "
+            f"{launch.source} runs {runs} on this node, so the groups do not sit where the "
+            f"config says (they still work); set {key} to {runs} or start {gpus_per_node} "
+            "ranks per node"
         )
-    problems = topology_warnings(config, gpus_per_node)
+    source = "the launcher's LOCAL_WORLD_SIZE" if node_from_launcher else None
+    problems = topology_warnings(config, gpus_per_node, source)
     return messages + [f"{format_key(problem.path)}: {problem.message}" for problem in problems]
 
 

@@ -7,6 +7,7 @@ Nodes hold consecutive ranks, ``gpus_per_node`` each, as torchrun and SLURM numb
 from __future__ import annotations
 
 from meshconf.core.errors import Problem
+from meshconf.core.levels import NODE
 from meshconf.model.config import MeshConfig
 
 #: Dims that talk in every layer, and why their groups belong inside one node.
@@ -15,6 +16,16 @@ HIGH_TRAFFIC = {
     "etp": "expert tensor parallelism exchanges activations in every expert layer",
     "cp": "context parallelism passes attention blocks around its ring in every layer",
 }
+
+
+def node_key(config: MeshConfig) -> str:
+    """The key that gives the config's node size, as written: ``gpus_per_node``, or the
+    node level's ``levels[N].size``."""
+    if config.gpus_per_node is None:
+        names = [level.name for level in config.levels or ()]
+        if NODE in names:
+            return f"levels[{names.index(NODE)}].size"
+    return "gpus_per_node"
 
 
 def config_warnings(config: MeshConfig) -> list[Problem]:
@@ -26,19 +37,28 @@ def config_warnings(config: MeshConfig) -> list[Problem]:
     return topology_warnings(config, config.node_size)
 
 
-def topology_warnings(config: MeshConfig, gpus_per_node: int) -> list[Problem]:
+def topology_warnings(
+    config: MeshConfig, gpus_per_node: int, source: str | None = None
+) -> list[Problem]:
     """Problems that do not make the config invalid: a high-traffic dim whose groups leave a
-    node, and a world that does not fill whole nodes."""
+    node, and a world that does not fill whole nodes. ``source`` says where the node size
+    comes from when the config does not give it (the launcher's ``LOCAL_WORLD_SIZE``)."""
     warnings = []
     world_size = config.resolved_world_size
     if world_size is not None and world_size % gpus_per_node:
+        key = node_key(config)
+        given = f"{key} {gpus_per_node}" if source is None else f"{source}, {gpus_per_node}"
+        change = (
+            f"set {key} to the ranks each node runs"
+            if source is None
+            else "give the config the ranks each node runs (gpus_per_node)"
+        )
         warnings.append(
             Problem(
                 ("world_size",),
-                f"world_size {world_size} is not a multiple of gpus_per_node {gpus_per_node}: "
-                f"the last node would run {world_size % gpus_per_node} ranks, but launchers "
-                "start the same number on every node; use a multiple of "
-                f"{gpus_per_node}, or set gpus_per_node to the ranks each node runs",
+                f"world_size {world_size} is not a multiple of {given}: the last node would "
+                f"run {world_size % gpus_per_node} ranks, but launchers start the same number "
+                f"on every node; use a multiple of {gpus_per_node}, or {change}",
             )
         )
     for dim, reason in HIGH_TRAFFIC.items():
