@@ -251,6 +251,27 @@ def parse_doc(text: str, name: str) -> tuple[list[Step], list[str]]:
     return steps, problems
 
 
+#: What a page says when its commands read the repository's own files: readers run them
+#: from there, as the test does in its copy of the repository.
+FROM_THE_ROOT = "The commands on this page run from the root of a clone of the repository"
+REPOSITORY_PATH = re.compile(r"(?<![\w/.-])(examples|schemas|docs|benchmarks)/")
+
+
+def where_it_runs(text: str, steps: list[Step], name: str) -> list[str]:
+    """A page whose commands or snippets read ``examples/``, ``schemas/``, ``docs/`` or
+    ``benchmarks/`` must say that they run from the root of a clone."""
+    reads = any(
+        REPOSITORY_PATH.search(step.text if isinstance(step, Command) else step.code)
+        for step in steps
+    )
+    if reads and FROM_THE_ROOT not in " ".join(text.split()):
+        return [
+            f"{name}: its commands read the repository's files (examples/ and others); say "
+            f"where they run: '{FROM_THE_ROOT}, ...'"
+        ]
+    return []
+
+
 def normalize(text: str) -> list[str]:
     lines = [line.rstrip() for line in text.splitlines()]
     while lines and not lines[-1]:
@@ -390,7 +411,9 @@ def run_script(
 def check_doc(doc: Path, tmp_path: Path, env: dict[str, str]) -> list[str]:
     """Run every step of one doc in a fresh scratch copy; return the problems found."""
     name = doc.relative_to(ROOT).as_posix()
-    steps, failures = parse_doc(doc.read_text(encoding="utf-8"), name)
+    text = doc.read_text(encoding="utf-8")
+    steps, failures = parse_doc(text, name)
+    failures += where_it_runs(text, steps, name)
     scratch = make_scratch(tmp_path)
     snippets = tmp_path / "snippets"
     snippets.mkdir()
@@ -541,3 +564,14 @@ def test_a_wrong_output_or_exit_code_is_reported(tmp_path: Path) -> None:
     assert "-c\n+b" in failure
     command = Command(8, "printf 'a\\nb\\n'; exit 3", output=["a", "b", ""], exit_code=3)
     assert run_command(command, "probe.md", tmp_path, env) is None
+
+
+def test_a_page_that_reads_the_repository_says_where_it_runs() -> None:
+    text = "# Page\n\n```console\n$ meshconf validate examples/x.yaml\n```\n"
+    steps, _ = parse_doc(text, "probe.md")
+    assert where_it_runs(text, steps, "probe.md") == [
+        "probe.md: its commands read the repository's files (examples/ and others); say where "
+        f"they run: '{FROM_THE_ROOT}, ...'"
+    ]
+    said = text.replace("# Page\n", f"# Page\n\n{FROM_THE_ROOT}, which holds examples/.\n")
+    assert where_it_runs(said, parse_doc(said, "probe.md")[0], "probe.md") == []

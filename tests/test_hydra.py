@@ -326,7 +326,8 @@ def test_levels_and_inside_from_the_command_line(composer) -> None:
         instantiate(cfg.parallelism)
     assert str(raised.value) == (
         "parallelism.levels[0].size: one nvlink domain of 12 GPUs must hold whole units of the "
-        "level below (one node of 8 GPUs): 12 is not a multiple of 8"
+        "level below (one node of 8 GPUs): 12 is not a multiple of 8; make it one, such as 8 "
+        "or 16"
     )
 
 

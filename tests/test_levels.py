@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from brute_force import errors
@@ -209,7 +210,8 @@ def test_the_issue_s_message_for_a_tp_and_ep_that_do_not_fit_a_rack() -> None:
     }
     assert errors(data) == [
         "inside.nvlink: tp * ep = 128 (dp_shard(16) * tp(8)), which does not fit in one nvlink "
-        "domain of 72 GPUs"
+        "domain of 72 GPUs: make tp * ep a divisor of 72, make levels[1].size a multiple of "
+        "128, or keep tp and ep inside a larger level"
     ]
 
 
@@ -256,18 +258,32 @@ def test_every_level_rule_is_located() -> None:
         "levels[0].name: gpus_per_node already gives the node level; leave this one out or "
         "gpus_per_node",
         "levels[1].size: one nvlnk domain of 70 GPUs must hold whole units of the level below "
-        "(one node of 8 GPUs): 70 is not a multiple of 8",
+        "(one node of 8 GPUs): 70 is not a multiple of 8; make it one, such as 64 or 72",
         "inside: inside_node already places the world factors inside a node; inside keeps dims "
         "inside levels: give one of them",
-        "inside.nvlink: unknown level 'nvlink' (did you mean 'nvlnk'?); levels are node, nvlnk",
+        "inside.nvlink: unknown level 'nvlink' (did you mean 'nvlnk'?); levels are node, nvlnk: "
+        "add {name: nvlink, size: N} to levels, N the GPUs of one nvlink domain",
         "inside.nvlink[0]: unknown dim 'fdsp' (did you mean 'fsdp'?); inside keeps the degrees and "
         "the derived dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp, batch, fsdp, loss, efsdp",
-        "inside.rack: unknown level 'rack'; levels are node, nvlnk",
+        "inside.rack: unknown level 'rack'; levels are node, nvlnk: add {name: rack, size: N} to "
+        "levels, N the GPUs of one rack domain",
         "inside.rack: lists no dims; leave the level out instead",
     ]
 
 
-NAMES = st.sampled_from(["node", "nvlink", "pod", "rack", "", "1x", "n" * 80, "tp"])
+#: What a refusal says to do: an instruction after its colon or semicolon, the value it
+#: expected, the bound it passed, the names allowed, or the name meant.
+_FIX = re.compile(
+    r"[:;] (set|make|add|give|leave|use|name|keep|start|remove|complete|write|change)\b"
+    r"|expected |is larger than \d|; allowed: |did you mean |; inside keeps "
+)
+
+
+def carries_a_fix(message: str) -> bool:
+    return _FIX.search(message) is not None
+
+
+NAMES = st.sampled_from(["node", "nvlink", "pod", "rack", "", "1x", "n" * 80, "tp", "NODE"])
 SIZES = st.one_of(
     st.integers(-2, 300), st.sampled_from([2**31, 2**70, 72, 1152]), st.text(max_size=3)
 )
@@ -302,11 +318,51 @@ def test_any_levels_and_inside_are_a_config_or_located_errors(
             line = diagnostic.render()
             assert "\n" not in line and diagnostic.path, line
             assert diagnostic.path[0] in ("levels", "inside", "degrees", "world_size"), line
+            if diagnostic.path[0] in ("levels", "inside"):
+                assert carries_a_fix(diagnostic.message), line
         return
     if config.resolved_world_size is not None:
         assert all(
             layout.world_size == config.resolved_world_size for layout in config.layouts.values()
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([2, 3, 4, 9]),
+    st.fixed_dictionaries(
+        {
+            "pp": st.sampled_from([1, 2, 4]),
+            "dp_shard": st.sampled_from([1, 2, 3, 8, 16]),
+            "cp": st.sampled_from([1, 2]),
+            "tp": st.sampled_from([1, 2, 4, 8, 16]),
+        }
+    ),
+    st.dictionaries(
+        st.sampled_from(["node", "nvlink", "pod"]),
+        st.lists(st.sampled_from([*KEEPABLE, "efsdp"]), min_size=1, max_size=3, unique=True),
+        max_size=3,
+    ),
+)
+def test_every_refusal_of_well_formed_levels_and_inside_says_what_to_change(
+    node: int, per_nvlink: int, degrees: dict[str, int], inside: dict[str, list[str]]
+) -> None:
+    """Levels and inside that read as a config, over generated degrees: each refusal of them
+    ends with a fix."""
+    world = math.prod(degrees.values())
+    data = {
+        "world_size": world,
+        "levels": [{"name": "node", "size": node}, {"name": "nvlink", "size": node * per_nvlink}],
+        "inside": inside,
+        "degrees": {**degrees, "ep": 2 if degrees["tp"] % 2 == 0 else 1},
+    }
+    try:
+        load_config(data)
+    except ConfigError as error:
+        for diagnostic in error.diagnostics:
+            if diagnostic.path and diagnostic.path[0] in ("levels", "inside"):
+                assert carries_a_fix(diagnostic.message), diagnostic.render()
 
 
 def test_show_says_which_levels_each_group_crosses(run_cli) -> None:  # type: ignore[no-untyped-def]

@@ -307,7 +307,8 @@ def test_a_bad_model_file_gives_located_errors_and_exit_1(run_cli, tmp_path: Pat
     assert result.stderr.splitlines() == [
         f"{path}:4:1: ffn: expected an integer >= 1, got the string '1024' (a quoted number is a "
         "string; write the integer you mean, unquoted)",
-        f"{path}:9:3: attention.window: unknown key",
+        f"{path}:9:3: attention.window: unknown key 'window'; allowed: kind, heads, kv_heads, "
+        "head_dim, qk_norm",
         f"{path}:10:1: experts: top_k (9) is more than routed (8)",
     ]
 
@@ -452,3 +453,34 @@ def test_explain_gives_each_term_what_it_holds_and_its_source(run_cli) -> None: 
     ]:  # fmt: skip
         failed = run_cli(*args)
         assert (failed.returncode, failed.stderr) == (2, f"meshconf: error: {message}\n")
+
+
+def test_a_model_file_s_typo_names_the_key_missing_and_the_key_meant(
+    run_cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        "name: tiny\nlayers: 2\nhiden: 64\nffn: 128\nvocab: 1000\n"
+        "attention: {heads: 4, kv_head: 4}\n"
+    )
+    result = run_cli("plan", "--world-size", "8", "--model-file", str(path))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [
+        f"{path}:1:1: required key 'hidden' missing",
+        f"{path}:3:1: hiden: unknown key 'hiden' (did you mean 'hidden'?); allowed: name, "
+        "layers, hidden, ffn, vocab, attention, experts, tied_embeddings",
+        f"{path}:6:1: attention: required key 'kv_heads' missing",
+        f"{path}:6:23: attention.kv_head: unknown key 'kv_head' (did you mean 'kv_heads'?); "
+        "allowed: kind, heads, kv_heads, head_dim, qk_norm",
+    ]
+
+
+def test_an_oversized_model_file_is_an_invalid_file(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "huge.yaml"
+    path.write_text("name: x\n" + "# padding\n" * 8000)
+    result = run_cli("plan", "--world-size", "8", "--model-file", str(path))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"{path}: {path.stat().st_size} bytes, more than the 65,536 a model file may have; "
+        "this is not a model file\n"
+    )

@@ -438,7 +438,7 @@ def test_messages_stay_short_and_name_their_limits() -> None:
     )
     assert errors({"derived": {"x" * 70: "tp"}}) == [
         "derived.xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx: invalid key: "
-        "'xxxxxxxxxxxxxxxxxxxx...' is longer than 64 characters"
+        "'xxxxxxxxxxxxxxxxxxxx...' is longer than 64 characters; give a shorter name"
     ]
     assert errors({"derived": {"x": " * ".join(["2147483647"] * 3)}}) == [
         "derived.x: 2147483647 * 2147483647 * 2147483647 = 9903520300447984150353281023; a dim size must be <= 2147483647"

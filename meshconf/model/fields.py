@@ -174,7 +174,7 @@ def _name(value: Any) -> str:
     if len(value) > MAX_NAME_LENGTH:
         raise PydanticCustomError(
             "name_length",
-            "'{value}...' is longer than {limit} characters",
+            "'{value}...' is longer than {limit} characters; give a shorter name",
             {"value": value[:20], "limit": MAX_NAME_LENGTH},
         )
     if not NAME_PATTERN.fullmatch(value):
@@ -222,7 +222,8 @@ def level_list(value: Any) -> Any:
     if len(value) > MAX_LEVELS:
         raise PydanticCustomError(
             "levels_length",
-            "{count} levels are more than {limit}, more than any cluster is built of",
+            "{count} levels are more than {limit}, more than any cluster is built of; give "
+            "at most {limit}",
             {"count": len(value), "limit": MAX_LEVELS},
         )
     return value

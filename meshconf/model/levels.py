@@ -8,6 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.errors import format_key
 from meshconf.core.hierarchy import band_numbering
 from meshconf.core.layout import DomainLayout, LayoutError
 from meshconf.core.levels import (
@@ -52,7 +53,7 @@ def check_levels(spec: MeshSpec, result: Analysis) -> None:
             written_twice = (
                 "gpus_per_node already gives the node level; leave this one out or gpus_per_node"
                 if level.name == NODE and spec.gpus_per_node is not None
-                else f"level {level.name!r} appears twice"
+                else f"level {level.name!r} appears twice; give each level once"
             )
             result.fail(_level_path(spec, index, "name"), written_twice)
         elif first is not None:
@@ -66,11 +67,13 @@ def check_levels(spec: MeshSpec, result: Analysis) -> None:
             continue
         below = levels[index - 1]
         if level.size % below.size:
+            lower = level.size // below.size * below.size
+            near = " or ".join(str(size) for size in (lower, lower + below.size) if size)
             result.fail(
                 _level_path(spec, index, "size"),
                 f"{unit_text(level.name, level.size)} must hold whole units of the level "
                 f"below ({unit_text(below.name, below.size)}): {level.size} is not a multiple "
-                f"of {below.size}",
+                f"of {below.size}; make it one, such as {near}",
             )
 
 
@@ -89,13 +92,17 @@ def _check_inside_names(spec: MeshSpec, result: Analysis) -> bool:
     dims = list(DEGREE_NAMES) + [name for name in spec.derived if name not in DEGREE_NAMES]
     for level, names in spec.inside.items():
         if level not in levels:
-            known = (
-                f"; levels are {', '.join(levels)}"
-                if levels
-                else "; name the levels in levels (or the node's size in gpus_per_node)"
+            known = f"; levels are {', '.join(levels)}" if levels else "; there are no levels"
+            add = (
+                "give gpus_per_node (or add {name: node, size: N} to levels), N the GPUs of "
+                "one node"
+                if level == NODE
+                else f"add {{name: {level}, size: N}} to levels, N the GPUs of one "
+                f"{unit_name(level)}"
             )
             result.fail(
-                ("inside", level), f"unknown level {level!r}{did_you_mean(level, levels)}{known}"
+                ("inside", level),
+                f"unknown level {level!r}{did_you_mean(level, levels)}{known}: {add}",
             )
         if not names:
             result.fail(("inside", level), "lists no dims; leave the level out instead")
@@ -110,7 +117,8 @@ def _check_inside_names(spec: MeshSpec, result: Analysis) -> bool:
             elif name not in in_domains and name not in WORLD_FACTORS:
                 result.fail(
                     path,
-                    f"{name!r} is in no domain, so it has no groups to keep inside {level!r}",
+                    f"{name!r} is in no domain, so it has no groups to keep inside {level!r}: "
+                    "add it to a domain, or leave it out of inside",
                 )
     return len(result.problems) == before
 
@@ -153,8 +161,9 @@ def check_inside(spec: MeshSpec, result: Analysis) -> None:
             continue
         below = levels[: position + 1]
         listed = list(dict.fromkeys(n for other in below for n in spec.inside.get(other.name, ())))
+        key = format_key(_level_path(spec, position, "size"))
         result.fail(
-            ("inside", level.name), _misfit_text(listed, result.sizes, inside, block, level)
+            ("inside", level.name), _misfit_text(listed, result.sizes, inside, block, level, key)
         )
     if not result.problems:
         result.bands = level_bands(degrees, kept, levels)
@@ -192,17 +201,29 @@ def _uneven(
 
 
 def _misfit_text(
-    dims: list[str], sizes: dict[str, int], parts: dict[str, int], block: int, level: Level
+    dims: list[str],
+    sizes: dict[str, int],
+    parts: dict[str, int],
+    block: int,
+    level: Level,
+    size_key: str,
 ) -> str:
     product = math.prod(sizes[dim] for dim in dims)
     span = (
         f"{' * '.join(dims)} = {block}"
         if product == block
+        else f"{dims[0]} spans {block} ranks"
+        if len(dims) == 1
         else f"{' and '.join(dims)} span {block} ranks together"
     )
     unit = unit_text(level.name, level.size)
     if block > level.size:
-        return f"{span} ({parts_text(parts)}), which does not fit in {unit}"
+        what = f"set {dims[0]} to" if len(dims) == 1 else f"make {' * '.join(dims)}"
+        return (
+            f"{span} ({parts_text(parts)}), which does not fit in {unit}: {what} a divisor of "
+            f"{level.size}, make {size_key} a multiple of {block}, or keep "
+            f"{' and '.join(dims)} inside a larger level"
+        )
     return (
         f"{span} ({parts_text(parts)}), and groups of {block} cannot fill {unit}: make the "
         f"groups divide {level.size}, or set the level's size to the ranks the job runs in "

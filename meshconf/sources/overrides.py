@@ -95,7 +95,9 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
     except OmegaConfBaseException as error:
         raise InterpolationError(
             getattr(error, "full_key", None) or "",
-            f"cannot read the config as OmegaConf: {first_line(error)}",
+            f"cannot read the config as OmegaConf: {first_line(error)}; a value with '${{' "
+            "starts an interpolation such as ${oc.env:TP}: complete it, or write \\${ for the "
+            "text",
         ) from None
     for override in overrides:
         key = format_key(override.path)

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from meshconf.core.errors import ConfigError, Diagnostic, KeyPath, SourceError, describe_value
+from meshconf.core.messages import did_you_mean
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,
@@ -175,15 +176,23 @@ def load_model_file(path: str) -> Architecture:
     """Read and validate a model file.
 
     Raises :class:`SourceError` when the file cannot be read and :class:`ConfigError`, one
-    located diagnostic per problem, when it is not a valid model."""
+    located diagnostic per problem, when it is not a valid model (too large to be one
+    included)."""
     try:
         raw = read_limited(path, MAX_MODEL_FILE_BYTES, "model file")
     except NotAFileError as error:
         raise SourceError(f"{path}: {error}") from None
     except TooLargeError as error:
-        raise SourceError(
-            f"{path}: {error.size} bytes, more than the {MAX_MODEL_FILE_BYTES:,} a model file "
-            "may have"
+        # an invalid file, as a config too large is: exit 1, not a usage error
+        raise ConfigError(
+            [
+                Diagnostic(
+                    (),
+                    f"{error.size} bytes, more than the {MAX_MODEL_FILE_BYTES:,} a model file "
+                    "may have; this is not a model file",
+                    path,
+                )
+            ]
         ) from None
     except OSError as error:
         raise SourceError(f"{path}: cannot read: {error.strerror or error}") from None
@@ -212,7 +221,7 @@ def load_model_file(path: str) -> Architecture:
                     position.column if position else None,
                 )
             )
-        raise ConfigError(diagnostics) from None
+        raise ConfigError(sorted(diagnostics, key=_in_file_order)) from None
 
 
 def model_schema_text() -> str:
@@ -229,12 +238,31 @@ def _located(loc: KeyPath, positions: dict[KeyPath, Any]) -> KeyPath:
     return path
 
 
+def _in_file_order(diagnostic: Diagnostic) -> tuple[int, int]:
+    return (diagnostic.line or 0, diagnostic.column or 0)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that reads the mapping at ``loc``: the file, its attention (of the kind its
+    tag in ``loc`` names) or its experts."""
+    if not loc:
+        return ModelFile
+    if loc[0] == "experts":
+        return ExpertsFile
+    return LatentAttentionFile if "latent" in loc else GroupedQueryAttentionFile
+
+
 def _message(item: Any) -> str:
     kind = item["type"]
+    loc = tuple(item["loc"])
     if kind == "extra_forbidden":
-        return "unknown key"
+        allowed = list(_model_at(loc[:-1]).model_fields)
+        return (
+            f"unknown key {loc[-1]!r}{did_you_mean(str(loc[-1]), allowed)}; allowed: "
+            f"{', '.join(allowed)}"
+        )
     if kind == "missing":
-        return "required key missing"
+        return f"required key {loc[-1]!r} missing"
     if kind == "union_tag_invalid":
         kind_given = describe_value(item["input"].get("kind"))
         return f"kind must be grouped_query or latent, got {kind_given}"
