@@ -88,3 +88,45 @@ def test_hierarchical_hsdp_with_replicas_inside_nodes_matches_a_single_process_s
         "inside_node": {"dp_replicate": 2, "tp": 2},
     }
     run_ranks(_train_one_step, 8, layout, True, local_world_size=4)
+
+
+def _tutorial_script(rank: int, environ: dict[str, str], script: str, config: str) -> None:
+    import contextlib
+    import io
+    import os
+    import runpy
+    import sys
+    import warnings
+
+    os.environ.update(environ)
+    sys.argv = [script, config]
+    printed = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
+        warnings.simplefilter("always")
+        runpy.run_path(script, run_name="__main__")
+    assert [str(warning.message) for warning in caught] == []
+    assert printed.getvalue().splitlines() == (
+        [
+            "step 0: mean loss 0.0555",
+            "step 1: mean loss 0.0317",
+            "step 2: mean loss 0.0272",
+        ]
+        if rank == 0
+        else []
+    )
+
+
+def test_the_tutorial_s_script_with_tensor_parallelism_warns_of_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """docs/tutorial.md's train.py, run with tp 2 (and FSDP over the other 2 ranks), prints
+    the losses it prints without tp, and no warning of torch's."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "tutorial.md").read_text()
+    found = re.search(r"\$ cat > train.py <<'EOF'\n(.*?)\nEOF\n", page, re.DOTALL)
+    assert found is not None
+    script = tmp_path / "train.py"
+    script.write_text(found[1] + "\n")
+    config = tmp_path / "tp2.yaml"
+    config.write_text("world_size: 4\ndegrees: {tp: 2}\n")
+    run_ranks(_tutorial_script, 4, str(script), str(config))
