@@ -45,6 +45,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     valid: bool = False  # exit 0 expected, with bounded output
     may_pass: bool = False  # exit 0 allowed (a generated input that happens to be valid)
+    code: int | None = None  # this exit code, when the class of input has one
+    strict_json: bool = False  # standard output is JSON with finite numbers only
 
 
 def run_batch(cases: list[Case], tmp_path: Path) -> list[tuple[Case, dict[str, Any]]]:
@@ -87,9 +89,13 @@ def check(case: Case, outcome: dict[str, Any]) -> None:
     if outcome["api"] is not None:
         assert outcome["api"]["crash"] is None, where
         assert (outcome["api"]["raised"] is None) == (outcome["code"] == 0), where
+    if case.code is not None:
+        assert outcome["code"] == case.code, where
     if case.valid:
         assert outcome["code"] == 0, where
         assert outcome["stdout_bytes"] < MAX_OUTPUT_BYTES, where
+        if case.strict_json:
+            json.loads(outcome["stdout"], parse_constant=_not_a_number(where))
         return
     if case.may_pass and outcome["code"] == 0:
         return
@@ -105,6 +111,15 @@ def check(case: Case, outcome: dict[str, Any]) -> None:
         lines = outcome["stderr"].splitlines()
         assert lines[-1].startswith(("meshconf: error: ", "meshconf ")), where
         assert sum(line.startswith("meshconf: error:") for line in lines) <= 1, where
+
+
+def _not_a_number(where: str) -> Any:
+    """``json.loads``' hook for ``NaN`` and ``Infinity``, which JSON does not have."""
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON: {where}")
+
+    return refuse
 
 
 def validate(text: str | bytes, *extra: str, env: dict[str, str] | None = None) -> Case:

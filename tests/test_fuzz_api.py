@@ -8,6 +8,7 @@ line; nothing else may escape. ``MESHCONF_FUZZ_LONG=1`` runs ten times as many e
 
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import time
@@ -213,3 +214,83 @@ def test_environment_values(value: str) -> None:
         )
     finally:
         del os.environ["MESHCONF_FUZZ_VALUE"]
+
+
+# --- the classes of the last corpora -------------------------------------------------------
+
+#: Where a config holds an integer (or a key, or a formula that may be one).
+INTEGER_PATHS = [
+    ("world_size",),
+    ("gpus_per_node",),
+    ("degrees", "tp"),
+    ("degrees", "dp_shard"),
+    ("inside_node", "tp"),
+    ("levels", 0, "size"),
+    ("levels", 0, "bandwidth_gb_s"),
+    ("runtime", "timeout_s"),
+    ("training", "zero_stage"),
+    ("training", "checkpoint_every"),
+    ("derived", "x"),
+    ("domains", "d", 0),
+]
+#: Objects that are no plain data: some cannot even be copied.
+OBJECTS = [
+    (x for x in ()),
+    memoryview(b"ab"),
+    b"8",
+    bytearray(b"8"),
+    range(3),
+    complex(1, 2),
+    object(),
+    len,
+    Ellipsis,
+]
+
+
+def placed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """A small config with ``value`` at ``path``."""
+    config: dict[str, Any] = {"world_size": 8, "levels": [{"name": "node", "size": 8}]}
+    node: Any = config
+    for part, following in itertools.pairwise(path):
+        if isinstance(part, int):
+            node = node[part]
+        else:
+            node = node.setdefault(part, [{}] if isinstance(following, int) else {})
+    node[path[-1]] = value
+    return config
+
+
+def refused_in_meshconf_s_words(config: dict[str, Any], **kwargs: Any) -> str:
+    with pytest.raises(MeshconfError) as caught, memory_limit():
+        load_config(config, **kwargs)
+    text = str(caught.value)
+    assert "set_int_max_str_digits" not in text and "\n" not in text.strip(), text
+    return text
+
+
+@FUZZ
+@given(
+    path=st.sampled_from(INTEGER_PATHS),
+    digits=st.sampled_from([31, 400, 4300, 4301, 5000, 20_000]),
+    sign=st.sampled_from([1, -1]),
+)
+def test_integers_of_thousands_of_digits_anywhere(
+    path: tuple[Any, ...], digits: int, sign: int
+) -> None:
+    """Every field, and a key, with an integer too long for Python to write as text: one line
+    in meshconf's words, never Python's advice to raise its limit."""
+    value = sign * 10 ** (digits - 1)
+    refused_in_meshconf_s_words(placed(path, value))
+    refused_in_meshconf_s_words({"world_size": 8, "degrees": {value: 2}})
+
+
+def test_the_world_size_argument_of_thousands_of_digits() -> None:
+    refused_in_meshconf_s_words({"degrees": {"tp": 2}}, world_size=10**5000)
+
+
+@FUZZ
+@given(path=st.sampled_from([*INTEGER_PATHS, ("levels",), ("inside",), ("degrees",)]))
+def test_objects_that_are_no_plain_data_anywhere(path: tuple[Any, ...]) -> None:
+    for value in OBJECTS:
+        text = refused_in_meshconf_s_words(placed(path, value))
+        assert "pickle" not in text, text

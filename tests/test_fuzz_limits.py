@@ -16,6 +16,7 @@ from meshconf import ConfigError, MeshconfError, SourceError, load_config
 from meshconf.core.errors import MAX_PROBLEMS, Diagnostic
 from meshconf.core.formulas import FormulaError
 from meshconf.core.layout import LayoutError
+from meshconf.core.messages import shorten
 from meshconf.features.plan.request import PlanError, Request, assignment_count
 from meshconf.sources.overrides import InterpolationError
 from meshconf.sources.yaml_reader import YamlError
@@ -106,7 +107,7 @@ def test_override_key_paths_deeper_than_configs_nest() -> None:
     with pytest.raises(SourceError) as caught:
         load_config({"world_size": 8}, [f"++{key}=1"])
     assert str(caught.value) == (
-        f"override '++{key}=1': a key path of 5000 parts; configs nest at most 64"
+        f"override {shorten(f'++{key}=1')!r}: a key path of 5000 parts; configs nest at most 64"
     )
 
 

@@ -5,7 +5,11 @@ limits, never a file written.
 
 Classes: Megatron launch scripts, ``--args`` and NeMo YAML (expansion, arithmetic, orders,
 sizes, the model chunks per rank, constructs the reader does not run); model files and the
-numbers of plan and show; resolvers and output files.
+numbers of plan and show; resolvers and output files; and the classes of the last corpora:
+TOML integers of thousands of digits, model files too large (exit 1, as any invalid file),
+Megatron switches given a value, level names that differ only in case, integer options that
+are not ASCII digits, and the figures of a plan at the slowest links it takes (finite, in
+valid JSON).
 """
 
 from __future__ import annotations
@@ -151,7 +155,14 @@ PIPELINE_OPTIONS = [
     "--checkpoint-first",
     "--moe-max-nodes",
 ]
-FLOAT_OPTIONS = ["--mfu", "--peak-tflops", "--inter-node-gbps", "--intra-node-gbps"]
+FLOAT_OPTIONS = [
+    "--mfu",
+    "--peak-tflops",
+    "--inter-node-gb-s",
+    "--intra-node-gb-s",
+    "--inter-node-gbps",
+    "--intra-node-gbps",
+]
 FLOATS = [
     "1e-300",
     "5e-324",
@@ -288,8 +299,113 @@ def outputs(rng: random.Random) -> Iterator[Case]:
     yield Case("schema", ["schema", "--check", "--out", "big.json"], {"big.json": b" " * (2 << 20)})
 
 
+# --- 4. The classes of the last corpora ----------------------------------------------------
+
+#: Every integer option of plan, with the text of an integer that is not one in ASCII.
+PLAN_INTEGERS = [
+    *INTEGER_OPTIONS, *PIPELINE_OPTIONS, "--limit", "--emit", "--gpus-per-node", "--tp", "--pp",
+    "--cp", "--dp-shard", "--dp-replicate", "--ep", "--etp", "--virtual-stages",
+    "--moe-max-nodes", "--zero-stage",
+]  # fmt: skip
+ODD_DIGITS = ["٣", "२", "３", "0_3", "1_0", "²", "3.0", " ", "+3", "0x3"]  # noqa: RUF001
+#: Megatron-LM's switches, which its parser takes no value for.
+SWITCHES = [
+    "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations",
+    "--overlap-moe-expert-parallel-comm", "--account-for-embedding-in-pipeline-split",
+    "--fp8-param-gather",
+]  # fmt: skip
+
+
+def _toml_integer(rng: random.Random, digits: int) -> str:
+    number = "9" * digits
+    if rng.random() < 0.3:  # underscores, as TOML allows them between digits
+        number = "_".join(number[i : i + 3] for i in range(0, len(number), 3))
+    form = rng.choice(["{n}", "-{n}", "+{n}", "[1, {n}]", "{{ a = {n} }}", "{n}.5", "{n}e2"])
+    return form.format(n=number)
+
+
+def corpora(rng: random.Random) -> Iterator[Case]:
+    for _ in range(4 * SCALE):  # TOML integers past what Python writes as text
+        digits = rng.choice([31, 400, 4300, 4301, 5000, 30_000])
+        key = rng.choice(["tensor_parallel_degree", "pipeline_parallel_degree", "other"])
+        text = f"[parallelism]\n{key} = {_toml_integer(rng, digits)}\n"
+        yield Case("toml", ["convert", "t.toml"], {"t.toml": text.encode()}, code=1)
+    # the same digits in a string or a comment are no number
+    quiet = "[parallelism]\n# {n}\ntensor_parallel_degree = 2 # {n}\nx = \"{n}\"\ny = '{n}'\n"
+    yield Case(
+        "toml", ["convert", "t.toml"], {"t.toml": quiet.format(n="9" * 5000).encode()}, code=1
+    )
+    for size in (1 << 16, (1 << 16) + 1, 1 << 20, 10 << 20):  # model files too large
+        text = b"name: x\n" + b"#" * size
+        yield Case(
+            "model",
+            ["plan", "--world-size", "8", "--model-file", "m.yaml"],
+            {"m.yaml": text},
+            code=1,
+        )
+    for switch in SWITCHES:  # a switch with a value, which Megatron-LM's parser refuses
+        value = rng.choice(["false", "true", "0", "1", "", "no"])
+        yield arguments(f"--tensor-model-parallel-size 2 {switch}={value}")
+    for _ in range(2 * SCALE):  # level names that read one MESHCONF_LEVEL_ variable
+        name = rng.choice(["nvlink", "pod", "rack", "Node"])
+        other = "".join(c.upper() if rng.random() < 0.5 else c.lower() for c in name)
+        if other == name:
+            other = name.upper()
+        config = f"world_size: 64\nlevels: [{{name: node, size: 4}}, {{name: {name}, size: 8}}, {{name: {other}, size: 16}}]\n"
+        yield Case("levels", ["validate", "c.yaml"], {"c.yaml": config.encode()}, code=1)
+        yield Case(
+            "levels",
+            [
+                "plan",
+                "--world-size",
+                "64",
+                "--level",
+                "node=4",
+                "--level",
+                f"{name}=8",
+                "--level",
+                f"{other}=16",
+            ],
+            code=2,
+        )
+    for option in PLAN_INTEGERS:  # integers that are not ASCII digits
+        value = rng.choice(ODD_DIGITS)
+        args = ["plan", "--world-size", "64", "--model", "llama3-8b", option, value]
+        if option == "--world-size":
+            args[2:4] = []
+        yield Case("digits", args, code=2)
+    # the slowest links and the largest model a plan takes: every figure finite
+    for bandwidth in ("0.01", "100000"):
+        args = ["plan", "--world-size", "2048", "--model", "deepseek-v3", "--format", "json"]
+        args += ["--level", "node=8", "--level", f"nvlink=64@{bandwidth}"]
+        args += ["--inter-node-gb-s", bandwidth, "--intra-node-gb-s", bandwidth, "--tp", "8"]
+        yield Case("finite", args, valid=True, strict_json=True)
+        config = (
+            f"world_size: 2048\nlevels: [{{name: node, size: 8, bandwidth_gb_s: {bandwidth}}}]\n"
+        )
+        yield Case(
+            "finite",
+            [
+                "show",
+                "c.yaml",
+                "--model",
+                "deepseek-v3",
+                "--format",
+                "json",
+                "--peak-tflops",
+                "0.01",
+            ],
+            {"c.yaml": config.encode()},
+            valid=True,
+            strict_json=True,
+        )
+    for bandwidth in ("1e-300", "0.009", "5e-324"):  # slower than any link: refused
+        config = f"world_size: 64\nlevels: [{{name: node, size: 8, bandwidth_gb_s: {bandwidth}}}]\n"
+        yield Case("finite", ["validate", "c.yaml"], {"c.yaml": config.encode()}, code=1)
+
+
 @pytest.mark.timeout(600 if LONG else 240, method="thread")
-@pytest.mark.parametrize("surface", [megatron, models, resolvers, outputs])
+@pytest.mark.parametrize("surface", [megatron, models, resolvers, outputs, corpora])
 def test_hostile_input_to_each_surface(tmp_path: Path, surface: object) -> None:
     cases = list(surface(random.Random(f"{surface.__name__}")))  # type: ignore[operator]
     failures = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -33,6 +34,7 @@ from meshconf.features.convert import (
 from meshconf.features.convert.megatron_input import Setting, read_command_line, read_nemo_yaml
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.yaml_reader import MAX_BYTES, too_large
+from meshconf.sources.yaml_schema import MAX_INT_DIGITS
 
 if sys.version_info >= (3, 14):
     import tomllib
@@ -74,8 +76,56 @@ def _read_text(path: str, what: str, invalid: str) -> str:
         raise _Failure(EXIT_INVALID, f"{path}:{line}:{column}: {invalid}not UTF-8") from None
 
 
+#: A bare value of TOML: what may hold an integer, outside strings and comments.
+_TOML_BARE = re.compile(r"[0-9A-Za-z_+.:-]+")
+
+
+def _string_end(text: str, index: int) -> int:
+    """Where the TOML string that opens at ``index`` ends: basic strings (``"``, ``\"\"\"``)
+    escape with a backslash, literal ones (``'``, ``\'\'\'``) do not."""
+    quote = text[index] * 3 if text.startswith(text[index] * 3, index) else text[index]
+    position = index + len(quote)
+    while position < len(text):
+        if text[position] == "\\" and quote[0] == '"':
+            position += 2
+        elif text.startswith(quote, position):
+            return position + len(quote)
+        else:
+            position += 1
+    return len(text)
+
+
+def _long_integer(text: str) -> tuple[int, int] | None:
+    """Where (line, column) the first bare TOML value of more than ``MAX_INT_DIGITS`` digits
+    is, outside strings and comments: tomllib would hand Python the digits to convert, which
+    refuses past 4,300 of them."""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char == "#":
+            newline = text.find("\n", index)
+            index = len(text) if newline < 0 else newline
+        elif char in "\"'":
+            index = _string_end(text, index)
+        elif (bare := _TOML_BARE.match(text, index)) is not None:
+            if sum(digit.isdigit() for digit in bare[0]) > MAX_INT_DIGITS:
+                line = text.count("\n", 0, index) + 1
+                return line, index - text.rfind("\n", 0, index)
+            index = bare.end()
+        else:
+            index += 1
+    return None
+
+
 def _read_toml(path: str) -> dict[str, Any]:
     text = _read_text(path, "a TOML file", "invalid TOML: ")
+    long = _long_integer(text)
+    if long is not None:
+        raise _Failure(
+            EXIT_INVALID,
+            f"{path}:{long[0]}:{long[1]}: invalid TOML: a number of more than {MAX_INT_DIGITS} "
+            "digits, more than any setting takes",
+        )
     try:
         document: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

@@ -39,7 +39,7 @@ from meshconf.features.plan.request import (
     option_flag,
 )
 from meshconf.model.config import MeshConfig
-from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS
+from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS, MIN_BANDWIDTH_GB_S
 from meshconf.sources.loading import load_config
 
 DEFAULT_LIMIT = 10
@@ -79,7 +79,7 @@ def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]] 
                 positive_int(size),
                 bounded_number(
                     bandwidth,
-                    minimum=0.01,
+                    minimum=MIN_BANDWIDTH_GB_S,
                     maximum=MAX_BANDWIDTH_GB_S,
                     beyond="far past any link built",
                 )

@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from meshconf.core.degrees import AUTO, MAX_WORLD_SIZE, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
 from meshconf.core.errors import describe_value
+from meshconf.core.formulas import MAX_LITERAL_DIGITS
 
 # Strings that PyYAML's YAML 1.1 resolver would have turned into numbers or booleans; the
 # loader keeps them as strings so that they can be refused here with the reason.
@@ -148,6 +149,9 @@ def _gpus_per_node(value: Any) -> int:
 
 #: Per GPU; NVLink 5 gives 900 GB/s each way, so this is far past any link built.
 MAX_BANDWIDTH_GB_S = 100_000
+#: The slowest link a level may have, GB/s per GPU: a dial-up line is a thousand times faster
+#: than anything below it; slower, the estimate's seconds would overflow.
+MIN_BANDWIDTH_GB_S = 0.01
 
 
 def _bandwidth(value: Any) -> float:
@@ -157,11 +161,15 @@ def _bandwidth(value: Any) -> float:
             "expected a bandwidth in GB/s per GPU such as 900 or 50, got {got}{hint}",
             {"got": describe_value(value), "hint": _yaml_trap_hint(value)},
         )
-    if not 0 < value <= MAX_BANDWIDTH_GB_S:  # also refuses nan
+    if not MIN_BANDWIDTH_GB_S <= value <= MAX_BANDWIDTH_GB_S:  # also refuses nan
         raise PydanticCustomError(
             "bandwidth_range",
-            "expected a bandwidth above 0 and at most {maximum} GB/s per GPU, got {value}",
-            {"maximum": MAX_BANDWIDTH_GB_S, "value": describe_value(value)},
+            "expected a bandwidth from {minimum} to {maximum} GB/s per GPU, got {value}",
+            {
+                "minimum": MIN_BANDWIDTH_GB_S,
+                "maximum": MAX_BANDWIDTH_GB_S,
+                "value": describe_value(value),
+            },
         )
     return float(value)
 
@@ -192,6 +200,14 @@ def _formula_text(value: Any) -> str:
             "formula_type",
             "expected a formula such as 'dp_shard * cp', got {got}",
             {"got": describe_value(value)},
+        )
+    # An integer is a formula of one literal; one too long to write out as text (Python
+    # refuses past 4,300 digits) is longer than any literal a formula takes.
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_LITERAL_DIGITS:
+        raise PydanticCustomError(
+            "formula_literal",
+            "{got} is larger than a formula's integers, of at most {digits} digits",
+            {"got": describe_value(value), "digits": MAX_LITERAL_DIGITS},
         )
     return str(value)
 
@@ -271,7 +287,9 @@ Name = Annotated[str, BeforeValidator(_name), WithJsonSchema(_NAME_SCHEMA)]
 BandwidthGBs = Annotated[
     float,
     BeforeValidator(_bandwidth),
-    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BANDWIDTH_GB_S}),
+    WithJsonSchema(
+        {"type": "number", "minimum": MIN_BANDWIDTH_GB_S, "maximum": MAX_BANDWIDTH_GB_S}
+    ),
 ]
 FormulaText = Annotated[
     str,

@@ -97,7 +97,9 @@ def _type(schema: dict[str, Any]) -> str:
     if kind == "integer":
         return _integer(schema)
     if kind == "number":
-        return f"number above {schema['exclusiveMinimum']}, at most {schema['maximum']}"
+        if "exclusiveMinimum" in schema:
+            return f"number above {schema['exclusiveMinimum']}, at most {schema['maximum']}"
+        return f"number from {schema['minimum']} to {schema['maximum']}"
     if kind == "string" or "pattern" in schema:
         return f"string matching `{schema['pattern']}`" if "pattern" in schema else "string"
     if kind == "array":

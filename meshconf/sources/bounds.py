@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from meshconf.core.errors import KeyPath
+from meshconf.core.errors import KeyPath, describe_value
 from meshconf.sources.yaml_reader import MAX_BYTES, MAX_DEPTH, MAX_NODES
 
 #: ``${`` inside ``${`` at most this deep, in one value.
@@ -71,7 +71,16 @@ def check_plain(data: Any) -> None:
         for key, child in items:
             if key is None:
                 raise LimitError(path, "a key must be a name, not null")
+            if not isinstance(key, str | int) or isinstance(key, bool) or _too_long(key):
+                raise LimitError(
+                    path, f"a key must be a name, not {describe_value(key)}; write it as text"
+                )
             stack.append((child, (*path, key), inner))
+
+
+def _too_long(key: object) -> bool:
+    """An integer key that Python could not write out as text (past 4,300 digits)."""
+    return isinstance(key, int) and key.bit_length() > 100
 
 
 def _nesting(text: str) -> int:

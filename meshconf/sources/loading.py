@@ -24,7 +24,7 @@ from meshconf.core.errors import (
     describe_value,
     format_key,
 )
-from meshconf.core.messages import did_you_mean
+from meshconf.core.messages import did_you_mean, shorten
 from meshconf.model.config import MeshConfig
 from meshconf.sources.overrides import (
     InterpolationError,
@@ -103,7 +103,7 @@ def _check_override_targets(source: Source, key: str | None, prefix: KeyPath) ->
         else:
             inside = format_key(prefix + override.path)
             raise SourceError(
-                f"override {override.text!r}: {override.key} is not in "
+                f"override {shorten(override.text)!r}: {override.key} is not in "
                 f"{source.name or 'the config'} and lies outside the --key {key} block; "
                 f"did you mean {inside}=...? (+{override.key}=... adds a key outside the block)"
             )

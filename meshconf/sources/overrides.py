@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from meshconf.core.errors import KeyPath, MeshconfError, SourceError, format_key
-from meshconf.core.messages import first_line
+from meshconf.core.errors import KeyPath, MeshconfError, SourceError, describe_value, format_key
+from meshconf.core.messages import first_line, shorten
 from meshconf.sources.bounds import LimitError, check_interpolation, check_plain
 from meshconf.sources.yaml_reader import MAX_DEPTH, YamlError, parse_value
 
@@ -63,7 +63,7 @@ def parse_override(text: str) -> Override:
             break
     key, equals, value_text = body.partition("=")
     if not equals and action != "delete":
-        raise SourceError(f"override {text!r}: expected key=value, such as degrees.tp=4")
+        raise SourceError(f"override {shorten(text)!r}: expected key=value, such as degrees.tp=4")
     try:
         path = parse_key(key.strip())
         if len(path) > MAX_DEPTH:
@@ -71,7 +71,7 @@ def parse_override(text: str) -> Override:
         value = parse_value(value_text) if equals else None
     except ValueError as error:
         detail = error.message if isinstance(error, YamlError) else str(error)
-        raise SourceError(f"override {text!r}: {detail}") from None
+        raise SourceError(f"override {shorten(text)!r}: {detail}") from None
     return Override(text, action, path, value, bool(equals))
 
 
@@ -105,7 +105,7 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
             current = OmegaConf.select(config, key, default=missing, throw_on_missing=False)
             if override.action == "add" and current is not missing:
                 raise SourceError(
-                    f"override {override.text!r}: {key} already exists; "
+                    f"override {shorten(override.text)!r}: {key} already exists; "
                     f"use {key}=... or ++{key}=... to change it"
                 )
             if override.action == "delete":
@@ -113,7 +113,7 @@ def apply(data: Any, overrides: Sequence[Override]) -> Any:
                 continue
             OmegaConf.update(config, key, override.value, merge=False, force_add=True)
         except OmegaConfBaseException as error:
-            raise SourceError(f"override {override.text!r}: {first_line(error)}") from None
+            raise SourceError(f"override {shorten(override.text)!r}: {first_line(error)}") from None
     return resolve(config)
 
 
@@ -150,15 +150,15 @@ def _delete(config: Any, override: Override, is_missing: bool) -> None:
     from omegaconf import OmegaConf
 
     if is_missing:
-        raise SourceError(f"override {override.text!r}: {override.key} does not exist")
+        raise SourceError(f"override {shorten(override.text)!r}: {override.key} does not exist")
     parent = config
     if len(override.path) > 1:
         parent = OmegaConf.select(config, format_key(override.path[:-1]))
     last = override.path[-1]
     if override.has_value and parent[last] != override.value:
         raise SourceError(
-            f"override {override.text!r}: {override.key} is {parent[last]!r}, "
-            f"not {override.value!r}"
+            f"override {shorten(override.text)!r}: {override.key} is "
+            f"{_written(parent[last])}, not {_written(override.value)}"
         )
     if isinstance(last, int):
         parent.pop(last)
@@ -174,3 +174,11 @@ def node_location(node: Any) -> KeyPath:
     # from 2.1 to 2.4. Without it, errors are placed relative to the node.
     full_key = node._get_full_key(None) if isinstance(node, Container) else ""
     return tuple(str(full_key).split(".")) if full_key else ()
+
+
+def _written(value: Any) -> str:
+    """A value as a message quotes it: its repr, shortened; an integer too long to write
+    out as text (Python refuses past 4,300 digits) described instead."""
+    if isinstance(value, int) and value.bit_length() > 100:
+        return describe_value(value)
+    return shorten(repr(value))

@@ -80,7 +80,12 @@ def translate(error: Mapping[str, Any]) -> tuple[KeyPath, str]:
     if path and path[-1] == "[key]":
         return path[:-1], f"invalid key: {error['msg']}"
     if kind == "invalid_key":
-        return path[:-1], f"key {path[-1]!r} is not a string; meshconf keys are names"
+        key = path[-1]
+        # an integer too long to write out as text is described instead
+        shown = (
+            describe_value(key) if isinstance(key, int) and key.bit_length() > 100 else repr(key)
+        )
+        return path[:-1], f"key {shown} is not a string; meshconf keys are names"
     if kind == "extra_forbidden":
         model = model_at(path[:-1])
         allowed = list(model.model_fields) if model else []

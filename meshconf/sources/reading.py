@@ -5,7 +5,6 @@ the values written as ``${...}``.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import sys
@@ -191,12 +190,26 @@ def read_source(source: Any) -> Source:
             check_plain(source)
         except LimitError as error:
             raise ConfigError([Diagnostic(error.path, error.message)]) from None
-        data = copy.deepcopy(dict(source))
+        data = _copied(source)
         return Source(data, has_interpolation=bool(interpolations(data)))
     raise SourceError(
         f"cannot load a config from {describe_value(source)}; pass a path, a mapping or an "
         "OmegaConf DictConfig"
     )
+
+
+def _copied(value: Any) -> Any:
+    """The mappings, lists and tuples of plain data copied, so that the config holds none of
+    the caller's; anything else kept as it is, for the models to accept or name (a generator
+    or a memoryview cannot be deep-copied, and a config of one is refused, not a crash).
+    ``check_plain`` bounds the depth first."""
+    if isinstance(value, Mapping):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_copied(item) for item in value)
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
 
 
 def _unreadable(error: YamlError, name: str) -> ConfigError:

@@ -17,6 +17,7 @@ from typing import Any
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import describe_value
+from meshconf.core.messages import shorten
 from meshconf.features.convert.common import Draft, integer_problem
 from meshconf.features.convert.shell import (
     Word,
@@ -135,6 +136,15 @@ def _settings_from_words(words: list[Word], names: tuple[str, ...]) -> dict[str,
         if name not in names:
             continue
         if name in FLAG_SETTINGS:
+            if equals:
+                # Megatron-LM's switches are argparse's store_true, which refuses a value
+                raise source_error(
+                    flag,
+                    f"is a switch and takes no value, as Megatron-LM's parser refuses "
+                    f"{shorten(word.text)!r}: give {flag} to turn it on, leave it out to keep it "
+                    "off",
+                    (word.line, word.column),
+                )
             found[name] = Setting(name, flag, True, (word.line, word.column))
             continue
         if equals:

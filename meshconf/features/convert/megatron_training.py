@@ -59,7 +59,12 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
         chunks = (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE)
         # given, even if wrongly (reported as such), as Megatron-Core's check reads it
         chunked = any(name in settings and settings[name].value is not None for name in chunks)
-        _expert_overlap(draft, overlap, sizes, chunked)
+        recomputing = [
+            settings[name]
+            for name in ("recompute_method", "recompute_num_layers")
+            if name in settings and settings[name].value is not None
+        ]
+        _expert_overlap(draft, overlap, sizes, chunked, recomputing)
 
 
 def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[str, int]) -> None:
@@ -77,11 +82,16 @@ def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[s
 
 
 def _expert_overlap(
-    draft: Draft, overlap: Setting, sizes: Mapping[str, int], chunked: bool
+    draft: Draft,
+    overlap: Setting,
+    sizes: Mapping[str, int],
+    chunked: bool,
+    recomputing: list[Setting],
 ) -> None:
     """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
     Megatron-Core's config refuses it: without expert parallelism, over a pipeline without
-    model chunks (``chunked``: some setting gives them), or with full recomputation."""
+    model chunks (``chunked``: some setting gives them), with full recomputation, or with a
+    recomputation method or a number of layers to recompute given (``recomputing``)."""
     if _switched_on(draft, overlap) is None:
         return
     pp, ep = sizes["pipeline_model_parallel_size"], sizes["expert_model_parallel_size"]
@@ -92,6 +102,9 @@ def _expert_overlap(
         why = f"over pp {pp} only under the interleaved schedule: give the model chunks per rank"
     elif draft.training.get("activation_checkpointing") == "full":
         why = "only without full recomputation"
+    elif recomputing:
+        given = " and ".join(setting.key for setting in recomputing)
+        why = f"only with no recomputation method and layer count: leave out {given}"
     if why is not None:
         draft.fail(overlap.key, f"Megatron-LM overlaps the experts' all-to-all {why}")
         return
