@@ -91,7 +91,25 @@ RANK_MODULES = frozenset(
 )
 
 
-@pytest.hookimpl(tryfirst=True)
+#: What a mutant's tests may take beyond what the process holds when they start: a mutant
+#: of the formula parser once grew a run past 13 GB (CONTRIBUTING.md, "Mutation testing").
+MUTANT_MEMORY_MIB = 1024
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under mutmut, which names the mutant in ``MUTANT_UNDER_TEST`` in the process it forks
+    to run that mutant's tests, bound that process's address space: a mutant that makes a
+    loop allocate without end then fails its tests with a MemoryError, as the fuzz tests
+    bound theirs, instead of taking the machine down. mutmut's own runs (``stats``, ``fail``)
+    are left alone."""
+    if "__mutmut_" in os.environ.get("MUTANT_UNDER_TEST", ""):
+        with open("/proc/self/status") as status:
+            size = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+        limit = size * 1024 + MUTANT_MEMORY_MIB * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # pytest-xdist's hook, when it is loaded
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: a worker per core, and one more, which the set-up failure tests hold for
     about two minutes mostly waiting for their bounds while the others compute.
