@@ -119,6 +119,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return len(os.sched_getaffinity(0)) + 1
 
 
+#: Test modules whose tests share what one worker set up (a fork server that imported torch,
+#: a tracked run of a model): under ``-n`` they run on that one worker, which sets it up once.
+SHARED_SETUP = {
+    "test_measure": "torch_server",
+    "test_plan_sequence_parallel": "torch_server",
+    "test_plan_activations": "tracked_runs",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -131,6 +140,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.path.stem == "test_docs":
             # One worker runs every page: the first page's test starts them all (tests/test_docs.py).
             item.add_marker(pytest.mark.xdist_group("docs"))
+        shared = SHARED_SETUP.get(item.path.stem)
+        if shared is not None:
+            item.add_marker(pytest.mark.xdist_group(shared))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

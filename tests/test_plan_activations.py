@@ -14,6 +14,7 @@ The loss's share is measured in tests/test_plan_loss_memory.py.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from dataclasses import replace
 
@@ -59,18 +60,23 @@ def _model(
     return checkpointed(model, mode, frozenset({(arch.hidden, arch.experts.routed)}))
 
 
+@functools.cache
 def _tracked(
-    mode: str, arch: Architecture = ARCH, fp8: bool = False, wrapped: list[bool] | None = None
+    mode: str,
+    arch: Architecture = ARCH,
+    fp8: bool = False,
+    wrapped: tuple[bool, ...] | None = None,
 ) -> tuple[list[int], int]:
     """The tracked activations at each block's end of forward, and at the peak of the last
-    block's backward pass, in bytes."""
+    block's backward pass, in bytes; the run of one model is tracked once, for the tests of
+    what its blocks store and of its peak alike."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
     # real tensors for experts: the meta kernel of the grouped products takes bf16 only
     with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
         torch.manual_seed(0)
-        model = _model(arch, mode, fp8, wrapped)
+        model = _model(arch, mode, fp8, None if wrapped is None else list(wrapped))
         tokens = torch.randint(0, arch.vocab, (BATCH, SEQ))
         tracker = MemTracker()
         tracker.track_external(model)
@@ -170,7 +176,7 @@ def test_some_blocks_recomputed_are_the_estimate(rule: dict[str, int], wrapped: 
     block`` (``--checkpoint-first N``: the first N of a chunk): the blocks recomputed store
     what ``full`` stores, the others what ``none`` does, exactly, and the estimate picks the
     same blocks; the last block's backward peak is within 5%."""
-    ends, measured = _tracked("full", ARCH, wrapped=wrapped)
+    ends, measured = _tracked("full", ARCH, wrapped=tuple(wrapped))
     tokens = SEQ * BATCH
     training = Training(checkpointing="full", **rule)  # type: ignore[arg-type]
     full = activations.block(ARCH, "dense", "full").bytes(tokens, 1, 4)
