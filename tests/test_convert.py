@@ -608,12 +608,12 @@ USAGE = [
     (
         "[x]\n",
         ("job.toml",),
-        "meshconf: error: job.toml: has neither a [parallelism] table (torchtitan) nor a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments)",
+        "meshconf: error: job.toml: has neither a [parallelism] table (torchtitan) nor a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments, --from accelerate for accelerate's arguments)",
     ),
     (
         "[parallelism]\n[distributed]\n",
         ("job.toml",),
-        "meshconf: error: job.toml: has both a [parallelism] table (torchtitan) and a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments)",
+        "meshconf: error: job.toml: has both a [parallelism] table (torchtitan) and a [distributed] table (KempnerForge); pass --from torchtitan or --from kempnerforge (or --from megatron for Megatron-LM's arguments, --from accelerate for accelerate's arguments)",
     ),
     (
         "",
@@ -629,7 +629,7 @@ USAGE = [
     (
         "[parallelism]\n",
         ("job.toml", "--from", "titan"),
-        "meshconf convert: error: argument --from: invalid choice: 'titan' (choose from 'torchtitan', 'kempnerforge', 'megatron')",
+        "meshconf convert: error: argument --from: invalid choice: 'titan' (choose from 'torchtitan', 'kempnerforge', 'megatron', 'accelerate')",
     ),
     (
         "[parallelism]\n",

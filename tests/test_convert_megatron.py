@@ -167,7 +167,10 @@ def test_usage_errors(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     assert result.stderr.splitlines()[-1] == "meshconf: error: --from megatron needs PATH or --args"
     result = run_cli("convert", "--args", "--tensor-model-parallel-size 2", "x.toml", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == "meshconf: error: --args is for --from megatron"
+    assert (
+        result.stderr.splitlines()[-1]
+        == "meshconf: error: --args is for --from megatron or --from accelerate"
+    )
 
 
 def test_a_script_is_read_as_the_shell_would_expand_it() -> None:

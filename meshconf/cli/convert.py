@@ -1,5 +1,6 @@
-"""``meshconf convert PATH``: a torchtitan or KempnerForge TOML table, or Megatron-LM's
-arguments, as a meshconf YAML config, with a comment on every semantic difference."""
+"""``meshconf convert PATH``: a torchtitan or KempnerForge TOML table, Megatron-LM's
+arguments or accelerate's settings, as a meshconf YAML config, with a comment on every
+semantic difference."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from meshconf.cli.common import (
     usage_error,
     write_file,
 )
+from meshconf.core.errors import ConfigError, SourceError
 from meshconf.core.messages import spoken_list
 from meshconf.features.convert import (
     BY_NAME,
@@ -31,8 +34,9 @@ from meshconf.features.convert import (
     ConversionError,
     Source,
 )
-from meshconf.features.convert.megatron_input import Setting, read_command_line, read_nemo_yaml
+from meshconf.features.convert.megatron_export import megatron_arguments
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
+from meshconf.sources.loading import load_config
 from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 from meshconf.sources.yaml_schema import MAX_INT_DIGITS
 
@@ -137,17 +141,15 @@ def _read_toml(path: str) -> dict[str, Any]:
     return document
 
 
-def _read_arguments(args: argparse.Namespace) -> dict[str, Setting]:
-    """Megatron-LM's settings from --args, a YAML file, or a script or command-line file:
-    the reader of the source that is not TOML."""
+def _read_arguments(args: argparse.Namespace, source: Source) -> Mapping[str, Any]:
+    """The settings of a source that is not TOML, from --args or from PATH."""
+    assert source.read is not None
     if args.args is not None:
-        return read_command_line(args.args)
+        return source.read(args.args, "")
     if args.path is None:
         raise _Failure(EXIT_USAGE, f"--from {args.source} needs PATH or --args")
     text = _read_text(args.path, "a script or YAML file", "")
-    if Path(args.path).suffix.lower() in (".yaml", ".yml"):
-        return read_nemo_yaml(text)
-    return read_command_line(text)
+    return source.read(text, Path(args.path).suffix)
 
 
 def _detect(path: str, document: dict[str, Any]) -> Source:
@@ -265,7 +267,7 @@ def _convert(args: argparse.Namespace) -> Conversion:
     sizes = {"world_size": args.world_size, "gpus_per_node": args.gpus_per_node}
     chosen = None if args.source is None else BY_NAME[args.source]
     if chosen is not None and chosen.table is None:
-        return chosen.convert(_read_arguments(args), **sizes)
+        return chosen.convert(_read_arguments(args, chosen), **sizes)
     if args.args is not None:
         users = " or ".join(f"--from {s.name}" for s in SOURCES if s.table is None)
         raise _Failure(EXIT_USAGE, f"--args is for {users}")
@@ -277,7 +279,40 @@ def _convert(args: argparse.Namespace) -> Conversion:
     return source.convert(table, **sizes, document=document)
 
 
+def _to_megatron(args: argparse.Namespace) -> int:
+    """``--to megatron CONFIG``: the config as Megatron-LM's arguments."""
+    if args.source is not None or args.args is not None:
+        return usage_error("--to megatron reads a meshconf config: leave out --from and --args")
+    if args.path is None:
+        return usage_error("--to megatron needs CONFIG, the meshconf config to convert")
+    try:
+        config = load_config(args.path, world_size=args.world_size)
+        if config.resolved_world_size is None:
+            return usage_error(
+                f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
+                "set world_size in the file or pass --world-size N"
+            )
+        arguments = megatron_arguments(config)
+    except ConfigError as error:
+        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
+        emit(lambda: print(lines))
+        return EXIT_INVALID
+    except SourceError as error:
+        return usage_error(str(error))
+    head = (
+        f"# Megatron-LM's arguments for {args.path}, on {config.resolved_world_size} ranks; "
+        "meshconf convert --from megatron reads them back.\n"
+    )
+    text = head + arguments.command_line()
+    if args.out is not None:
+        return _write(args.out, text)
+    emit(lambda: print(text, end=""))
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.target is not None:
+        return _to_megatron(args)
     inputs = [] if args.path is None else [args.path]
     if args.out is not None and output_is_input(args.out, inputs) is not None:
         toml = args.source is None or BY_NAME[args.source].table is not None
@@ -328,6 +363,13 @@ def add_parser(subparsers: Any) -> None:
         dest="source",
         choices=[source.name for source in SOURCES],
         help="the tool the file is for; default: found from the table it has",
+    )
+    parser.add_argument(
+        "--to",
+        dest="target",
+        choices=["megatron"],
+        help="the other way: PATH is a meshconf config, printed as that tool's arguments "
+        "(checked by converting them back)",
     )
     parser.add_argument(
         "--args",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
@@ -18,7 +19,7 @@ from meshconf.core import formulas
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DERIVED, DEFAULT_DOMAINS
 from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
-from meshconf.core.layout import DomainLayout
+from meshconf.core.layout import DomainLayout, LayoutError
 from meshconf.core.levels import Level, all_levels, node_size
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.errors import FieldError, validation_error
@@ -31,6 +32,7 @@ from meshconf.model.fields import (
     WorldOrder,
     level_list,
 )
+from meshconf.model.numbering import numbering
 from meshconf.model.rules import analyze
 from meshconf.model.sections import Degrees, FrozenModel, InsideNode, RuntimeOptions, TopologyLevel
 from meshconf.model.training import TrainingOptions
@@ -222,6 +224,25 @@ class MeshConfig(FrozenModel):
         if domain not in layouts:
             raise UnknownDomainError(f"unknown domain {domain!r}; domains are {', '.join(layouts)}")
         return layouts[domain]
+
+    def layout_over(self, name: str, dims: Sequence[str]) -> DomainLayout:
+        """The ranks laid out over ``dims`` (degrees or derived dims, outer to inner) in this
+        config's rank numbering: the layout a domain ``name`` of those dims would have.
+
+        Raises:
+            WorldSizeUnknownError: a degree is -1 and the world size is unknown.
+            LayoutError: a dim the config does not have, dims that do not multiply to the
+                world size, or a dim that would split a part of the numbering unevenly.
+        """
+        analysis = self._require_world()
+        unknown = [dim for dim in dims if dim not in analysis.sizes]
+        if unknown:
+            raise LayoutError(
+                f"{name}: unknown dim {unknown[0]!r}; dims are {', '.join(analysis.sizes)}"
+            )
+        ranks = numbering(self.spec(), analysis)
+        assert ranks is not None, "a validated config numbers its ranks"
+        return DomainLayout.unflatten(name, [(dim, analysis.sizes[dim]) for dim in dims], ranks)
 
     def with_world_size(self, world_size: int) -> MeshConfig:
         """This config at a given world size (validated again); an error if it sets another."""

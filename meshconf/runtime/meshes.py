@@ -10,7 +10,7 @@ meshes share one rank map (the ranks in order).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -145,6 +145,52 @@ class MeshCache:
             [groups[name] for name in names],
             self.device_type,
         )
+
+    def named(self, dims: Mapping[str, str], flattened: Mapping[str, Sequence[str]]) -> DeviceMesh:
+        """A root mesh over meshconf ``dims`` (the name a library reads each by, mapped to
+        the meshconf dim) with ``flattened`` dims (a name mapped to the names it joins) in
+        its flatten mapping, as torch's ``_flatten`` leaves them, over the registry's
+        groups; built once."""
+        key = ("named", *(f"{k}={v}" for k, v in dims.items()))
+        key += tuple(f"{k}={'*'.join(v)}" for k, v in flattened.items())
+        mesh = self.slices.get(key)
+        if mesh is not None:
+            return mesh
+        start = time.perf_counter()
+        layout = self.config.layout_over("+".join(dims.values()), list(dims.values()))
+        groups = [
+            self.registry.get(
+                layout.group(self.rank, dim),
+                real=self.must_stay_real(dim),
+                description=f"{name}={dim}",
+            )
+            for name, dim in dims.items()
+        ]
+        renamed = [DimLayout(name, layout.dim(dim).modes) for name, dim in dims.items()]
+        mesh = layout_mesh(renamed, self.rank_map(), groups, self.device_type)
+        for name, parts in flattened.items():
+            # FSDP shards over flattened dims, and needs a real group even over one rank.
+            group = self.registry.get(
+                layout.group(self.rank, [dims[part] for part in parts]),
+                real=True,
+                description=f"{name}={'*'.join(dims[part] for part in parts)}",
+            )
+            indices = [list(dims).index(part) for part in parts]
+            joined = _MeshLayout([_MeshLayout([mesh._layout[i] for i in indices]).collapse()])
+            flat = DeviceMesh(
+                self.device_type,
+                _layout=joined,
+                _rank_map=mesh._rank_map,
+                mesh_dim_names=(name,),
+                _root_mesh=mesh,
+                _init_backend=False,
+            )
+            flat._dim_group_names = [group.group_name]
+            mesh._pg_registry[group.group_name] = group
+            mesh._flatten_mapping[name] = flat
+        self.build_seconds += time.perf_counter() - start
+        self.slices[key] = mesh
+        return mesh
 
     def clear(self) -> None:
         self._groups.clear()

@@ -7,7 +7,7 @@ is the part of it a training script calls between the two.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 import torch
@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshconf.core.errors import InvalidArgumentError, UnknownDomainError
+from meshconf.core.layout import LayoutError
 from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.meshes import MeshCache
@@ -71,6 +72,36 @@ class MeshRequests(RankFacts):
     def build_all(self) -> dict[str, DeviceMesh]:
         """Every domain's mesh, in config order (the order an eager build creates them in)."""
         return {domain: self._meshes.domain(domain) for domain in self.config.layouts}
+
+    def named_mesh(
+        self,
+        dims: Mapping[str, str],
+        flattened: Mapping[str, Sequence[str]] | None = None,
+    ) -> DeviceMesh:
+        """A mesh over meshconf dims under the names another library reads them by, for a
+        library that takes a mesh built elsewhere (accelerate, NeMo AutoModel): ``dims`` maps
+        each of its names, outer to inner, to a degree or derived dim; ``flattened`` maps the
+        name of each flattened dim it reads to the names it joins, which torch's
+        ``DeviceMesh._flatten`` would have made. The ranks are numbered as the config numbers
+        them (its ``order``, ``levels`` and ``inside`` kept), and each group is the one every
+        other mesh of this context with the same ranks uses. Built once, kept.
+
+        Raises:
+            InvalidArgumentError: (a ValueError) a dim the config does not have, dims that
+                do not cover the world once, or a flattened dim joining names not in ``dims``.
+        """
+        flattened = {} if flattened is None else flattened
+        for name, parts in flattened.items():
+            unknown = [part for part in parts if part not in dims]
+            if unknown or not parts:
+                raise InvalidArgumentError(
+                    f"flattened dim {name!r} joins {list(parts)}; it may join only the names "
+                    f"of dims: {', '.join(dims)}"
+                )
+        try:
+            return self._meshes.named(dims, flattened)
+        except LayoutError as error:
+            raise InvalidArgumentError(str(error)) from None
 
     def get_optional_mesh(self, dims: str | Sequence[str]) -> DeviceMesh | None:
         """The mesh over one dim or several dims of one domain, or None if a dim has size 1.

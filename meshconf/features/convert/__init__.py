@@ -1,6 +1,7 @@
 """Convert another tool's parallelism settings into a meshconf config: torchtitan's
 ``[parallelism]`` table (torchtitan 0.2.1's ``Parallelism``), KempnerForge's
-``[distributed]`` table, or Megatron-LM's arguments.
+``[distributed]`` table, Megatron-LM's arguments, or Hugging Face accelerate's config and
+launch options.
 
 The conversion is pure: the settings as read go in; the meshconf mapping, short comments on
 changed values, and one note per semantic difference come out. The mapping is validated with
@@ -17,6 +18,7 @@ from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES
 from meshconf.core.errors import describe_value
+from meshconf.features.convert.accelerate import ACCELERATE, convert_accelerate, read_accelerate
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
@@ -28,6 +30,7 @@ from meshconf.features.convert.common import (
 )
 from meshconf.features.convert.kempnerforge import from_kempnerforge
 from meshconf.features.convert.megatron import MEGATRON, convert_megatron
+from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
 from meshconf.features.convert.torchtitan import from_torchtitan
 
 TORCHTITAN = "torchtitan"
@@ -52,6 +55,9 @@ class Source:
     #: From what was read (the table, or the settings of a non-TOML source) to a validated
     #: config; keyword arguments ``world_size`` and ``gpus_per_node``.
     convert: Callable[..., Conversion]
+    #: A source not read from TOML: its settings from a file's text and suffix (``.yaml``),
+    #: or from ``--args`` (suffix ``""``).
+    read: Callable[[str, str], Mapping[str, Any]] | None = None
 
 
 def _toml_source(
@@ -95,6 +101,18 @@ SOURCES: tuple[Source, ...] = (
         "Megatron-LM's arguments (a launch script, a command line, or NeMo's YAML)",
         None,
         convert_megatron,
+        lambda text, suffix: (
+            read_nemo_yaml(text) if suffix.lower() in (".yaml", ".yml") else read_command_line(text)
+        ),
+    ),
+    Source(
+        ACCELERATE,
+        "accelerate",
+        "Hugging Face accelerate's settings (the YAML `accelerate config` writes, or an "
+        "`accelerate launch` line and the PARALLELISM_CONFIG_ variables it sets)",
+        None,
+        convert_accelerate,
+        read_accelerate,
     ),
 )
 BY_NAME: Mapping[str, Source] = {source.name: source for source in SOURCES}
@@ -102,6 +120,7 @@ BY_NAME: Mapping[str, Source] = {source.name: source for source in SOURCES}
 TOML_SOURCES = tuple(source for source in SOURCES if source.table is not None)
 
 __all__ = [
+    "ACCELERATE",
     "BY_NAME",
     "KEMPNERFORGE",
     "MEGATRON",

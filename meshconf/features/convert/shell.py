@@ -265,8 +265,10 @@ class _Tokenizer:
         return not rest or rest[0] in " \t\r\n;|&()" or rest == "\\\n"
 
 
-def commands(text: str) -> Iterator[list[Word]]:
-    """The script's commands, each after the assignments before it took effect.
+def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[Word]]:
+    """The script's commands, each after the assignments before it took effect; each
+    assignment's word (``NAME=value``, expanded) is added to ``assignments`` when given, for
+    a source that reads the environment a script sets.
 
     Raises:
         ConversionError: the script or its expansions pass a bound of this module.
@@ -301,6 +303,8 @@ def commands(text: str) -> Iterator[list[Word]]:
                 variables[name] = elements
                 continue
             variables[name] = value
+            if assignments is not None:
+                assignments.append(word)
             if following is not None and not (following.operator and following.text == "\n"):
                 command.append(following)
         elif not word.operator:

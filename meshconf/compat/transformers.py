@@ -1,0 +1,114 @@
+"""transformers' ``DistributedConfig`` (transformers 5) from a meshconf config.
+
+transformers 5 builds its meshes itself from a ``DistributedConfig``: a dense mesh
+``(pp, dp_replicate, fsdp, tp)`` and an expert mesh ``(pp, dp_replicate, efsdp, ep)``, both
+row-major over the ranks. Those hold the groups of meshconf's ``dense`` and ``sparse``
+domains when the config numbers its ranks in the default order, so :func:`distributed_config`
+gives the sizes and refuses, at the meshconf key responsible, what transformers cannot
+build: context parallelism, tensor-parallel experts, a rank order of the config's own, and
+the layouts transformers itself refuses. Needs no torch; ``DistributedConfig`` needs
+``pip install "meshconf[transformers]"``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.core.errors import ConfigError, Diagnostic
+from meshconf.model.config import MeshConfig
+
+if TYPE_CHECKING:
+    from transformers import DistributedConfig
+
+__all__ = ["TransformersError", "check_config", "distributed_config"]
+
+#: transformers' size arguments, and the meshconf degree each one is.
+SIZE_DEGREES = {
+    "pp_size": "pp",
+    "dp_replicate_size": "dp_replicate",
+    "fsdp_size": "dp_shard",
+    "tp_size": "tp",
+    "ep_size": "ep",
+}
+
+
+class TransformersError(ConfigError):
+    """A layout that transformers' DistributedConfig cannot build."""
+
+
+def check_config(config: MeshConfig) -> None:
+    """Refuse what transformers' meshes cannot hold, naming the meshconf key and what to
+    change. Needs no torch.
+
+    Raises:
+        TransformersError: (a ConfigError) cp or etp above 1; ranks numbered other than in
+            the default order; ep that is not a multiple of tp or does not divide
+            dp_shard * tp; data parallelism beside pipeline parallelism.
+        WorldSizeUnknownError: a degree is -1 and the config has no world size.
+    """
+    degrees = config.resolved_degrees
+    problems: list[Diagnostic] = []
+    if degrees["cp"] > 1:
+        problems.append(
+            Diagnostic(
+                ("degrees", "cp"),
+                "transformers' DistributedConfig has no context parallelism; set degrees.cp "
+                "to 1, or train with accelerate's ParallelismConfig (cp_size) or torchtitan",
+            )
+        )
+    if degrees["etp"] > 1:
+        problems.append(
+            Diagnostic(
+                ("degrees", "etp"),
+                "transformers keeps each expert whole on its rank; set degrees.etp to 1",
+            )
+        )
+    layout = config.layout_over("transformers", WORLD_FACTORS)
+    if not layout.is_row_major:
+        key = "order" if config.order is not None else "inside" if config.inside else "levels"
+        problems.append(
+            Diagnostic(
+                (key,),
+                "transformers numbers the ranks pp, dp_replicate, fsdp, tp outer to inner and "
+                f"builds its meshes itself; leave {key} out (or give {key} that keeps that "
+                "order), or hand meshconf's meshes to a trainer that takes them (accelerate, "
+                "torchtitan)",
+            )
+        )
+    ep, tp, shard = degrees["ep"], degrees["tp"], degrees["dp_shard"]
+    if ep > 1 and (ep % tp or (shard * tp) % ep):
+        problems.append(
+            Diagnostic(
+                ("degrees", "ep"),
+                f"transformers needs ep to be a multiple of tp ({tp}) that divides dp_shard * "
+                f"tp ({shard * tp}); set degrees.ep to one of "
+                + ", ".join(str(n) for n in range(tp, shard * tp + 1, tp) if (shard * tp) % n == 0),
+            )
+        )
+    if degrees["pp"] > 1 and degrees["dp_replicate"] * shard > 1:
+        problems.append(
+            Diagnostic(
+                ("degrees", "pp"),
+                "transformers does not combine FSDP with pipeline parallelism; set degrees.pp "
+                "to 1, or dp_replicate and dp_shard to 1 (tp and pp only)",
+            )
+        )
+    if problems:
+        raise TransformersError(problems)
+
+
+def distributed_config(config: MeshConfig) -> DistributedConfig:
+    """transformers' ``DistributedConfig`` with ``config``'s sizes, whose meshes hold the
+    groups of meshconf's ``dense`` and ``sparse`` domains. Other arguments (``tp_plan``,
+    ``fsdp_plan``, ...) can be set on the result.
+
+    Raises:
+        TransformersError: as :func:`check_config`.
+        ImportError: transformers 5 is not installed (``pip install "meshconf[transformers]"``).
+    """
+    check_config(config)
+    from transformers import DistributedConfig
+
+    degrees = config.resolved_degrees
+    return DistributedConfig(**{name: degrees[dim] for name, dim in SIZE_DEGREES.items()})

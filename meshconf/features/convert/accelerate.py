@@ -1,0 +1,337 @@
+"""Hugging Face accelerate's parallelism settings as a meshconf config whose groups are the
+ones accelerate builds.
+
+Read from what ``accelerate config`` writes (a YAML file: its ``parallelism_config`` block,
+``num_processes``, ``num_machines``, ``distributed_type`` and ``fsdp_config.fsdp_version``),
+or from a launch script or command line (``accelerate launch --parallelism_config_tp_size 2
+...`` and the ``PARALLELISM_CONFIG_*`` variables it exports). accelerate lays its dims out
+as meshconf's default order does (dp_replicate, dp_shard, cp, tp, outer to inner), so the
+degrees carry over as they are; what accelerate refuses when it starts is refused here, at
+the setting responsible.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from math import prod
+
+from meshconf.core.degrees import AUTO, DEGREE_NAMES
+from meshconf.core.errors import describe_value
+from meshconf.features.convert.common import (
+    DEFAULT_DEGREES,
+    Conversion,
+    Draft,
+    validate,
+    world_size_note,
+)
+from meshconf.features.convert.megatron_input import Setting, integer_setting
+from meshconf.features.convert.shell import Word, commands, source_error
+from meshconf.sources.yaml_reader import YamlError, read_yaml
+
+ACCELERATE = "accelerate"
+#: accelerate's sizes, by the name its ParallelismConfig gives them, and the meshconf degree.
+SIZE_DEGREES = {
+    "dp_replicate_size": "dp_replicate",
+    "dp_shard_size": "dp_shard",
+    "cp_size": "cp",
+    "tp_size": "tp",
+}
+SP_SIZE = "sp_size"
+#: The settings read, by the name the parallelism block, the launcher's options and the
+#: environment share (``parallelism_config_`` or ``PARALLELISM_CONFIG_`` before it).
+PARALLELISM = (*SIZE_DEGREES, SP_SIZE, "cp_comm_strategy", "cp_backend", "sp_backend")
+LAUNCH = ("num_processes", "num_machines", "distributed_type", "fsdp_version", "use_fsdp")
+_PREFIX = "parallelism_config_"
+#: What ``accelerate launch`` sets for a script when FSDP is on, read as the launcher's options.
+_ENVIRONMENT = {"ACCELERATE_USE_FSDP": "use_fsdp", "FSDP_VERSION": "fsdp_version"}
+_SCRIPT = re.compile(r".*\.py$")
+_ISSUES = "https://github.com/huggingface/accelerate/issues"
+
+
+def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
+    """The settings of a YAML or JSON file as ``accelerate config`` writes it (``suffix``
+    ``.yaml``, ``.yml`` or ``.json``), or of a launch script or command line.
+
+    Raises:
+        ConversionError: the file cannot be read, or an option lacks its value.
+    """
+    if suffix.lower() in (".yaml", ".yml", ".json"):
+        return _read_config_file(text)
+    return _read_launch(text)
+
+
+def _read_config_file(text: str) -> dict[str, Setting]:
+    try:
+        document = read_yaml(text)
+    except YamlError as error:
+        position = None if error.position is None else (error.position.line, error.position.column)
+        raise source_error(None, f"invalid YAML: {error.message}", position) from None
+    data = document.data
+    if not isinstance(data, Mapping):
+        raise source_error(
+            None, f"expected accelerate's config, a mapping, got {describe_value(data)}", None
+        )
+    found: dict[str, Setting] = {}
+
+    def take(path: tuple[str, ...], name: str, value: object) -> None:
+        at = document.positions.get(path)
+        position = None if at is None else (at.line, at.column)
+        found[name] = Setting(name, ".".join(path), value, position)
+
+    for key in LAUNCH:
+        if key in data:
+            take((key,), key, data[key])
+    fsdp = data.get("fsdp_config")
+    if isinstance(fsdp, Mapping) and "fsdp_version" in fsdp:
+        take(("fsdp_config", "fsdp_version"), "fsdp_version", fsdp["fsdp_version"])
+    block = data.get("parallelism_config")
+    if isinstance(block, Mapping):
+        for key, value in block.items():
+            name = str(key).removeprefix(_PREFIX)
+            if name in PARALLELISM:
+                take(("parallelism_config", str(key)), name, value)
+    return found
+
+
+def _read_launch(text: str) -> dict[str, Setting]:
+    """``accelerate launch``'s options before the training script, and the environment the
+    script sets; a command line without a launch line is read whole."""
+    assigned: list[Word] = []
+    lines = list(commands(text, assigned))
+    launch = next((line for line in lines if _is_launch(line)), None)
+    if launch is None:
+        launch = lines[0] if len(lines) == 1 else []
+    found: dict[str, Setting] = {}
+    leading = [word for line in lines for word in _leading_assignments(line)]
+    for word in (*assigned, *leading):
+        variable, _, value = word.text.partition("=")
+        name = _ENVIRONMENT.get(variable, "")
+        if variable.startswith(_PREFIX.upper()):
+            name = variable[len(_PREFIX) :].lower()
+        if name in PARALLELISM or name in _ENVIRONMENT.values():
+            column = word.column + len(variable) + 1
+            found[name] = Setting(name, variable, value, (word.line, column))
+    found.update(_options(_launcher_words(launch)))
+    return found
+
+
+def _is_launch(line: list[Word]) -> bool:
+    texts = [word.text for word in line]
+    return any(
+        text.endswith("accelerate") and texts[index + 1 : index + 2] == ["launch"]
+        for index, text in enumerate(texts)
+    )
+
+
+def _leading_assignments(line: list[Word]) -> list[Word]:
+    """``A=1 B=2 cmd``: the shell reader takes the first assignment and keeps the others
+    as words of the command."""
+    words = []
+    for word in line:
+        name, equals, _ = word.text.partition("=")
+        if not equals or not name.isidentifier() or word.text.startswith("-"):
+            break
+        words.append(word)
+    return words
+
+
+def _launcher_words(line: list[Word]) -> list[Word]:
+    """The words between ``launch`` and the training script (or ``-m``)."""
+    texts = [word.text for word in line]
+    start = texts.index("launch") + 1 if "launch" in texts else 0
+    words = []
+    for word in line[start:]:
+        if _SCRIPT.fullmatch(word.text) or word.text in ("-m", "--module"):
+            break
+        words.append(word)
+    return words
+
+
+def _options(words: list[Word]) -> dict[str, Setting]:
+    """``--name value``, ``--name=value`` and ``--use_fsdp``; the last one wins, as with
+    accelerate's argument parser."""
+    found: dict[str, Setting] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.text.startswith("--"):
+            continue
+        flag, equals, inline = word.text.partition("=")
+        name = flag[2:].removeprefix(_PREFIX)
+        if name == "use_fsdp":
+            found[name] = Setting(name, flag, "true", (word.line, word.column))
+            continue
+        if name not in PARALLELISM and name not in LAUNCH:
+            continue
+        if equals:
+            found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
+            continue
+        if index >= len(words) or words[index].text.startswith("--"):
+            raise source_error(flag, "needs a value", (word.line, word.column))
+        value = words[index]
+        index += 1
+        found[name] = Setting(name, flag, value.text, (value.line, value.column))
+    return found
+
+
+def _uses_fsdp(settings: Mapping[str, Setting]) -> bool:
+    """FSDP, as accelerate reads it from its config or its launcher."""
+    kind = settings.get("distributed_type")
+    switch = settings.get("use_fsdp")
+    return (kind is not None and str(kind.value).upper() == "FSDP") or (
+        switch is not None and str(switch.value).lower() == "true"
+    )
+
+
+def _uses_fsdp2(settings: Mapping[str, Setting]) -> bool:
+    """FSDP version 2, as accelerate reads it from its config or its launcher."""
+    version = settings.get("fsdp_version")
+    return _uses_fsdp(settings) and version is not None and str(version.value).strip() == "2"
+
+
+def convert_accelerate(
+    settings: Mapping[str, Setting],
+    *,
+    world_size: int | None = None,
+    gpus_per_node: int | None = None,
+) -> Conversion:
+    """Convert accelerate's settings (from :func:`read_accelerate`) into a validated meshconf
+    config whose groups are accelerate's.
+
+    Raises :class:`ConversionError` with every problem, each at the setting it concerns.
+    """
+    draft = Draft("", world_size, gpus_per_node)
+    draft.positions = {s.key: s.position for s in settings.values() if s.position is not None}
+    keys = {name: setting.key for name, setting in settings.items()}
+    sizes = {name: 1 for name in (*SIZE_DEGREES, SP_SIZE)}
+    for name in sizes:
+        if name in settings:
+            value = integer_setting(draft, settings[name])
+            if value is not None:
+                sizes[name] = value
+    if sizes[SP_SIZE] > 1:
+        draft.fail(
+            keys[SP_SIZE],
+            f"is {sizes[SP_SIZE]}: DeepSpeed's Ulysses sequence parallelism, which meshconf has "
+            "no degree for; set it to 1, or use cp_size for context parallelism",
+        )
+    processes = _world(draft, settings, keys)
+    draft.check()
+    degrees = {SIZE_DEGREES[name]: sizes[name] for name in SIZE_DEGREES}
+    total = prod(degrees.values())
+    if total == 1 and (processes is None or processes > 1):
+        # Without a parallelism config accelerate's FSDP shards over every process; with one
+        # of sizes 1 it replicates. Without num_processes, the -1 is every process.
+        sized = any(name in settings for name in (*SIZE_DEGREES, SP_SIZE))
+        every = AUTO if processes is None else processes
+        if _uses_fsdp(settings) and not sized:
+            degrees["dp_shard"] = every
+            draft.comments["degrees.dp_shard"] = "accelerate's FSDP shards over every process"
+        else:
+            degrees["dp_replicate"] = every
+            draft.comments["degrees.dp_replicate"] = "accelerate replicates over every process"
+    elif processes is not None and total != processes:
+        written = " * ".join(f"{name} {sizes[name]}" for name in SIZE_DEGREES)
+        draft.fail(
+            keys.get("num_processes"),
+            f"is {processes}, but the parallelism sizes multiply to {total} ({written}); "
+            "accelerate refuses a ParallelismConfig whose total_size is not num_processes",
+        )
+    _refusals(draft, settings, keys, degrees)
+    draft.check()
+    draft.degrees = degrees
+    draft.origins.update(
+        {("degrees", degree): keys[name] for name, degree in SIZE_DEGREES.items() if name in keys}
+    )
+    config = validate(draft)
+    world_note = (
+        world_size_note("accelerate", draft, config, "the settings")
+        if processes is None
+        else f"world_size is num_processes, {processes}; at start-up meshconf checks that the "
+        "launcher's world size agrees."
+    )
+    notes = [world_note, *_notes(settings, degrees)]
+    all_degrees = DEFAULT_DEGREES | draft.degrees
+    return Conversion(
+        source=ACCELERATE,
+        table="",
+        data=draft.config_data({name: all_degrees[name] for name in DEGREE_NAMES}),
+        comments=draft.comments,
+        notes=tuple(notes),
+    )
+
+
+def _world(draft: Draft, settings: Mapping[str, Setting], keys: Mapping[str, str]) -> int | None:
+    """num_processes as the world size, num_processes / num_machines as the node size."""
+    processes = machines = None
+    if "num_processes" in settings:
+        processes = integer_setting(draft, settings["num_processes"])
+    if "num_machines" in settings:
+        machines = integer_setting(draft, settings["num_machines"])
+    if processes is None:
+        return None
+    if draft.world_size is not None and draft.world_size != processes:
+        draft.fail(
+            keys["num_processes"],
+            f"is {processes}, but --world-size is {draft.world_size}; give one of them",
+        )
+        return None
+    draft.world_size = processes
+    draft.origins[("world_size",)] = keys["num_processes"]
+    if machines is not None:
+        if processes % machines:
+            draft.fail(
+                keys["num_machines"],
+                f"{machines} machines cannot share {processes} processes evenly; accelerate "
+                "runs num_processes / num_machines on each",
+            )
+        elif draft.gpus_per_node is None:
+            draft.gpus_per_node = processes // machines
+            draft.origins[("gpus_per_node",)] = keys["num_machines"]
+            draft.comments["gpus_per_node"] = "num_processes / num_machines"
+    return processes
+
+
+def _refusals(
+    draft: Draft,
+    settings: Mapping[str, Setting],
+    keys: Mapping[str, str],
+    degrees: Mapping[str, int],
+) -> None:
+    """What accelerate refuses when it starts, at the setting that causes it."""
+    model_parallel = [name for name in ("tp", "cp") if degrees[name] > 1]
+    if model_parallel and degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
+        draft.fail(
+            keys.get("dp_replicate_size"),
+            f"accelerate refuses {' and '.join(model_parallel)} beside replication that does "
+            f"not shard ({_ISSUES}/3876): set dp_shard_size to {degrees['dp_replicate']} and "
+            "dp_replicate_size to 1 (FSDP), or dp_shard_size above 1 as well (HSDP)",
+        )
+    world = abs(prod(degrees.values()))
+    if _uses_fsdp2(settings) and degrees["dp_shard"] == 1 and degrees["cp"] == 1 and world > 1:
+        draft.fail(
+            keys.get("dp_shard_size", keys["fsdp_version"]),
+            "FSDP2 shards over dp_shard * cp, which is 1 here, and accelerate fails with "
+            f"KeyError 'dp_shard_cp' ({_ISSUES}/3798): set dp_shard_size above 1 (lowering "
+            "tp_size to leave it processes), or turn FSDP off",
+        )
+
+
+def _notes(settings: Mapping[str, Setting], degrees: Mapping[str, int]) -> list[str]:
+    notes = []
+    if _uses_fsdp2(settings):
+        notes.append(
+            "FSDP2 shards over accelerate's dp_shard_cp, dp_shard * cp: meshconf's fsdp in the "
+            "dense domain (`meshconf.compat.accelerate.parallelism_config` hands accelerate "
+            "that group)."
+        )
+    strategy = settings.get("cp_comm_strategy")
+    if strategy is not None and degrees["cp"] > 1:
+        notes.append(
+            f"{strategy.key} {strategy.value}: how context parallelism exchanges keys and "
+            "values, which is accelerate's setting, not the mesh's; keep it in accelerate's "
+            "config."
+        )
+    return notes

@@ -1,0 +1,244 @@
+"""A meshconf config as Megatron-LM's arguments and Megatron-Core's
+``initialize_model_parallel`` arguments, checked by converting them back.
+
+The degrees map one to one (:data:`~.megatron.SIZE_DEGREES`), dp_replicate being the
+distributed optimizer's instances; the rank order becomes Megatron's order string, inner to
+outer, with ep beside cp where Megatron's expert grid takes cp's place. Megatron-LM's command
+line spells two orders (its default and ``--use-tp-pp-dp-mapping``); Megatron-Core takes any.
+The ``training`` keys that Megatron-LM's arguments give become those arguments. The result is
+converted back with :func:`~.megatron.convert_megatron`, and refused unless that gives the
+same degrees, the same rank numbering and the same expert groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshconf.core.degrees import WORLD_FACTORS
+from meshconf.core.errors import ConfigError, Diagnostic, KeyPath
+from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.megatron import SIZE_DEGREES, convert_megatron
+from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
+from meshconf.features.convert.megatron_input import read_command_line
+from meshconf.model.config import MeshConfig
+from meshconf.sources.loading import load_config
+
+#: Megatron's order tokens for meshconf's world factors (dp_replicate and dp_shard are dp).
+_TOKENS = {"tp": "tp", "cp": "cp", "dp_shard": "dp", "dp_replicate": "dp", "pp": "pp"}
+#: Training keys and the switch or argument each is; a value of None is a switch.
+_SWITCHES = {
+    "fp8_param_gather": "--fp8-param-gather",
+    "sequence_parallel": "--sequence-parallel",
+    "ep_overlap": "--overlap-moe-expert-parallel-comm",
+}
+_SPLIT_WEIGHTS = {
+    "embedding_as_layers": "--account-for-embedding-in-pipeline-split",
+    "output_as_layers": "--account-for-loss-in-pipeline-split",
+}
+_INTEGERS = {
+    "first_stage_layers": "--decoder-first-pipeline-num-layers",
+    "last_stage_layers": "--decoder-last-pipeline-num-layers",
+    "moe_max_nodes": "--moe-router-group-topk",
+    "virtual_stages": "--num-virtual-stages-per-pipeline-rank",
+    "microbatch_group": "--microbatch-group-size-per-virtual-pipeline-stage",
+}
+#: Training keys that need no argument at these values (Megatron's own defaults).
+_DEFAULTS: dict[str, object] = {
+    "zero_stage": 0,
+    "pp_schedule": "1f1b",
+    "activation_checkpointing": "none",
+    "fp8_param_gather": False,
+    "sequence_parallel": False,
+    "ep_overlap": False,
+}
+
+
+class MegatronExportError(ConfigError):
+    """A config whose groups or settings Megatron cannot reproduce."""
+
+
+@dataclass(frozen=True)
+class MegatronArguments:
+    """A config as Megatron sees it."""
+
+    #: Megatron-LM's arguments, in order: (flag, value), the value None for a switch.
+    arguments: tuple[tuple[str, str | None], ...]
+    #: Megatron's order string, inner to outer.
+    order: str
+    #: ``parallel_state.initialize_model_parallel``'s keyword arguments.
+    parallel_state: dict[str, Any]
+
+    def command_line(self) -> str:
+        """The arguments one to a line, each line but the last ending in a backslash."""
+        lines = [flag if value is None else f"{flag} {value}" for flag, value in self.arguments]
+        return " \\\n".join(lines) + "\n"
+
+
+def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> MegatronArguments:
+    """Megatron's arguments for ``config``, checked by converting them back.
+
+    ``command_line``: the order must be one Megatron-LM's arguments spell (its default or
+    ``--use-tp-pp-dp-mapping``); without it, any order Megatron-Core takes.
+
+    Raises:
+        MegatronExportError: (a ConfigError) a key Megatron cannot express, at that key:
+            dp_replicate and dp_shard apart in ``order``, an order the command line cannot
+            spell, ranks placed by ``levels`` or ``inside`` otherwise than Megatron numbers
+            them, expert groups Megatron's grid does not make, or a training setting with no
+            Megatron-LM argument.
+        WorldSizeUnknownError: a degree is -1 and the config has no world size.
+    """
+    degrees = config.resolved_degrees
+    problems: list[Diagnostic] = []
+    arguments: list[tuple[str, str | None]] = [
+        (f"--{name.replace('_', '-')}", str(degrees[degree]))
+        for name, degree in SIZE_DEGREES.items()
+    ]
+    arguments += _training_arguments(config, problems)
+    orders = _candidate_orders(config, problems, command_line=command_line)
+    if problems:
+        raise MegatronExportError(problems)
+    failure: Diagnostic | None = None
+    for order in orders:
+        written = list(arguments)
+        if order == TP_PP_DP_ORDER:
+            written.append(("--use-tp-pp-dp-mapping", None))
+        elif order != DEFAULT_ORDER:
+            written.append(("--order", order))
+        failure = _round_trip_problem(config, written)
+        if failure is None:
+            return MegatronArguments(tuple(written), order, _parallel_state(degrees, config, order))
+    assert failure is not None, "every config has at least one candidate order"
+    raise MegatronExportError([failure])
+
+
+def _placement_key(config: MeshConfig) -> KeyPath:
+    if config.inside:
+        return ("inside",)
+    if config.inside_node is not None:
+        return ("inside_node",)
+    return ("order",)
+
+
+def _candidate_orders(
+    config: MeshConfig, problems: list[Diagnostic], *, command_line: bool
+) -> list[str]:
+    """Megatron orders that may number the ranks as ``config`` does: the config's own order
+    in Megatron's tokens, and the two the command line spells (which differ from it only in
+    dims of size 1, or not at all)."""
+    sizes = config.resolved_degrees
+    outer_first = [name for name in (config.order or WORLD_FACTORS) if sizes[name] > 1]
+    if "dp_replicate" in outer_first and "dp_shard" in outer_first:
+        at = outer_first.index("dp_replicate")
+        if outer_first[at + 1 : at + 2] != ["dp_shard"]:
+            problems.append(
+                Diagnostic(
+                    ("order",),
+                    "Megatron numbers its distributed-optimizer instances (dp_replicate) just "
+                    "outside the ranks each one shards over (dp_shard); put dp_replicate right "
+                    "before dp_shard in order",
+                )
+            )
+            return []
+    tokens: list[str] = []
+    for name in reversed(outer_first):
+        if _TOKENS[name] not in tokens:
+            tokens.append(_TOKENS[name])
+    tokens += [token for token in ("tp", "cp", "dp", "pp") if token not in tokens]
+    tokens.insert(tokens.index("cp") + 1, "ep")
+    own = "-".join(tokens)
+    orders = [DEFAULT_ORDER, TP_PP_DP_ORDER]
+    if command_line:
+        return orders
+    return [*orders, own] if own not in orders else orders
+
+
+def _training_arguments(
+    config: MeshConfig, problems: list[Diagnostic]
+) -> list[tuple[str, str | None]]:
+    training = config.training
+    given = {} if training is None else training.model_dump(exclude_unset=True)
+    arguments: list[tuple[str, str | None]] = []
+    if config.resolved_degrees["dp_replicate"] > 1 and given.get("zero_stage", 1) == 1:
+        # Megatron-LM's distributed-optimizer instances need the distributed optimizer.
+        given["zero_stage"] = 1
+    for key, value in given.items():
+        if _DEFAULTS.get(key, object()) == value:
+            continue
+        if key == "zero_stage" and value == 1:
+            arguments.append(("--use-distributed-optimizer", None))
+        elif key in _SWITCHES and value is True:
+            arguments.append((_SWITCHES[key], None))
+        elif key in _SPLIT_WEIGHTS and value == 1:
+            arguments.append((_SPLIT_WEIGHTS[key], None))
+        elif key in _INTEGERS:
+            arguments.append((_INTEGERS[key], str(value)))
+        elif key == "pp_schedule" and value == "interleaved" and "virtual_stages" in given:
+            continue
+        elif key == "activation_checkpointing" and value == "full":
+            first = given.get("checkpoint_first")
+            how = ("uniform", "1") if first is None else ("block", str(first))
+            arguments += [
+                ("--recompute-granularity", "full"),
+                ("--recompute-method", how[0]),
+                ("--recompute-num-layers", how[1]),
+            ]
+        elif key == "checkpoint_first" and given.get("activation_checkpointing") == "full":
+            continue
+        else:
+            problems.append(
+                Diagnostic(
+                    ("training", key),
+                    f"{value!r} has no Megatron-LM argument meshconf writes; leave it out of "
+                    "the config for Megatron, or set it in Megatron's own arguments",
+                )
+            )
+    return arguments
+
+
+def _round_trip_problem(
+    config: MeshConfig, arguments: list[tuple[str, str | None]]
+) -> Diagnostic | None:
+    """Why Megatron's groups under ``arguments`` are not ``config``'s, if they are not."""
+    text = " ".join(flag if value is None else f"{flag} {value}" for flag, value in arguments)
+    world = config.resolved_world_size
+    try:
+        back = load_config(convert_megatron(read_command_line(text), world_size=world).data)
+    except ConversionError as error:
+        key: KeyPath = ("order",) if config.order is not None else ("degrees",)
+        return Diagnostic(key, error.problems[0].message)
+    if back.resolved_degrees != config.resolved_degrees:
+        return Diagnostic(("degrees",), "Megatron's sizes for these arguments differ")
+    if back.layout_over("world", WORLD_FACTORS) != config.layout_over("world", WORLD_FACTORS):
+        key = _placement_key(config)
+        return Diagnostic(
+            key,
+            f"Megatron numbers the ranks otherwise than {'.'.join(map(str, key))} does, so its "
+            "groups would hold other ranks; leave it out, or give an order Megatron has "
+            "(tp-cp-ep-dp-pp inner to outer, or tp-cp-ep-pp-dp)",
+        )
+    sparse = back.effective_domains["sparse"]
+    if back.layout("sparse").dims != config.layout_over("sparse", sparse).dims:
+        return Diagnostic(
+            ("degrees", "ep"),
+            "Megatron's expert groups under this order are not meshconf's sparse groups; "
+            "change order so that ep sits where Megatron puts it (beside cp)",
+        )
+    return None
+
+
+def _parallel_state(degrees: dict[str, int], config: MeshConfig, order: str) -> dict[str, Any]:
+    """``initialize_model_parallel``'s keyword arguments."""
+    training = config.training
+    chunks = None if training is None else training.virtual_stages
+    return {
+        "tensor_model_parallel_size": degrees["tp"],
+        "pipeline_model_parallel_size": degrees["pp"],
+        "virtual_pipeline_model_parallel_size": chunks if chunks and chunks > 1 else None,
+        "context_parallel_size": degrees["cp"],
+        "expert_model_parallel_size": degrees["ep"],
+        "expert_tensor_parallel_size": degrees["etp"],
+        "num_distributed_optimizer_instances": degrees["dp_replicate"],
+        "order": order,
+    }
