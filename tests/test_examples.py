@@ -104,12 +104,12 @@ def test_example_says_what_it_is(path: Path) -> None:
 
 def _schema_line_paths() -> list[Path]:
     app_config = EXAMPLES / "hydra_app" / "conf" / "config.yaml"
-    # Megatron's own files, the input of `meshconf convert --from megatron`, are not configs.
-    megatron = EXAMPLES / "migration" / "megatron"
+    # Megatron's and accelerate's own files, the input of `meshconf convert`, are not configs.
+    others = (EXAMPLES / "migration" / "megatron", EXAMPLES / "migration" / "accelerate")
     return sorted(
         path
         for path in EXAMPLES.rglob("*.yaml")
-        if path != app_config and megatron not in path.parents
+        if path != app_config and not any(tool in path.parents for tool in others)
     )
 
 

@@ -60,7 +60,15 @@ def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
     # Every runtime dependency is bounded above (pyproject.toml says why each bound is there).
     core = [r.split(";")[0] for r in requires if "extra ==" not in r]
     assert core and all("<" in requirement for requirement in core), core
-    assert set(metadata.get_all("Provides-Extra") or []) == {"torch", "hydra", "png", "dev"}
+    assert set(metadata.get_all("Provides-Extra") or []) == {
+        "torch",
+        "hydra",
+        "png",
+        "accelerate",
+        "transformers",
+        "peers",
+        "dev",
+    }
 
 
 # Creates a virtualenv and installs the core dependencies into it from the package index.

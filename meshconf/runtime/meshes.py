@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed._mesh_layout import _FlatLayout, _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
-from meshconf.core.layout import DimLayout
+from meshconf.core.layout import DimLayout, group_identity
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.groups import GroupRegistry
 
@@ -146,40 +146,50 @@ class MeshCache:
             self.device_type,
         )
 
-    def named(self, dims: Mapping[str, str], flattened: Mapping[str, Sequence[str]]) -> DeviceMesh:
-        """A root mesh over meshconf ``dims`` (the name a library reads each by, mapped to
-        the meshconf dim) with ``flattened`` dims (a name mapped to the names it joins) in
-        its flatten mapping, as torch's ``_flatten`` leaves them, over the registry's
-        groups; built once."""
-        key = ("named", *(f"{k}={v}" for k, v in dims.items()))
+    def named(
+        self,
+        dims: Mapping[str, tuple[str, ...]],
+        flattened: Mapping[str, Sequence[str]],
+        outside: tuple[str, ...],
+    ) -> DeviceMesh:
+        """A root mesh over meshconf dims under the names a library reads them by (each name
+        mapped to the meshconf dims it joins, outer first), with ``flattened`` dims (a name
+        mapped to the names it joins) in its flatten mapping, as torch's ``_flatten`` leaves
+        them, over the registry's groups; the ``outside`` dims, outermost, complete the world
+        and are not dims of the mesh (it holds this rank's slice of them). Built once."""
+        key = ("named", *(f"{k}={'*'.join(v)}" for k, v in dims.items()), *outside)
         key += tuple(f"{k}={'*'.join(v)}" for k, v in flattened.items())
         mesh = self.slices.get(key)
         if mesh is not None:
             return mesh
         start = time.perf_counter()
-        layout = self.config.layout_over("+".join(dims.values()), list(dims.values()))
+        parts = [*outside, *(dim for joined in dims.values() for dim in joined)]
+        layout = self.config.layout_over("+".join(parts), parts)
         groups = [
             self.registry.get(
-                layout.group(self.rank, dim),
-                real=self.must_stay_real(dim),
-                description=f"{name}={dim}",
+                layout.group(self.rank, joined),
+                real=any(self.must_stay_real(dim) for dim in joined),
+                description=f"{name}={'*'.join(joined)}",
             )
-            for name, dim in dims.items()
+            for name, joined in dims.items()
         ]
-        renamed = [DimLayout(name, layout.dim(dim).modes) for name, dim in dims.items()]
+        renamed = [
+            DimLayout(name, group_identity([m for dim in joined for m in layout.dim(dim).modes]))
+            for name, joined in dims.items()
+        ]
         mesh = layout_mesh(renamed, self.rank_map(), groups, self.device_type)
-        for name, parts in flattened.items():
+        names = list(dims)
+        for name, joined_names in flattened.items():
+            joined = [dim for part in joined_names for dim in dims[part]]
             # FSDP shards over flattened dims, and needs a real group even over one rank.
             group = self.registry.get(
-                layout.group(self.rank, [dims[part] for part in parts]),
-                real=True,
-                description=f"{name}={'*'.join(dims[part] for part in parts)}",
+                layout.group(self.rank, joined), real=True, description=f"{name}={'*'.join(joined)}"
             )
-            indices = [list(dims).index(part) for part in parts]
-            joined = _MeshLayout([_MeshLayout([mesh._layout[i] for i in indices]).collapse()])
+            indices = [names.index(part) for part in joined_names]
+            flat_layout = _MeshLayout([mesh._layout[i] for i in indices]).collapse()
             flat = DeviceMesh(
                 self.device_type,
-                _layout=joined,
+                _layout=_MeshLayout([flat_layout]),
                 _rank_map=mesh._rank_map,
                 mesh_dim_names=(name,),
                 _root_mesh=mesh,

@@ -75,21 +75,30 @@ class MeshRequests(RankFacts):
 
     def named_mesh(
         self,
-        dims: Mapping[str, str],
+        dims: Mapping[str, str | Sequence[str]],
         flattened: Mapping[str, Sequence[str]] | None = None,
+        *,
+        outside: Sequence[str] = (),
     ) -> DeviceMesh:
         """A mesh over meshconf dims under the names another library reads them by, for a
         library that takes a mesh built elsewhere (accelerate, NeMo AutoModel): ``dims`` maps
-        each of its names, outer to inner, to a degree or derived dim; ``flattened`` maps the
-        name of each flattened dim it reads to the names it joins, which torch's
-        ``DeviceMesh._flatten`` would have made. The ranks are numbered as the config numbers
-        them (its ``order``, ``levels`` and ``inside`` kept), and each group is the one every
-        other mesh of this context with the same ranks uses. Built once, kept.
+        each of its names, outer to inner, to a degree or derived dim, or to several, outer
+        first, that the one dim joins; ``flattened`` maps the name of each flattened dim it
+        reads to the names it joins, as torch's ``DeviceMesh._flatten`` would have made them;
+        ``outside``, meshconf dims outside all of those that complete the world, for a mesh
+        over part of it (one pipeline stage's ranks: ``outside=["pp"]``). The ranks are
+        numbered as the config numbers them (its ``order``, ``levels`` and ``inside`` kept),
+        and each group is the one every other mesh of this context with the same ranks uses.
+        Built once, kept.
 
         Raises:
-            InvalidArgumentError: (a ValueError) a dim the config does not have, dims that
-                do not cover the world once, or a flattened dim joining names not in ``dims``.
+            InvalidArgumentError: (a ValueError) a dim the config does not have, dims (with
+                ``outside``) that do not cover the world once, or a flattened dim joining names
+                not in ``dims``.
         """
+        joined = {
+            name: (dim,) if isinstance(dim, str) else tuple(dim) for name, dim in dims.items()
+        }
         flattened = {} if flattened is None else flattened
         for name, parts in flattened.items():
             unknown = [part for part in parts if part not in dims]
@@ -99,7 +108,7 @@ class MeshRequests(RankFacts):
                     f"of dims: {', '.join(dims)}"
                 )
         try:
-            return self._meshes.named(dims, flattened)
+            return self._meshes.named(joined, flattened, tuple(outside))
         except LayoutError as error:
             raise InvalidArgumentError(str(error)) from None
 

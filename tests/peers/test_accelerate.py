@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from accelerate import ParallelismConfig
 from accelerate.utils import DistributedType
+from conftest import REPO
 from distributed import in_child, run_ranks
 
 from meshconf import ConfigError, load_config
@@ -29,6 +30,7 @@ from meshconf.compat.accelerate import (
     from_parallelism_config,
     parallelism_config,
 )
+from meshconf.features.convert import BY_NAME
 from meshconf.runtime import DistributedContext, all_reduce
 
 SIZES = (1, 2, 3)
@@ -39,7 +41,7 @@ def _accelerate_sizes(degrees: dict[str, int]) -> dict[str, int]:
 
 
 def _layouts() -> list[dict[str, int]]:
-    """Every accelerate layout of sizes 1 to 3 on at most 12 ranks that accelerate accepts
+    """Every accelerate layout of sizes 1 to 3 on at most 8 ranks that accelerate accepts
     and that has a mesh (some size above 1)."""
     layouts = []
     for sizes in itertools.product(SIZES, repeat=len(ACCELERATE_DIMS)):
@@ -50,7 +52,7 @@ def _layouts() -> list[dict[str, int]]:
         world = 1
         for size in sizes:
             world *= size
-        if 1 < world <= 12:
+        if 1 < world <= 8:
             layouts.append(degrees)
     return layouts
 
@@ -105,9 +107,9 @@ def _launched(world: int, *, fsdp2: bool) -> SimpleNamespace:
 
 @pytest.mark.timeout(300)
 def test_every_dim_of_accelerate_s_own_mesh_is_meshconf_s_on_every_rank() -> None:
-    """Fake process group: every rank of each layout of sizes 1 to 3, up to 12 ranks."""
+    """Fake process group: every rank of each layout of sizes 1 to 3, up to 8 ranks."""
     layouts = _layouts()
-    assert len(layouts) == 36
+    assert len(layouts) == 23
     for degrees in layouts:
         in_child(_every_rank_equals_accelerate, degrees)
 
@@ -200,7 +202,16 @@ def test_tp_beside_pure_replication_is_refused_as_accelerate_refuses_it() -> Non
         ParallelismConfig(dp_replicate_size=2, tp_size=2)
 
 
-def test_fsdp2_with_nothing_to_shard_is_refused_as_accelerate_refuses_it() -> None:
+def _fsdp2_key_error(_: None) -> None:
+    # What accelerate's FSDP2 preparation slices (fsdp_utils: mesh[fsdp_dim_names]).
+    config = ParallelismConfig(tp_size=4)
+    mesh = config.build_device_mesh("cpu")
+    with pytest.raises(KeyError, match="dp_shard_cp"):
+        mesh[tuple(config.fsdp_dim_names)]
+
+
+def test_fsdp2_with_nothing_to_shard_is_refused_as_accelerate_fails() -> None:
+    """Fake process group, 4 simulated ranks, for accelerate's own mesh."""
     assert _refusal({"tp": 4}, fsdp2=True) == (
         "degrees.dp_shard: accelerate's FSDP2 shards over dp_shard * cp, which is 1 here, and "
         "fails with KeyError 'dp_shard_cp' "
@@ -208,8 +219,34 @@ def test_fsdp2_with_nothing_to_shard_is_refused_as_accelerate_refuses_it() -> No
         "(lowering tp to leave it ranks), or launch without FSDP"
     )
     check_config(load_config({"degrees": {"dp_shard": 1, "tp": 4}}), fsdp2=False)
-    with pytest.raises(ValueError, match="no dimension for FSDP to shard across"):
-        ParallelismConfig(tp_size=4)._validate_accelerator(_launched(4, fsdp2=True))
+    in_child(_fake_world, 4, _fsdp2_key_error)
+
+
+def _fake_world(world: int, function: Any) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    function(None)
+
+
+def _accelerate_refuses(sizes: dict[str, int], fsdp2: bool) -> bool:
+    """Whether accelerate refuses the layout: its ParallelismConfig, its check of the launch
+    (1.15 refuses FSDP2 with nothing to shard there), or its FSDP2 preparation, which slices
+    the mesh by fsdp_dim_names and meets no dp_shard_cp dim (1.10, #3798)."""
+    world = 1
+    for size in sizes.values():
+        world *= size
+    try:
+        config = ParallelismConfig(**_accelerate_sizes(sizes))
+        config._validate_accelerator(_launched(world, fsdp2=fsdp2))
+    except ValueError:
+        return world > 1
+    return (
+        fsdp2
+        and world > 1
+        and "dp_shard_cp" in config.fsdp_dim_names
+        and (not config.dp_shard_cp_dim_names)
+    )
 
 
 def test_fsdp2_is_read_from_the_environment_accelerate_launch_sets(
@@ -226,26 +263,16 @@ def test_fsdp2_is_read_from_the_environment_accelerate_launch_sets(
 
 @pytest.mark.parametrize("degrees", _layouts()[::5])
 def test_what_meshconf_refuses_is_what_accelerate_refuses(degrees: dict[str, int]) -> None:
-    """Over both flags that matter (pure replication, FSDP2 without a shard dim), meshconf's
-    refusal and accelerate's own ValueError come together."""
+    """Over both settings that matter (pure replication, FSDP2 without a shard dim),
+    meshconf refuses exactly what accelerate refuses or fails on."""
     for replicate, shard, fsdp2 in itertools.product((1, 2), (1, 2), (False, True)):
         sizes = {**degrees, "dp_replicate": replicate, "dp_shard": shard}
-        world = 1
-        for size in sizes.values():
-            world *= size
-        try:
-            ParallelismConfig(**_accelerate_sizes(sizes))._validate_accelerator(
-                _launched(world, fsdp2=fsdp2)
-            )
-            accelerate_refuses = False
-        except ValueError:
-            accelerate_refuses = world > 1
         try:
             check_config(load_config({"degrees": sizes}), fsdp2=fsdp2)
             meshconf_refuses = False
         except AccelerateError:
             meshconf_refuses = True
-        assert meshconf_refuses == accelerate_refuses, (sizes, fsdp2)
+        assert meshconf_refuses == _accelerate_refuses(sizes, fsdp2), (sizes, fsdp2)
 
 
 # From accelerate to meshconf ------------------------------------------------------------
@@ -283,3 +310,54 @@ def test_sequence_parallelism_is_refused_with_a_note() -> None:
 def test_sizes_that_do_not_make_the_world_are_refused() -> None:
     with pytest.raises(ConfigError, match="world_size"):
         from_parallelism_config(ParallelismConfig(dp_shard_size=2, tp_size=2), world_size=8)
+
+
+# accelerate's own readers of what convert --from accelerate reads ---------------------------
+
+CONFIG_FILE = REPO / "examples/migration/accelerate/fsdp2_hsdp_tp_cp_16gpu.yaml"
+
+
+def _converted(text: str, suffix: str) -> dict[str, Any]:
+    source = BY_NAME["accelerate"]
+    assert source.read is not None
+    return source.convert(source.read(text, suffix)).data
+
+
+def test_accelerate_s_config_reader_reads_the_sizes_meshconf_converts() -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cluster = load_config_from_file(str(CONFIG_FILE))
+    block = {
+        k.removeprefix("parallelism_config_"): v for k, v in cluster.parallelism_config.items()
+    }
+    sizes = {name: block[f"{name}_size"] for name in ACCELERATE_DIMS}
+    data = _converted(CONFIG_FILE.read_text(encoding="utf-8"), ".yaml")
+    assert {name: data["degrees"][name] for name in ACCELERATE_DIMS} == sizes
+    assert data["world_size"] == cluster.num_processes
+    assert data["gpus_per_node"] == cluster.num_processes // cluster.num_machines
+
+
+@pytest.mark.parametrize("values", list(itertools.product((1, 2), (2, 3), (1, 2), (1, 2)))[::3])
+def test_accelerate_s_launch_parser_and_environment_read_what_meshconf_reads(
+    values: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelerate.commands.launch import launch_command_parser
+
+    sizes = dict(zip(ACCELERATE_DIMS, values, strict=True))
+    world = values[0] * values[1] * values[2] * values[3]
+    options = [f"--parallelism_config_{name}_size={size}" for name, size in sizes.items()]
+    argv = ["--num_processes", str(world), *options, "train.py"]
+    parsed = launch_command_parser().parse_args(argv)
+    theirs = {name: getattr(parsed, f"parallelism_config_{name}_size") for name in sizes}
+    line = _converted("accelerate launch " + " ".join(argv), "")
+    assert {name: line["degrees"][name] for name in sizes} == theirs == sizes
+    assert line["world_size"] == parsed.num_processes
+    # The variables accelerate launch sets, read by accelerate's ParallelismConfig.
+    exports = "".join(f"export PARALLELISM_CONFIG_{n.upper()}_SIZE={v}\n" for n, v in sizes.items())
+    for name, size in sizes.items():
+        monkeypatch.setenv(f"PARALLELISM_CONFIG_{name.upper()}_SIZE", str(size))
+    from_environment = ParallelismConfig()
+    variables = _converted(exports + f"accelerate launch --num_processes {world} train.py", "")
+    assert {name: variables["degrees"][name] for name in sizes} == {
+        name: getattr(from_environment, f"{name}_size") for name in sizes
+    }

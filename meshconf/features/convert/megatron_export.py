@@ -12,6 +12,7 @@ same degrees, the same rank numbering and the same expert groups.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,16 +100,24 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
     orders = _candidate_orders(config, problems, command_line=command_line)
     if problems:
         raise MegatronExportError(problems)
+    variants = [arguments]
+    if degrees["ep"] == 1:
+        # Without experts Megatron still checks its expert grid, which with its default
+        # expert tp (tp) fits every order; meshconf's etp then has no group to hold.
+        variants.append([pair for pair in arguments if pair[0] != "--expert-tensor-parallel-size"])
     failure: Diagnostic | None = None
-    for order in orders:
-        written = list(arguments)
+    for order, variant in itertools.product(orders, variants):
+        written = list(variant)
         if order == TP_PP_DP_ORDER:
             written.append(("--use-tp-pp-dp-mapping", None))
         elif order != DEFAULT_ORDER:
             written.append(("--order", order))
         failure = _round_trip_problem(config, written)
         if failure is None:
-            return MegatronArguments(tuple(written), order, _parallel_state(degrees, config, order))
+            state = _parallel_state(degrees, config, order)
+            if variant is not arguments:
+                state["expert_tensor_parallel_size"] = None
+            return MegatronArguments(tuple(written), order, state)
     assert failure is not None, "every config has at least one candidate order"
     raise MegatronExportError([failure])
 
@@ -208,7 +217,10 @@ def _round_trip_problem(
     except ConversionError as error:
         key: KeyPath = ("order",) if config.order is not None else ("degrees",)
         return Diagnostic(key, error.problems[0].message)
-    if back.resolved_degrees != config.resolved_degrees:
+    ours, theirs = config.resolved_degrees, back.resolved_degrees
+    if ours["ep"] == 1:
+        ours, theirs = {**ours, "etp": 1}, {**theirs, "etp": 1}
+    if theirs != ours:
         return Diagnostic(("degrees",), "Megatron's sizes for these arguments differ")
     if back.layout_over("world", WORLD_FACTORS) != config.layout_over("world", WORLD_FACTORS):
         key = _placement_key(config)
@@ -219,7 +231,7 @@ def _round_trip_problem(
             "(tp-cp-ep-dp-pp inner to outer, or tp-cp-ep-pp-dp)",
         )
     sparse = back.effective_domains["sparse"]
-    if back.layout("sparse").dims != config.layout_over("sparse", sparse).dims:
+    if ours["ep"] > 1 and back.layout("sparse").dims != config.layout_over("sparse", sparse).dims:
         return Diagnostic(
             ("degrees", "ep"),
             "Megatron's expert groups under this order are not meshconf's sparse groups; "
