@@ -14,12 +14,6 @@ import pytest
 import torch.distributed as dist
 from distributed import in_child, run_ranks
 
-# Imported once here, so that the forked children that run it inherit it; without Transformer
-# Engine and Apex (CUDA libraries) Megatron-Core warns that it falls back to torch's code.
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from megatron.core import parallel_state as ps
-
 from meshconf import ConfigError, load_config
 from meshconf.compat.megatron import (
     MegatronExportError,
@@ -31,6 +25,20 @@ from meshconf.features.convert import convert_megatron
 from meshconf.features.convert.megatron_export import megatron_arguments
 from meshconf.features.convert.megatron_input import read_command_line
 from meshconf.runtime import DistributedContext
+
+
+@pytest.fixture(scope="module")
+def megatron_loaded() -> Any:
+    """Megatron-Core's parallel_state, imported once by the worker that runs these tests (not
+    by every worker that collects them), before the children that run it are forked; without
+    Transformer Engine and Apex (CUDA libraries) Megatron-Core warns that it falls back to
+    torch's code."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state
+
+    return parallel_state
+
 
 ORDERS = [
     None,
@@ -173,6 +181,8 @@ def test_megatron_core_takes_an_order_the_command_line_cannot_spell() -> None:
 
 
 def _megatron_groups_are_meshconf_s(data: dict[str, Any], ranks: list[int]) -> None:
+    from megatron.core import parallel_state as ps
+
     config = load_config(data)
     world = config.resolved_world_size
     assert world is not None
@@ -198,7 +208,7 @@ def _megatron_groups_are_meshconf_s(data: dict[str, Any], ranks: list[int]) -> N
 
 
 @pytest.mark.timeout(300)
-def test_megatron_core_builds_the_config_s_groups() -> None:
+def test_megatron_core_builds_the_config_s_groups(megatron_loaded: Any) -> None:
     """Fake process group: generated layouts on up to 64 ranks, three ranks each; Megatron's
     tp, pp, cp, data-parallel, expert and expert-tp groups against meshconf's."""
     checked = 0
@@ -216,6 +226,8 @@ def test_megatron_core_builds_the_config_s_groups() -> None:
 
 
 def _on_gloo(rank: int, environ: dict[str, str]) -> None:
+    from megatron.core import parallel_state as ps
+
     data = {"world_size": 8, "degrees": {"pp": 2, "dp_shard": 2, "tp": 2, "ep": 2}}
     with DistributedContext(load_config(data), environ=environ) as context:
         initialize_model_parallel(context.config, create_gloo_process_groups=False)
@@ -232,7 +244,7 @@ def _on_gloo(rank: int, environ: dict[str, str]) -> None:
             ps.destroy_model_parallel()
 
 
-def test_megatron_core_builds_the_groups_on_8_gloo_processes() -> None:
+def test_megatron_core_builds_the_groups_on_8_gloo_processes(megatron_loaded: Any) -> None:
     run_ranks(_on_gloo, 8)
 
 

@@ -4,7 +4,9 @@ with located lines only, or exit 2 with one usage line; never a traceback, never
 limits, never a file written.
 
 Classes: Megatron launch scripts, ``--args`` and NeMo YAML (expansion, arithmetic, orders,
-sizes, the model chunks per rank, constructs the reader does not run); model files and the
+sizes, the model chunks per rank, constructs the reader does not run); accelerate's config
+file, launch lines and variables (sizes of every kind, shapes that are not its config);
+model files and the
 numbers of plan and show; resolvers and output files; and the classes of the last corpora:
 TOML integers of thousands of digits, model files too large (exit 1, as any invalid file),
 Megatron switches given a value, level names that differ only in case, integer options that
@@ -128,6 +130,57 @@ def megatron(rng: random.Random) -> Iterator[Case]:
         yield case
     yield script("x" * (300 * 1024) + "\n")
     yield arguments("--tensor-model-parallel-size " + "2 " * 200_000)
+
+
+# --- 1b. accelerate: its config file, launch lines and variables ---------------------------
+
+ACCELERATE_KEYS = ["dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"]
+ODD_VALUES = ["true", "[2]", "{a: 1}", "2.0", "-2", "0", "~", "'2'", "9" * 4000, "1e3", "!!str 2"]
+
+
+def accelerate_file(text: str, name: str = "accelerate.yaml") -> Case:
+    return Case("accelerate", ["convert", "--from", "accelerate", name], {name: text.encode()})
+
+
+def accelerate(rng: random.Random) -> Iterator[Case]:
+    for _ in range(8 * SCALE):  # sizes of every kind, in each of the three places
+        key, size = rng.choice(ACCELERATE_KEYS), rng.choice(ODD_SIZES)
+        value = rng.choice(ODD_VALUES)
+        yield accelerate_file(
+            f"num_processes: 8\nparallelism_config:\n  parallelism_config_{key}: {value}\n"
+        )
+        yield accelerate_file(f"num_processes: {value}\nnum_machines: {rng.choice(ODD_VALUES)}\n")
+        yield Case(
+            "accelerate",
+            [
+                "convert",
+                "--from",
+                "accelerate",
+                "--args",
+                f"accelerate launch --parallelism_config_{key} {size} train.py",
+            ],
+        )
+        yield accelerate_file(
+            f"export PARALLELISM_CONFIG_{key.upper()}={size}\naccelerate launch train.py\n",
+            "job.sh",
+        )
+    for _ in range(4 * SCALE):  # what the reader does not run
+        construct = rng.choice(CONSTRUCTS)
+        yield accelerate_file(
+            f"X={construct}\naccelerate launch --num_processes $X train.py\n", "job.sh"
+        )
+    for text in (  # shapes that are not accelerate's config
+        "- 1\n- 2\n",
+        "parallelism_config: 4\n",
+        "fsdp_config: [1, 2]\nnum_processes: 2\n",
+        "num_processes: [8\n",
+        "a: &a [*a]\n",
+        "num_processes: 8\n" * 3,
+        "parallelism_config:\n" + "  parallelism_config_tp_size: 2\n" * 2000,
+    ):
+        yield accelerate_file(text)
+    yield accelerate_file("x" * (5 * 1024 * 1024))
+    yield accelerate_file("accelerate launch " + "--num_processes 8 " * 20_000 + "t.py\n", "job.sh")
 
 
 # --- 2. Model files and the numbers of plan and show ---------------------------------------
@@ -405,7 +458,7 @@ def corpora(rng: random.Random) -> Iterator[Case]:
 
 
 @pytest.mark.timeout(600 if LONG else 240, method="thread")
-@pytest.mark.parametrize("surface", [megatron, models, resolvers, outputs, corpora])
+@pytest.mark.parametrize("surface", [megatron, accelerate, models, resolvers, outputs, corpora])
 def test_hostile_input_to_each_surface(tmp_path: Path, surface: object) -> None:
     cases = list(surface(random.Random(f"{surface.__name__}")))  # type: ignore[operator]
     failures = []

@@ -82,15 +82,20 @@ def _read_config_file(text: str) -> dict[str, Setting]:
     for key in LAUNCH:
         if key in data:
             take((key,), key, data[key])
-    fsdp = data.get("fsdp_config")
-    if isinstance(fsdp, Mapping) and "fsdp_version" in fsdp:
+    for table in ("fsdp_config", "parallelism_config"):
+        if data.get(table) is not None and not isinstance(data[table], Mapping):
+            at = document.positions.get((table,))
+            position = None if at is None else (at.line, at.column)
+            raise source_error(
+                table, f"expected a mapping, got {describe_value(data[table])}", position
+            )
+    fsdp = data.get("fsdp_config") or {}
+    if "fsdp_version" in fsdp:
         take(("fsdp_config", "fsdp_version"), "fsdp_version", fsdp["fsdp_version"])
-    block = data.get("parallelism_config")
-    if isinstance(block, Mapping):
-        for key, value in block.items():
-            name = str(key).removeprefix(_PREFIX)
-            if name in PARALLELISM:
-                take(("parallelism_config", str(key)), name, value)
+    for key, value in (data.get("parallelism_config") or {}).items():
+        name = str(key).removeprefix(_PREFIX)
+        if name in PARALLELISM:
+            take(("parallelism_config", str(key)), name, value)
     return found
 
 
