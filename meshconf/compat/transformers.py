@@ -1,6 +1,6 @@
-"""transformers' ``DistributedConfig`` (transformers 5) from a meshconf config.
+"""transformers' ``DistributedConfig`` (transformers 5.24 and later) from a meshconf config.
 
-transformers 5 builds its meshes itself from a ``DistributedConfig``: a dense mesh
+transformers builds its meshes itself from a ``DistributedConfig``: a dense mesh
 ``(pp, dp_replicate, fsdp, tp)`` and an expert mesh ``(pp, dp_replicate, efsdp, ep)``, both
 row-major over the ranks. Those hold the groups of meshconf's ``dense`` and ``sparse``
 domains when the config numbers its ranks in the default order, so :func:`distributed_config`
@@ -105,7 +105,7 @@ def distributed_config(config: MeshConfig) -> DistributedConfig:
 
     Raises:
         TransformersError: as :func:`check_config`.
-        ImportError: transformers 5 is not installed (``pip install "meshconf[transformers]"``).
+        ImportError: transformers is not installed (``pip install "meshconf[transformers]"``).
     """
     check_config(config)
     from transformers import DistributedConfig
