@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,10 +270,8 @@ def test_a_build_that_cannot_be_loaded_is_a_usage_error(
     tmp_path: Path, spec: str, message: str
 ) -> None:
     (tmp_path / "mesh.yaml").write_text("world_size: 8\ndegrees: {dp_shard: 8}\n")
-    command = [sys.executable, "-m", "meshconf", "measure", str(tmp_path / "mesh.yaml")]
-    done = subprocess.run(
-        [*command, "--build", spec], cwd=HERE, capture_output=True, text=True, timeout=120
-    )
+    command = ["meshconf", "measure", str(tmp_path / "mesh.yaml"), "--build", spec]
+    done = forkserver.run(_SERVER[0], command, cwd=HERE, env=dict(os.environ))
     assert done.returncode == 2
     assert done.stderr.startswith(f"meshconf: error: {message}")
     assert done.stderr.count("\n") == 1

@@ -10,12 +10,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from brute_force import assert_refused_only_for_uneven_groups, brute_force_groups, errors
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf import ConfigError, load_config
 from meshconf.cli.show import build_report
 from meshconf.core.degrees import WORLD_FACTORS, divisors
+from meshconf.core.layout import LayoutError
 
 ORDERS = list(itertools.permutations(WORLD_FACTORS))
 META = ["dp_replicate", "dp_shard", "pp", "cp", "tp"]
@@ -216,3 +218,33 @@ def test_render_draws_the_groups_of_the_order(run_cli, tmp_path: Path) -> None: 
     svg = out.read_text(encoding="utf-8")
     assert "ep: size 4, stride 4, 4 groups; coloured: rank 0's group" in svg
     assert "efsdp: size 4, stride 1, 4 groups" in svg
+
+
+def test_a_layout_over_any_dims_numbers_the_ranks_as_the_config_does() -> None:
+    """MeshConfig.layout_over: what a domain of those dims would have, order kept."""
+    config = load_config(
+        {
+            "world_size": 16,
+            "degrees": {"dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 2},
+            "order": ["tp", "pp", "dp_replicate", "dp_shard", "cp"],
+        }
+    )
+    for domain, layout in config.layouts.items():
+        assert config.layout_over(domain, layout.dim_names) == layout
+    over = config.layout_over("accelerate", ["dp_replicate", "dp_shard", "cp", "tp"])
+    assert over.name == "accelerate" and over.world_size == 16
+    assert [over.group(5, dim).ranks() for dim in over.dim_names] == [
+        [1, 5],
+        [5, 7],
+        [4, 5],
+        [5, 13],
+    ]
+    assert over.group(5, ["dp_shard", "cp"]).ranks() == [4, 5, 6, 7]
+    with pytest.raises(LayoutError) as raised:
+        config.layout_over("x", ["tp", "nope", "also"])
+    assert str(raised.value) == (
+        "x: unknown dim 'nope'; dims are pp, dp_replicate, dp_shard, cp, tp, ep, etp, batch, "
+        "fsdp, loss, efsdp"
+    )
+    with pytest.raises(LayoutError, match="do not number the ranks one to one"):
+        config.layout_over("short", ["tp", "cp"])
