@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from brute_force import assert_refused_only_for_uneven_groups, brute_force_groups, errors
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -26,6 +27,7 @@ def placements(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int], int]:
     return degrees, inside, math.prod(inside.values())
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(placements())
 def test_every_group_is_the_brute_force_group_in_rank_order(

@@ -164,6 +164,7 @@ def mixed_radix_layouts(draw: st.DrawFn) -> DomainLayout:
     return DomainLayout("mesh", math.prod(sizes), tuple(dims))
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=400, deadline=None)
 @given(mixed_radix_layouts(), st.integers(1, 40), st.data())
 def test_crosses_nodes_of_any_dims_of_any_layout_matches_brute_force(

@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any
 
+import pytest
 from brute_force import errors
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
@@ -114,6 +115,7 @@ def is_product(layouts: dict[str, DomainLayout], dim: str) -> bool:
     return True
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topologies())
 def test_dims_kept_inside_a_level_stay_inside_every_unit_of_it(data: dict[str, Any]) -> None:

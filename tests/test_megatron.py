@@ -149,6 +149,7 @@ def megatron_configs(draw: st.DrawFn) -> tuple[Any, ...]:
 
 
 # 300 configurations compared rank by rank, some of 16,384 ranks: about 30 s on one core.
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @pytest.mark.timeout(300)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(megatron_configs())

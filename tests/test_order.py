@@ -64,6 +64,7 @@ def _check_against_brute_force(
             assert layout.rank_at(layout.coordinate(other)) == other
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ordered_worlds(placed=False), st.integers(min_value=0))
 def test_show_json_gives_the_row_major_groups_of_the_order(

@@ -39,6 +39,7 @@ def requests(draw: st.DrawFn) -> Request:
     return Request(world, gpus, pins, order=draw(st.sampled_from(ORDERS)), levels=levels)
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests())
 def test_every_row_s_level_counts_are_its_layouts(request_: Request) -> None:

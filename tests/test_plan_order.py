@@ -58,6 +58,7 @@ def ordered_requests(draw: st.DrawFn) -> Request:
     return Request(world, gpus, pins, order=draw(st.sampled_from(ORDERS)))
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @settings(max_examples=40, deadline=None)
 @given(ordered_requests())
 def test_under_any_order_the_rows_are_the_valid_configs_and_their_flags_the_layouts(
@@ -83,6 +84,7 @@ def test_under_any_order_the_rows_are_the_valid_configs_and_their_flags_the_layo
             )
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @pytest.mark.parametrize("gpus_per_node", [2, 4, 8])
 def test_every_order_of_a_mixture_of_experts_reads_each_expert_dim_from_its_layout(
     gpus_per_node: int,

@@ -276,6 +276,7 @@ def decode_png(data: bytes) -> Any:
     return matplotlib.image.imread(io.BytesIO(data), format="png")
 
 
+@pytest.mark.slow  # matplotlib draws the PNG for seconds: the quick loop leaves it out
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_png_is_the_drawing_at_its_size_with_the_rank_dark(scale: float) -> None:
     drawing = draw_domain(textbook(), 37, 8)

@@ -205,6 +205,7 @@ def merges(draw: st.DrawFn) -> Merge:
     return Merge("\n".join(lines) + "\n", expected, expected_lines)
 
 
+@pytest.mark.slow  # a long generated sweep: the quick loop leaves it out
 @GENERATED
 @given(merges())
 def test_merge_keys_follow_the_merge_spec(case: Merge) -> None:
