@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshconf.compat.accelerate import FLATTENED_DIMS
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig
 
@@ -25,12 +26,8 @@ __all__ = ["DEVICE_MESH_DIMS", "NemoAutomodelError", "check_config", "meshes"]
 
 #: The device mesh's axes, outer to inner, each the meshconf degree of the same name.
 DEVICE_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-#: The axes NeMo AutoModel flattens, with the axes each joins.
-FLATTENED = {
-    "dp": ("dp_replicate", "dp_shard"),
-    "dp_shard_cp": ("dp_shard", "cp"),
-    "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-}
+#: The axes NeMo AutoModel flattens, with the axes each joins: accelerate's.
+FLATTENED = {name: dims for name, (dims, _) in FLATTENED_DIMS.items()}
 #: The MoE mesh's axes, over one pipeline stage: ep_shard holds the ranks that keep the same
 #: experts, meshconf's dp_replicate and efsdp together.
 MOE_MESH_DIMS = {"ep_shard": ("dp_replicate", "efsdp"), "ep": ("ep",)}

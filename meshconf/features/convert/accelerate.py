@@ -25,9 +25,13 @@ from meshconf.features.convert.common import (
     validate,
     world_size_note,
 )
-from meshconf.features.convert.megatron_input import Setting, integer_setting
+from meshconf.features.convert.megatron_input import (
+    Setting,
+    integer_setting,
+    settings_from_words,
+    yaml_document,
+)
 from meshconf.features.convert.shell import Word, commands, source_error
-from meshconf.sources.yaml_reader import YamlError, read_yaml
 
 ACCELERATE = "accelerate"
 #: accelerate's sizes, by the name its ParallelismConfig gives them, and the meshconf degree.
@@ -62,11 +66,7 @@ def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
 
 
 def _read_config_file(text: str) -> dict[str, Setting]:
-    try:
-        document = read_yaml(text)
-    except YamlError as error:
-        position = None if error.position is None else (error.position.line, error.position.column)
-        raise source_error(None, f"invalid YAML: {error.message}", position) from None
+    document = yaml_document(text)
     data = document.data
     if not isinstance(data, Mapping):
         raise source_error(
@@ -108,8 +108,7 @@ def _read_launch(text: str) -> dict[str, Setting]:
     if launch is None:
         launch = lines[0] if len(lines) == 1 else []
     found: dict[str, Setting] = {}
-    leading = [word for line in lines for word in _leading_assignments(line)]
-    for word in (*assigned, *leading):
+    for word in assigned:
         variable, _, value = word.text.partition("=")
         name = _ENVIRONMENT.get(variable, "")
         if variable.startswith(_PREFIX.upper()):
@@ -117,7 +116,15 @@ def _read_launch(text: str) -> dict[str, Setting]:
         if name in PARALLELISM or name in _ENVIRONMENT.values():
             column = word.column + len(variable) + 1
             found[name] = Setting(name, variable, value, (word.line, column))
-    found.update(_options(_launcher_words(launch)))
+    found.update(
+        settings_from_words(
+            _launcher_words(launch),
+            (*PARALLELISM, *LAUNCH),
+            ("use_fsdp",),
+            tool="accelerate launch",
+            name_of=lambda flag: flag[2:].removeprefix(_PREFIX),
+        )
+    )
     return found
 
 
@@ -127,18 +134,6 @@ def _is_launch(line: list[Word]) -> bool:
         text.endswith("accelerate") and texts[index + 1 : index + 2] == ["launch"]
         for index, text in enumerate(texts)
     )
-
-
-def _leading_assignments(line: list[Word]) -> list[Word]:
-    """``A=1 B=2 cmd``: the shell reader takes the first assignment and keeps the others
-    as words of the command."""
-    words = []
-    for word in line:
-        name, equals, _ = word.text.partition("=")
-        if not equals or not name.isidentifier() or word.text.startswith("-"):
-            break
-        words.append(word)
-    return words
 
 
 def _launcher_words(line: list[Word]) -> list[Word]:
@@ -151,34 +146,6 @@ def _launcher_words(line: list[Word]) -> list[Word]:
             break
         words.append(word)
     return words
-
-
-def _options(words: list[Word]) -> dict[str, Setting]:
-    """``--name value``, ``--name=value`` and ``--use_fsdp``; the last one wins, as with
-    accelerate's argument parser."""
-    found: dict[str, Setting] = {}
-    index = 0
-    while index < len(words):
-        word = words[index]
-        index += 1
-        if not word.text.startswith("--"):
-            continue
-        flag, equals, inline = word.text.partition("=")
-        name = flag[2:].removeprefix(_PREFIX)
-        if name == "use_fsdp":
-            found[name] = Setting(name, flag, "true", (word.line, word.column))
-            continue
-        if name not in PARALLELISM and name not in LAUNCH:
-            continue
-        if equals:
-            found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
-            continue
-        if index >= len(words) or words[index].text.startswith("--"):
-            raise source_error(flag, "needs a value", (word.line, word.column))
-        value = words[index]
-        index += 1
-        found[name] = Setting(name, flag, value.text, (value.line, value.column))
-    return found
 
 
 def _uses_fsdp(settings: Mapping[str, Setting]) -> bool:

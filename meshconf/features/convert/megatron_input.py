@@ -11,7 +11,7 @@ written, and a setting that needs it is reported with what it is.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from meshconf.features.convert.shell import (
     source_error,
     unexpanded,
 )
-from meshconf.sources.yaml_reader import YamlError, read_yaml
+from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
 
 #: A size as Megatron's argument parser reads it: ASCII digits, with an optional plus.
 _DIGITS = re.compile(r"\+?([0-9]+)")
@@ -107,6 +107,7 @@ _VALUED = (
     *RECOMPUTE_SETTINGS,
     ORDER_SETTING,
 )
+MEGATRON_LM = "Megatron-LM"
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
 
@@ -121,9 +122,24 @@ class Setting:
     position: tuple[int, int] | None
 
 
-def _settings_from_words(words: list[Word], names: tuple[str, ...]) -> dict[str, Setting]:
-    """``--name value``, ``--name=value`` and switches among ``words``; the last one wins,
-    as with Megatron's argument parser."""
+def _megatron_name(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def settings_from_words(
+    words: list[Word],
+    valued: tuple[str, ...],
+    switches: tuple[str, ...],
+    *,
+    tool: str,
+    name_of: Callable[[str], str] = _megatron_name,
+) -> dict[str, Setting]:
+    """``--name value``, ``--name=value`` and switches among ``words``, each named by
+    ``name_of(flag)``; the last one wins, as with ``tool``'s argument parser (argparse's),
+    which refuses a value given to a switch (``store_true``).
+
+    Raises :class:`ConversionError` when a switch is given a value or an option lacks one.
+    """
     found: dict[str, Setting] = {}
     index = 0
     while index < len(words):
@@ -132,20 +148,19 @@ def _settings_from_words(words: list[Word], names: tuple[str, ...]) -> dict[str,
         if not word.text.startswith("--"):
             continue
         flag, equals, inline = word.text.partition("=")
-        name = flag[2:].replace("-", "_")
-        if name not in names:
-            continue
-        if name in FLAG_SETTINGS:
+        name = name_of(flag)
+        if name in switches:
             if equals:
-                # Megatron-LM's switches are argparse's store_true, which refuses a value
                 raise source_error(
                     flag,
-                    f"is a switch and takes no value, as Megatron-LM's parser refuses "
+                    f"is a switch and takes no value, as {tool}'s parser refuses "
                     f"{shorten(word.text)!r}: give {flag} to turn it on, leave it out to keep it "
                     "off",
                     (word.line, word.column),
                 )
             found[name] = Setting(name, flag, True, (word.line, word.column))
+            continue
+        if name not in valued:
             continue
         if equals:
             found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
@@ -156,6 +171,18 @@ def _settings_from_words(words: list[Word], names: tuple[str, ...]) -> dict[str,
         index += 1
         found[name] = Setting(name, flag, value.text, (value.line, value.column))
     return found
+
+
+def yaml_document(text: str) -> YamlDocument:
+    """``text`` read as YAML, with its positions.
+
+    Raises :class:`ConversionError` for YAML that cannot be read, at its line and column.
+    """
+    try:
+        return read_yaml(text)
+    except YamlError as error:
+        position = None if error.position is None else (error.position.line, error.position.column)
+        raise source_error(None, f"invalid YAML: {error.message}", position) from None
 
 
 def read_command_line(text: str) -> dict[str, Setting]:
@@ -187,9 +214,9 @@ def read_command_line(text: str) -> dict[str, Setting]:
             )
         launch = commands[0] if commands else []
     script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
-    settings = _settings_from_words(launch[script + 1 :], (*_VALUED, *FLAG_SETTINGS))
+    settings = settings_from_words(launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM)
     launcher = launch[: max(script, 0)]
-    return {**_settings_from_words(launcher, LAUNCH_SETTINGS), **settings}
+    return {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
 
 
 def read_nemo_yaml(text: str) -> dict[str, Setting]:
@@ -200,11 +227,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
     Raises :class:`ConversionError` for YAML that cannot be read, or a setting written twice
     with different values.
     """
-    try:
-        document = read_yaml(text)
-    except YamlError as error:
-        position = None if error.position is None else (error.position.line, error.position.column)
-        raise source_error(None, f"invalid YAML: {error.message}", position) from None
+    document = yaml_document(text)
     found: dict[str, Setting] = {}
     wanted = (*_VALUED, *FLAG_SETTINGS)
 

@@ -275,8 +275,10 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
     """
     variables: dict[str, str | list[Word]] = {}
     tokens = _Tokenizer(text, variables).words()
+    # the word read after an assignment, to be read again: another assignment, or the command
+    pushed: list[Word] = []
     command: list[Word] = []
-    for word in tokens:
+    while (word := pushed.pop() if pushed else next(tokens, None)) is not None:
         if word.operator and word.text == "\n":
             if command:
                 yield command
@@ -305,8 +307,8 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
             variables[name] = value
             if assignments is not None:
                 assignments.append(word)
-            if following is not None and not (following.operator and following.text == "\n"):
-                command.append(following)
+            if following is not None:
+                pushed.append(following)
         elif not word.operator:
             command.append(word)
     if command:
