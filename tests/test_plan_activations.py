@@ -148,7 +148,8 @@ def test_a_block_at_its_backward_pass_holds_the_same_in_every_mode(
 ) -> None:
     """Checkpointing trades what a block stores for what its backward pass recomputes: the
     less a mode stores, the more the backward pass holds, and at that point every mode holds
-    what ``none`` keeps and the gradients in flight."""
+    what ``none`` keeps and the gradients in flight; ``selective`` under tp also the row-wise
+    products' partial sums and reduce-scatters it kept, which ``none`` does not keep."""
     arch = PRESETS[preset]
     for kind in ("dense", "moe") if arch.experts else ("dense",):
         stored, held = {}, {}
@@ -158,7 +159,10 @@ def test_a_block_at_its_backward_pass_holds_the_same_in_every_mode(
             held[mode] = stored[mode] + working.bytes(8192, tp, 2)
         assert stored["full"] < stored["selective"] < stored["none"]
         assert held["full"] == held["none"]
-        assert held["selective"] == held["none"]
+        if tp == 1:
+            assert held["selective"] == held["none"]
+        else:
+            assert held["selective"] >= held["none"]
 
 
 @pytest.mark.parametrize(

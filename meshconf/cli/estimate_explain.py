@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.estimate_report import gib
+from meshconf.features.plan.estimate import runtime as runtime_terms
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.training import Training
 
@@ -22,12 +23,14 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "activations": "Korthikanti et al. (MLSys 2023) section 4; Narayanan et al. (SC 2021) "
         "section 2.2; the loss measured with torch's MemTracker; selective: torchtitan's "
         "SelectiveAC",
+        "runtime": "; ".join(runtime_terms.SOURCES.values()),
     }
 )
 #: Where the micro-batches in flight of the schedules past 1F1B's and GPipe's come from.
 _SCHEDULE_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "loopedbfs": "; loopedbfs: Lamy-Poirier (arXiv:2211.05953), torch's ScheduleLoopedBFS",
+        "llama3": "; llama3: The Llama 3 Herd of Models, section 3.3.2",
         "zbv": "; zbv: Qi et al. (ICLR 2024) section 6, torch's ScheduleZBVZeroBubble",
         "dualpipev": "; dualpipev: the DeepSeek-V3 report, table 2, torch's ScheduleDualPipeV",
         "dualpipe": "; dualpipe: the DeepSeek-V3 report, table 2, DeepSeek's DualPipe",
@@ -111,9 +114,10 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
     holds = {
         "params": f"the rank's weights{copies} after tp, ep and etp, {weights}; {sharding}",
         "grads": f"the rank's gradients in {training.grad_dtype}",
-        "optimizer": f"AdamW: two fp32 moments{master}, a step per tensor",
+        "optimizer": f"AdamW: two {training.optimizer_dtype} moments{master}, a step per tensor",
         "gathers": gathered,
         "activations": held,
+        "runtime": _runtime_holds(found),
     }
     schedule_sources = _SCHEDULE_SOURCES.get(training.schedule, "")
     if training.microbatch_group is not None:
@@ -129,16 +133,29 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
     ]
 
 
-def not_counted(found: Estimate) -> str:
-    """What the estimate leaves out of the memory, with the communicators this layout uses."""
-    used = list(found.traffic)
+def _runtime_holds(found: Estimate) -> str:
+    runtime = found.runtime
+    if runtime is None or runtime.given_whole:
+        return "as --runtime-gib gives it"
+    groups = runtime.communicators
     communicators = (
-        f"NCCL's buffers for the {len(used)} communicators the layout sends over "
-        f"({', '.join(used)})"
-        if used
-        else "NCCL's buffers (no communicator sends)"
+        f"NCCL's buffers for the {len(groups)} communicator{'' if len(groups) == 1 else 's'} "
+        f"the rank sends over ({', '.join(f'{name} of {size}' for name, size in groups.items())})"
+        f" {gib(runtime.nccl):.2f}"
+        if groups
+        else "no NCCL communicator (no dim sends)"
     )
-    return f"the CUDA context, {communicators}, and the allocator's reserve and fragmentation"
+    return (
+        f"the CUDA context {gib(runtime.cuda_context):.2f}, {communicators}, the allocator's "
+        f"reserve {gib(runtime.allocator):.2f}"
+    )
+
+
+#: What the estimate leaves out of the memory.
+NOT_COUNTED = (
+    "the allocator's fragmentation unless --allocator-gib gives it, and temporaries of single "
+    "ops beyond those named"
+)
 
 
 def explain_lines(found: Estimate, training: Training) -> list[str]:
@@ -152,5 +169,5 @@ def explain_lines(found: Estimate, training: Training) -> list[str]:
     for term in terms:
         lines.append(f"  {term['term']:<{width}}  {term['gib']:>7.2f}  {term['holds']}")
         lines.append(f"  {'':<{width}}  {'':>7}  source: {term['source']}")
-    lines.append(f"not counted: {not_counted(found)}")
+    lines.append(f"not counted: {NOT_COUNTED}")
     return lines

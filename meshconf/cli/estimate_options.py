@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
-from meshconf.cli.estimate_explain import explain_lines, memory_terms, not_counted
+from meshconf.cli.estimate_explain import NOT_COUNTED, explain_lines, memory_terms
 from meshconf.cli.estimate_report import memory_json, memory_lines, settings_line
 from meshconf.cli.model_options import (
     CHOICES,
@@ -166,12 +166,15 @@ def _settings_problem(training: Training) -> str | None:
     if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
         return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
     recomputation = recomputation_mismatch(
-        training.checkpointing, training.checkpoint_every, training.checkpoint_first
+        training.checkpointing,
+        training.checkpoint_every,
+        training.checkpoint_first,
+        training.checkpoint_group,
     )
     if recomputation is not None:
-        why, setting = recomputation
+        why, setting, before = recomputation
         if why == "both":
-            return "--checkpoint-every and --checkpoint-first exclude each other"
+            return f"{MODEL_OPTIONS[before]} and {MODEL_OPTIONS[setting]} exclude each other"
         return f"{MODEL_OPTIONS[setting]} needs --activation-checkpointing full"
     weights = (training.embedding_as_layers, training.output_as_layers)
     if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
@@ -180,14 +183,14 @@ def _settings_problem(training: Training) -> str | None:
             f"--last-stage-layers: {SPLIT_CONFLICT}"
         )
     if group_mismatch(training.schedule, training.microbatch_group):
-        return "--microbatch-group needs --pp-schedule interleaved"
+        return "--microbatch-group needs --pp-schedule interleaved or llama3"
     # a virtual_stages of the default, 1, counts as not given
     virtual_stages = None if training.virtual_stages == 1 else training.virtual_stages
     mismatch = schedule_mismatch(training.schedule, virtual_stages, training.layers_per_stage)
     return {
         None: None,
         "stages": f"--pp-schedule {training.schedule} needs --virtual-stages V with V >= 2",
-        "schedule": "--virtual-stages needs --pp-schedule interleaved or loopedbfs",
+        "schedule": "--virtual-stages needs --pp-schedule interleaved, llama3 or loopedbfs",
         "both": "--virtual-stages and --layers-per-stage exclude each other: both set the model "
         "chunks per pipeline rank",
     }[mismatch]
@@ -234,6 +237,6 @@ def show_estimate(
     lines = ["", settings_line(model, training), *memory_lines(result, training)]
     if args.explain:
         report["estimate"]["terms"] = memory_terms(result, training)
-        report["estimate"]["not_counted"] = not_counted(result)
+        report["estimate"]["not_counted"] = NOT_COUNTED
         lines += explain_lines(result, training)
     return lines

@@ -13,7 +13,7 @@ from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.training import Training
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
+MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations", "runtime")
 
 
 def gib(value: float) -> float:
@@ -33,6 +33,8 @@ _REMEDIES: Mapping[str, str] = MappingProxyType(
         "fewer layers per rank (a larger pp)",
         "activations": "recompute more (--activation-checkpointing full, every block), run "
         "shorter micro-batches, or split the sequence with tp or cp",
+        "runtime": "send over fewer communicators, or give the figures measured on your GPUs "
+        "(--runtime-gib, --nccl-communicator-gib)",
     }
 )
 
@@ -60,12 +62,15 @@ def memory_json(found: Estimate) -> dict[str, Any]:
         "memory_gib": {
             **{part: gib(getattr(memory, part)) for part in MEMORY_PARTS},
             "total": gib(memory.total),
+            "total_without_runtime": gib(memory.training_state),
         },
         # exact, for a model whose figures round to nothing in GiB
         "memory_bytes": {
             **{part: int(getattr(memory, part)) for part in MEMORY_PARTS},
             "total": int(memory.total),
+            "total_without_runtime": int(memory.training_state),
         },
+        "runtime_gib": _runtime_json(found),
         "memory_pp_rank": memory.pp_rank,
         "memory_peak_phase": memory.phase,
         "headroom_gib": headroom_gib(found),
@@ -90,6 +95,18 @@ def memory_json(found: Estimate) -> dict[str, Any]:
     }
 
 
+def _runtime_json(found: Estimate) -> dict[str, Any]:
+    runtime = found.runtime
+    if runtime is None or runtime.given_whole:
+        return {"given": gib(found.memory.runtime)}
+    return {
+        "cuda_context": gib(runtime.cuda_context),
+        "nccl": gib(runtime.nccl),
+        "allocator": gib(runtime.allocator),
+        "communicators": dict(runtime.communicators),
+    }
+
+
 def parameters_text(count: int) -> str:
     """``70.6B parameters`` from a billion on; below, every digit: ``3,660,032 parameters``."""
     return f"{count / 1e9:.1f}B parameters" if count >= 10**9 else f"{count:,} parameters"
@@ -109,6 +126,14 @@ def settings_line(model: Architecture, training: Training) -> str:
         resharding += f"; ZeRO stage {training.zero_stage}"
     if training.fp8_param_gather:
         resharding += "; fp8 param gather"
+    if training.activation_dtype is not None:
+        resharding += f"; {training.activation_dtype} activations"
+    if training.optimizer_dtype != "fp32":
+        resharding += f"; {training.optimizer_dtype} optimizer moments"
+    if training.sequence_parallel != "dtensor":
+        resharding += f"; sequence parallelism: {training.sequence_parallel}"
+    if training.norm_kernel != "fused":
+        resharding += f"; {training.norm_kernel} norms"
     if training.mfu_over == "step":
         resharding += f"; MFU {training.mfu:g} over the step"
     if training.layers_per_stage is not None:
@@ -129,6 +154,8 @@ def settings_line(model: Architecture, training: Training) -> str:
         every = f" of 1 block in {training.checkpoint_every}"
     elif training.checkpoint_first is not None:
         every = f" of the first {training.checkpoint_first} blocks of each chunk"
+    elif training.checkpoint_group is not None:
+        every = f" in groups of {training.checkpoint_group} blocks"
     return (
         f"model {model.name} ({parameters_text(model.parameter_count())}); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
@@ -174,7 +201,7 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
         )
     lines = [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
-        f"{gib(memory.total):g}: {verdict}",
+        f"{gib(memory.total):g} ({gib(memory.training_state):g} without runtime): {verdict}",
         f"step: {found.microbatches} micro-batch{'' if found.microbatches == 1 else 'es'}, "
         f"compute {found.compute_seconds:.3g} s"
         f"{share}, "

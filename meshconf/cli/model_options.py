@@ -9,13 +9,17 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.core.training import (
+    ACTIVATION_DTYPES,
     CHECKPOINTING,
     DISPATCH_BYTES,
     DTYPE_BYTES,
     MFU_COUNTS,
     MFU_OVER,
+    NORM_KERNELS,
+    OPTIMIZER_DTYPES,
     RESHARDING,
     SCHEDULES,
+    SEQUENCE_PARALLEL,
     ZERO_STAGES,
 )
 from meshconf.features.plan.estimate.gpus import GPUS
@@ -30,6 +34,7 @@ INTEGERS = (
     "global_batch_tokens",
     "checkpoint_every",
     "checkpoint_first",
+    "checkpoint_group",
     "virtual_stages",
     "microbatch_group",
     "layers_per_stage",
@@ -39,7 +44,17 @@ INTEGERS = (
     "output_as_layers",
     "moe_max_nodes",
 )
-NUMBERS = ("gpu_memory_gib", "intra_node_gb_s", "inter_node_gb_s", "peak_tflops", "mfu")
+NUMBERS = (
+    "gpu_memory_gib",
+    "intra_node_gb_s",
+    "inter_node_gb_s",
+    "peak_tflops",
+    "mfu",
+    "runtime_gib",
+    "cuda_context_gib",
+    "nccl_communicator_gib",
+    "allocator_gib",
+)
 #: The options that took bandwidths in Gb/s, by the GB/s setting that replaces each; they
 #: still work, converted, with a note, until the next release.
 DEPRECATED_GBPS: Mapping[str, str] = MappingProxyType(
@@ -53,6 +68,10 @@ CHOICES = (
     "reshard_after_forward",
     "zero_stage",
     "dispatch_dtype",
+    "activation_dtype",
+    "optimizer_dtype",
+    "sequence_parallel",
+    "norm_kernel",
     "mfu_counts",
     "mfu_over",
 )
@@ -74,6 +93,7 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "checkpointing": "--activation-checkpointing",
         "checkpoint_every": "--checkpoint-every",
         "checkpoint_first": "--checkpoint-first",
+        "checkpoint_group": "--checkpoint-group",
         "schedule": "--pp-schedule",
         "virtual_stages": "--virtual-stages",
         "microbatch_group": "--microbatch-group",
@@ -88,6 +108,10 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "ep_overlap": "--ep-overlap",
         "dispatch_dtype": "--dispatch-dtype",
         "fp8_param_gather": "--fp8-param-gather",
+        "activation_dtype": "--activation-dtype",
+        "optimizer_dtype": "--optimizer-dtype",
+        "sequence_parallel": "--sequence-parallel",
+        "norm_kernel": "--norm-kernel",
         "gpu": "--gpu",
         "gpu_memory_gib": "--gpu-memory-gib",
         "intra_node_gb_s": "--intra-node-gb-s",
@@ -98,6 +122,10 @@ MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "mfu": "--mfu",
         "mfu_counts": "--mfu-counts",
         "mfu_over": "--mfu-over",
+        "runtime_gib": "--runtime-gib",
+        "cuda_context_gib": "--cuda-context-gib",
+        "nccl_communicator_gib": "--nccl-communicator-gib",
+        "allocator_gib": "--allocator-gib",
     }
 )
 
@@ -147,18 +175,32 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "recomputed and the others keep their activations (Megatron's --recompute-method block "
         "--recompute-num-layers N; default: every block)",
     )
-    option("schedule", choices=SCHEDULES, help=f"pipeline schedule ({DEFAULTS.schedule})")
+    option(
+        "checkpoint_group",
+        metavar="N",
+        help="with full checkpointing, the blocks of each model chunk are recomputed in groups "
+        "of N, each group keeping only its input (Megatron's --recompute-method uniform "
+        "--recompute-num-layers N; default: 1, each block alone)",
+    )
+    option(
+        "schedule",
+        choices=SCHEDULES,
+        help="pipeline schedule; llama3 is Llama 3's interleaved schedule, whose "
+        f"--microbatch-group may be below pp ({DEFAULTS.schedule})",
+    )
     option(
         "virtual_stages",
         metavar="V",
-        help="model chunks per pipeline rank, for --pp-schedule interleaved or loopedbfs",
+        help="model chunks per pipeline rank, for --pp-schedule interleaved, llama3 or loopedbfs",
     )
     option(
         "microbatch_group",
         metavar="G",
-        help="with --pp-schedule interleaved, the micro-batches each model chunk runs before "
-        "the next chunk's (Megatron's --microbatch-group-size-per-virtual-pipeline-stage; "
-        "default: torch's rounds, pp when the micro-batches are a multiple of pp)",
+        help="with --pp-schedule interleaved or llama3, the micro-batches each model chunk "
+        "runs before the next chunk's (Megatron's "
+        "--microbatch-group-size-per-virtual-pipeline-stage, pp to the step's micro-batches; "
+        "Llama 3's N, any number up to them; default: torch's rounds, pp when the "
+        "micro-batches are a multiple of pp)",
     )
     option(
         "layers_per_stage",
@@ -235,6 +277,35 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "Megatron's --fp8-param-gather; default: in --param-dtype)",
     )
     option(
+        "activation_dtype",
+        choices=ACTIVATION_DTYPES,
+        help="the dtype of the activations kept for the backward pass; fp8 keeps the linear "
+        "layers' inputs in fp8 and the rest in --param-dtype, as DeepSeek-V3 does (default: "
+        "--param-dtype)",
+    )
+    option(
+        "optimizer_dtype",
+        choices=OPTIMIZER_DTYPES,
+        help="the dtype of AdamW's two moments, the master weights staying fp32 (DeepSeek-V3: "
+        f"bf16; Megatron's --exp-avg-dtype and --exp-avg-sq-dtype; {DEFAULTS.optimizer_dtype})",
+    )
+    option(
+        "sequence_parallel",
+        choices=SEQUENCE_PARALLEL,
+        help="with tp > 1, what happens to the tensors outside its split cores: dtensor splits "
+        "them over the sequence and keeps each norm's gathered output whole (torchtitan); "
+        "megatron keeps that split too and gathers it again in the backward pass "
+        "(Megatron's --sequence-parallel); none splits nothing outside the cores "
+        f"({DEFAULTS.sequence_parallel})",
+    )
+    option(
+        "norm_kernel",
+        choices=NORM_KERNELS,
+        help="how RMSNorm runs: fused (torch's RMSNorm compiled, Transformer Engine) or eager "
+        "on an fp32 copy of its input (Hugging Face's LlamaRMSNorm), which keeps 4 bytes more "
+        f"per element ({DEFAULTS.norm_kernel})",
+    )
+    option(
         "gpu",
         choices=tuple(GPUS),
         help=f"the GPU: its memory, dense bf16 peak and the bandwidths inside a node and "
@@ -278,6 +349,29 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="what --mfu is measured over: the compute alone, the pipeline bubble and the "
         "communication not hidden coming on top; or the whole step, as a published MFU is, "
         f"the estimate then saying what share of the peak the compute needs ({DEFAULTS.mfu_over})",
+    )
+    option(
+        "runtime_gib",
+        metavar="GIB",
+        help="GiB per GPU for the CUDA context, NCCL's buffers and the allocator's reserve "
+        "together, replacing the published figures below (0: the training state alone)",
+    )
+    option(
+        "cuda_context_gib",
+        metavar="GIB",
+        help="the CUDA context (published: about 0.3 GB with lazy module loading)",
+    )
+    option(
+        "nccl_communicator_gib",
+        metavar="GIB",
+        help="NCCL's buffers per communicator a rank sends over (published, NCCL #964: 544 MB "
+        "for 2 GPUs, 688 MB for more)",
+    )
+    option(
+        "allocator_gib",
+        metavar="GIB",
+        help="the caching allocator's reserve beyond the tensors at the peak, as a trainer's "
+        "max_reserved - max_allocated measures it (no published figure: 0)",
     )
 
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 Checkpointing = Literal["none", "selective", "full"]
-Schedule = Literal["1f1b", "interleaved", "loopedbfs", "gpipe", "zbv", "dualpipev", "dualpipe"]
+Schedule = Literal[
+    "1f1b", "interleaved", "llama3", "loopedbfs", "gpipe", "zbv", "dualpipev", "dualpipe"
+]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -27,6 +29,7 @@ CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[Schedule, ...] = (
     "1f1b",
     "interleaved",
+    "llama3",
     "loopedbfs",
     "gpipe",
     "zbv",
@@ -35,8 +38,12 @@ SCHEDULES: tuple[Schedule, ...] = (
 )
 #: The schedules that run ``virtual_stages`` chunks a pipeline rank, placed in rounds:
 #: chunk ``c`` on rank ``c % pp`` (torch's ``ScheduleInterleaved1F1B`` and
-#: ``ScheduleLoopedBFS``).
-LOOPED_SCHEDULES: tuple[Schedule, ...] = ("interleaved", "loopedbfs")
+#: ``ScheduleLoopedBFS``; Llama 3's, The Llama 3 Herd of Models, section 3.3.2).
+LOOPED_SCHEDULES: tuple[Schedule, ...] = ("interleaved", "llama3", "loopedbfs")
+#: The schedules that run each model chunk on a group of micro-batches before the next
+#: chunk's (``microbatch_group``): Megatron-LM's interleaved one, which takes ``pp`` to ``m``
+#: in a group, and Llama 3's, which takes any number, fewer than ``pp`` too.
+GROUPED_SCHEDULES: tuple[Schedule, ...] = ("interleaved", "llama3")
 #: The schedules that place two model chunks on each pipeline rank in a V: chunk ``r`` and
 #: chunk ``2 pp - 1 - r`` on rank ``r`` (torch's ``ScheduleZBVZeroBubble`` and
 #: ``ScheduleDualPipeV``), so the first rank holds the embedding and the output.
@@ -56,6 +63,30 @@ DispatchDtype = Literal["fp8", "fp32", "bf16", "fp16"]
 #: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
 DISPATCH_BYTES: Mapping[str, int] = {"fp8": FP8_BYTES, **DTYPE_BYTES}
 GIB = 2**30
+#: The dtype AdamW keeps its two moments in: fp32 (torch's AdamW), or bf16 as DeepSeek-V3
+#: does (its report, section 3.3.3; Megatron-LM's --exp-avg-dtype and --exp-avg-sq-dtype).
+OptimizerDtype = Literal["fp32", "bf16"]
+OPTIMIZER_DTYPES: tuple[OptimizerDtype, ...] = ("fp32", "bf16")
+#: The dtype the activations kept for the backward pass are stored in; fp8 keeps the inputs
+#: of the linear layers in fp8 and the rest in the parameters' dtype, as DeepSeek-V3 does
+#: (its report, section 3.3.3).
+ActivationDtype = Literal["fp8", "fp32", "bf16", "fp16"]
+ACTIVATION_DTYPES: tuple[ActivationDtype, ...] = ("fp8", "fp32", "bf16", "fp16")
+ACTIVATION_BYTES: Mapping[str, int] = DISPATCH_BYTES
+#: How RMSNorm runs: one fused kernel that keeps its input and one fp32 reciprocal RMS per
+#: token (torch's RMSNorm under compile, Transformer Engine's, Apex's), or eager ops on an
+#: fp32 copy of the input, as Hugging Face's LlamaRMSNorm and Llama's reference model write
+#: it, which keep that fp32 copy and the normalized input besides.
+NormKernel = Literal["fused", "eager"]
+NORM_KERNELS: tuple[NormKernel, ...] = ("fused", "eager")
+#: How tensor parallelism treats the tensors outside its split cores: ``dtensor`` splits
+#: them over the sequence and keeps each norm's gathered output whole for the products that
+#: follow (torchtitan's plan); ``megatron`` keeps it split and gathers it again in the
+#: backward pass (Korthikanti et al., section 4.2.2; Megatron-LM's --sequence-parallel);
+#: ``none`` splits nothing outside the cores (tensor parallelism without sequence
+#: parallelism, Megatron-LM's default).
+SequenceParallel = Literal["dtensor", "megatron", "none"]
+SEQUENCE_PARALLEL: tuple[SequenceParallel, ...] = ("dtensor", "megatron", "none")
 
 
 @dataclass(frozen=True)
@@ -77,6 +108,7 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "global_batch_tokens": Bound(1, 2**40, "more tokens per step than any run takes"),
     "virtual_stages": Bound(1, 1024, "more model chunks per pipeline rank than layers"),
     "microbatch_group": Bound(1, 2**30, "more micro-batches than any step runs"),
+    "checkpoint_group": Bound(1, 100_000, "more layers than any model has"),
     "checkpoint_every": Bound(1, 100_000, "more layers than any model has"),
     "checkpoint_first": Bound(1, 100_000, "more layers than any model has"),
     "layers_per_stage": Bound(1, 100_000, "more layers than any model has"),
@@ -90,6 +122,10 @@ TRAINING_BOUNDS: Mapping[str, Bound] = {
     "inter_node_gb_s": Bound(0.01, 100_000, "faster than any network between nodes"),
     "peak_tflops": Bound(0.01, 1_000_000, "more than any GPU computes"),
     "mfu": Bound(0.001, 1, "more than the peak"),
+    "runtime_gib": Bound(0, 16384, "more memory than any GPU has"),
+    "cuda_context_gib": Bound(0, 16384, "more memory than any GPU has"),
+    "nccl_communicator_gib": Bound(0, 16384, "more memory than any GPU has"),
+    "allocator_gib": Bound(0, 16384, "more memory than any GPU has"),
 }
 
 
@@ -103,18 +139,30 @@ def fp8_without_gathers(zero_stage: int | None, fp8_param_gather: bool | None) -
     return bool(fp8_param_gather) and zero_stage == 0
 
 
+#: The settings that choose which blocks full checkpointing recomputes, which exclude each
+#: other.
+RECOMPUTATION_CHOICES = ("checkpoint_every", "checkpoint_first", "checkpoint_group")
+
+
 def recomputation_mismatch(
-    checkpointing: str | None, every: int | None, first: int | None
-) -> tuple[str, str] | None:
-    """Why the blocks to recompute cannot be chosen as asked, and the setting at fault
-    (``checkpoint_every`` or ``checkpoint_first``): ``both`` when every N-th and the first N
-    are given, ``mode`` when either is given without full checkpointing (the default is
-    full); None when they fit. Each reader words it with its own names."""
-    setting = "checkpoint_every" if first is None else "checkpoint_first"
-    if every is not None and first is not None:
-        return "both", setting
-    if (every is not None or first is not None) and checkpointing not in (None, "full"):
-        return "mode", setting
+    checkpointing: str | None,
+    every: int | None,
+    first: int | None,
+    group: int | None = None,
+) -> tuple[str, str, str] | None:
+    """Why the blocks to recompute cannot be chosen as asked: ``both`` when two of
+    :data:`RECOMPUTATION_CHOICES` are given, ``mode`` when one is given without full
+    checkpointing (the default is full); with the setting at fault and, for ``both``, the
+    one given before it; None when they fit. Each reader words it with its own names."""
+    given = [
+        name
+        for name, value in zip(RECOMPUTATION_CHOICES, (every, first, group), strict=True)
+        if value is not None
+    ]
+    if len(given) > 1:
+        return "both", given[-1], given[0]
+    if given and checkpointing not in (None, "full"):
+        return "mode", given[0], given[0]
     return None
 
 
@@ -147,5 +195,5 @@ def schedule_mismatch(
 
 def group_mismatch(schedule: str | None, group: int | None) -> bool:
     """Whether micro-batches are grouped per model chunk (``microbatch_group``) under a
-    schedule other than the interleaved one, the only one that groups them."""
-    return group is not None and schedule != "interleaved"
+    schedule other than those that group them (:data:`GROUPED_SCHEDULES`)."""
+    return group is not None and schedule not in GROUPED_SCHEDULES

@@ -73,6 +73,7 @@ class TrainingNode:
     activation_checkpointing: Optional[str] = None  # noqa: UP045
     checkpoint_every: Optional[int] = None  # noqa: UP045
     checkpoint_first: Optional[int] = None  # noqa: UP045
+    checkpoint_group: Optional[int] = None  # noqa: UP045
     reshard_after_forward: Optional[str] = None  # noqa: UP045
     pp_schedule: Optional[str] = None  # noqa: UP045
     virtual_stages: Optional[int] = None  # noqa: UP045
@@ -85,6 +86,10 @@ class TrainingNode:
     moe_max_nodes: Optional[int] = None  # noqa: UP045
     ep_overlap: Optional[bool] = None  # noqa: UP045
     dispatch_dtype: Optional[str] = None  # noqa: UP045
+    activation_dtype: Optional[str] = None  # noqa: UP045
+    optimizer_dtype: Optional[str] = None  # noqa: UP045
+    sequence_parallel: Optional[str] = None  # noqa: UP045
+    norm_kernel: Optional[str] = None  # noqa: UP045
     fp8_param_gather: Optional[bool] = None  # noqa: UP045
 
 

@@ -17,10 +17,14 @@ from meshconf.core.training import (
     SPLIT_CONFLICT,
     TRAINING_BOUNDS,
     ZERO_STAGES,
+    ActivationDtype,
     Checkpointing,
     DispatchDtype,
+    NormKernel,
+    OptimizerDtype,
     Resharding,
     Schedule,
+    SequenceParallel,
     fp8_without_gathers,
     group_mismatch,
     recomputation_mismatch,
@@ -84,6 +88,15 @@ class TrainingOptions(BaseModel):
         "checkpoint_every.",
         examples=[4],
     )
+    checkpoint_group: Annotated[int, _bounded("checkpoint_group")] | None = Field(
+        None,
+        description="With activation_checkpointing full, the blocks of each model chunk are "
+        "recomputed in groups of this many, each group keeping only its input and recomputing "
+        "all its blocks at once in the backward pass: Megatron's --recompute-method uniform "
+        "--recompute-num-layers N; by default 1 (each block alone). Excludes checkpoint_every "
+        "and checkpoint_first.",
+        examples=[2],
+    )
     reshard_after_forward: Resharding | None = Field(
         None,
         description="Whether FSDP frees gathered parameters after each forward pass, as "
@@ -93,7 +106,9 @@ class TrainingOptions(BaseModel):
     pp_schedule: Schedule | None = Field(
         None,
         description="The pipeline schedule: 1f1b (the default), interleaved (1F1B over "
-        "virtual_stages chunks a rank), loopedbfs (torch's LoopedBFS: every forward pass of "
+        "virtual_stages chunks a rank), llama3 (Llama 3's: interleaved, each chunk running "
+        "microbatch_group micro-batches before the next chunk's, fewer than pp too), loopedbfs "
+        "(torch's LoopedBFS: every forward pass of "
         "every chunk before the backward passes), gpipe (every forward pass before the backward "
         "passes), zbv (torch's ZBVZeroBubble), dualpipev (DualPipeV) or dualpipe "
         "(DeepSeek's DualPipe); zbv and dualpipev place two chunks on each rank in a V, the "
@@ -104,15 +119,17 @@ class TrainingOptions(BaseModel):
     )
     virtual_stages: Annotated[int, _bounded("virtual_stages")] | None = Field(
         None,
-        description="Model chunks per pipeline rank, with pp_schedule interleaved or loopedbfs.",
+        description="Model chunks per pipeline rank, with pp_schedule interleaved, llama3 or "
+        "loopedbfs.",
         examples=[8],
     )
     microbatch_group: Annotated[int, _bounded("microbatch_group")] | None = Field(
         None,
-        description="With pp_schedule interleaved, the micro-batches each model chunk runs "
-        "before the next chunk's: Megatron-LM's "
-        "--microbatch-group-size-per-virtual-pipeline-stage (its default, pp); by default "
-        "torch's rounds (pp when the micro-batches are a multiple of pp). Each micro-batch "
+        description="With pp_schedule interleaved or llama3, the micro-batches each model chunk "
+        "runs before the next chunk's: Megatron-LM's "
+        "--microbatch-group-size-per-virtual-pipeline-stage (its default, pp; at least pp "
+        "there), Llama 3's N (any number up to the micro-batches a step); by default torch's "
+        "rounds (pp when the micro-batches are a multiple of pp). Each micro-batch "
         "more in a group keeps virtual_stages - 1 more chunk-micro-batches in flight on every "
         "rank.",
         examples=[16],
@@ -171,6 +188,37 @@ class TrainingOptions(BaseModel):
         "parameters'.",
         examples=["fp8"],
     )
+    activation_dtype: ActivationDtype | None = Field(
+        None,
+        description="The dtype of the activations kept for the backward pass: fp8 keeps the "
+        "inputs of the linear layers in fp8 and the rest in the parameters' dtype, as "
+        "DeepSeek-V3 does (its report, section 3.3.3); by default the parameters' dtype.",
+        examples=["fp8"],
+    )
+    optimizer_dtype: OptimizerDtype | None = Field(
+        None,
+        description="The dtype of AdamW's two moments: bf16 as DeepSeek-V3 keeps them (its "
+        "report, section 3.3.3; Megatron-LM's --exp-avg-dtype and --exp-avg-sq-dtype), the "
+        "master weights staying fp32; fp32 by default.",
+        examples=["bf16"],
+    )
+    sequence_parallel: SequenceParallel | None = Field(
+        None,
+        description="How tensor parallelism treats the tensors outside its split cores: "
+        "dtensor (the default: split over the sequence, each norm's gathered output kept "
+        "whole, as torchtitan's plan runs), megatron (kept split and gathered again in the "
+        "backward pass: Megatron-LM's --sequence-parallel) or none (tensor parallelism "
+        "without sequence parallelism: nothing outside the cores split).",
+        examples=["megatron"],
+    )
+    norm_kernel: NormKernel | None = Field(
+        None,
+        description="How RMSNorm runs: fused (the default: one kernel keeping its input and a "
+        "reciprocal RMS per token, as torch's RMSNorm under compile and Transformer Engine "
+        "run it) or eager (ops on an fp32 copy of the input, as Hugging Face's LlamaRMSNorm "
+        "and Llama's reference model write it, keeping that copy and the normalized input).",
+        examples=["eager"],
+    )
     fp8_param_gather: Annotated[bool, BeforeValidator(_boolean)] | None = Field(
         None,
         description="Whether data parallelism gathers the blocks' dense linear weights "
@@ -189,15 +237,17 @@ class TrainingOptions(BaseModel):
                 f"fp8_param_gather needs zero_stage 1, 2 or 3: {FP8_WITHOUT_GATHERS}",
             )
         recomputation = recomputation_mismatch(
-            self.activation_checkpointing, self.checkpoint_every, self.checkpoint_first
+            self.activation_checkpointing,
+            self.checkpoint_every,
+            self.checkpoint_first,
+            self.checkpoint_group,
         )
         if recomputation is not None:
-            why, setting = recomputation
+            why, setting, before = recomputation
             self._refuse(
                 setting,
                 "recomputation_mismatch",
-                "checkpoint_every and checkpoint_first exclude each other: both choose the "
-                "blocks recomputed"
+                f"{before} and {setting} exclude each other: both choose the blocks recomputed"
                 if why == "both"
                 else f"{setting} needs activation_checkpointing full: only full checkpointing "
                 "recomputes whole blocks",
@@ -222,7 +272,7 @@ class TrainingOptions(BaseModel):
                 "schedule_stages",
                 {
                     "stages": f"pp_schedule {self.pp_schedule} needs virtual_stages >= 2",
-                    "schedule": "virtual_stages needs pp_schedule interleaved or loopedbfs",
+                    "schedule": "virtual_stages needs pp_schedule interleaved, llama3 or loopedbfs",
                     "both": "virtual_stages and layers_per_stage exclude each other: both set "
                     "the model chunks per pipeline rank",
                 }[mismatch],
@@ -231,8 +281,8 @@ class TrainingOptions(BaseModel):
             self._refuse(
                 "microbatch_group",
                 "schedule_group",
-                "microbatch_group needs pp_schedule interleaved: no other schedule groups the "
-                "micro-batches of a model chunk",
+                "microbatch_group needs pp_schedule interleaved or llama3: no other schedule "
+                "groups the micro-batches of a model chunk",
             )
         return self
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshconf.core.training import Checkpointing
+from meshconf.core.training import FP8_BYTES, Checkpointing, NormKernel, SequenceParallel
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     GroupedQueryAttention,
@@ -32,24 +32,89 @@ from meshconf.features.plan.estimate.architecture import (
 )
 
 FP32 = 4
+#: Elements of an activation that share one fp32 scale when kept in fp8: DeepSeek-V3 scales
+#: activations per token and 128 channels (its report, section 3.3.2, "fine-grained
+#: quantization").
+FP8_TILE = 128
 
 
 @dataclass(frozen=True)
 class PerToken:
-    """Stored elements per token: ``split`` divided by tp, ``whole`` not, and ``fp32``
-    elements (divided by tp) kept in fp32 whatever the compute dtype."""
+    """Stored elements per token, by how tensor parallelism splits them: ``split`` by tp (the
+    attention and feed-forward cores), ``whole`` not at all, ``outside`` over the sequence
+    under sequence parallelism and not without it (what the cores' inputs and outputs are
+    made from: the norms' inputs, the residual stream), ``gathered`` (the norms' outputs,
+    inputs of the products that follow) whole under torchtitan's sequence parallelism and
+    without any, split under Megatron-LM's; ``fp32`` elements kept in fp32 whatever the
+    compute dtype, divided by tp, ``outside_fp32`` split as ``outside`` is and
+    ``whole_fp32`` not split. Of ``split``
+    and ``whole``, ``split_linear`` and ``whole_linear`` are inputs of linear layers, which
+    ``fp8`` activations keep in fp8, as they do ``gathered``."""
 
     split: int = 0
     whole: int = 0
     fp32: int = 0
+    outside: int = 0
+    gathered: int = 0
+    outside_fp32: int = 0
+    split_linear: int = 0
+    whole_linear: int = 0
+    whole_fp32: int = 0
 
     def __add__(self, other: PerToken) -> PerToken:
-        return PerToken(self.split + other.split, self.whole + other.whole, self.fp32 + other.fp32)
+        return PerToken(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
-    def bytes(self, tokens: int, tp: int, dtype_bytes: int) -> int:
-        """Bytes for ``tokens`` tokens on one tensor-parallel rank."""
-        split = -(-(self.split * dtype_bytes + self.fp32 * FP32) * tokens // tp)
-        return split + self.whole * dtype_bytes * tokens
+    def beyond(self, other: PerToken) -> PerToken:
+        """What this holds that ``other`` does not, field by field."""
+        pairs = zip(_fields(self), _fields(other), strict=True)
+        return PerToken(*(max(0, a - b) for a, b in pairs))
+
+    def bytes(
+        self,
+        tokens: int,
+        tp: int,
+        dtype_bytes: int,
+        linear_bytes: int | None = None,
+        sequence_parallel: SequenceParallel = "dtensor",
+    ) -> int:
+        """Bytes for ``tokens`` tokens on one tensor-parallel rank, with the linear layers'
+        inputs in ``linear_bytes`` (``dtype_bytes`` when None); in fp8, each tile of
+        :data:`FP8_TILE` elements adds its fp32 scale."""
+        # in 1/FP8_TILE bytes, so that a tile's scale is whole
+        tile = FP8_TILE
+        d = dtype_bytes * tile
+        linear = d if linear_bytes is None else linear_bytes * tile
+        if linear_bytes == FP8_BYTES:
+            linear += FP32
+        outside = self.outside * d + self.outside_fp32 * FP32 * tile
+        gathered = self.gathered * linear
+        split = (self.split - self.split_linear) * d + self.split_linear * linear
+        split += self.fp32 * FP32 * tile
+        whole = (self.whole - self.whole_linear) * d + self.whole_linear * linear
+        whole += self.whole_fp32 * FP32 * tile
+        if sequence_parallel != "none":
+            split += outside
+        else:
+            whole += outside
+        if sequence_parallel == "megatron":
+            split += gathered
+        else:
+            whole += gathered
+        return -(-split * tokens // (tp * tile)) + -(-whole * tokens // tile)
+
+
+def _fields(per_token: PerToken) -> tuple[int, ...]:
+    return (
+        per_token.split,
+        per_token.whole,
+        per_token.fp32,
+        per_token.outside,
+        per_token.gathered,
+        per_token.outside_fp32,
+        per_token.split_linear,
+        per_token.whole_linear,
+        per_token.whole_fp32,
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -59,15 +124,35 @@ def block(
     mode: Checkpointing,
     tensor_parallel: bool = False,
     expert_parallel: bool = False,
+    norm_kernel: NormKernel = "fused",
 ) -> PerToken:
     """What one block stores per token under ``mode`` until its backward pass; ``full``
     stores only its input. ``tensor_parallel`` and ``expert_parallel`` say whether tp and ep
-    are above 1, which adds the collectives that ``selective`` keeps."""
+    are above 1, which adds the collectives that ``selective`` keeps. An ``eager`` norm keeps
+    an fp32 copy of its input where a fused one keeps the input, and its normalized input
+    besides: 4 bytes more per element whatever the compute dtype (tests/test_plan_norms.py)."""
     if mode == "full":
-        return PerToken(split=arch.hidden)
+        return PerToken(outside=arch.hidden)
     if mode == "selective":
         return _kept_by_policy(arch, kind, tensor_parallel, expert_parallel)
-    return _attention(arch) + _feed_forward(arch, kind)
+    stored = _attention(arch) + _feed_forward(arch, kind)
+    if norm_kernel == "eager":
+        stored += _eager_norms(arch)
+    return stored
+
+
+def _eager_norms(arch: Architecture) -> PerToken:
+    """What a block's eager norms keep beyond fused ones: per element normed, 4 bytes (an
+    fp32 copy in place of the input, and the normalized input): the block's two norms of the
+    hidden width, Qwen3's norms of each query and key head, and latent attention's norms of
+    its low-rank projections."""
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        heads = attention.heads + attention.kv_heads
+        per_head = heads * attention.head_dim if attention.qk_norm else 0
+        return PerToken(outside_fp32=2 * arch.hidden, fp32=per_head)
+    low_rank = attention.q_lora_rank + attention.kv_lora_rank
+    return PerToken(outside_fp32=2 * arch.hidden, whole_fp32=low_rank)
 
 
 def backward_working_set(
@@ -76,6 +161,8 @@ def backward_working_set(
     mode: Checkpointing,
     tensor_parallel: bool = False,
     expert_parallel: bool = False,
+    norm_kernel: NormKernel = "fused",
+    sequence_parallel: SequenceParallel = "dtensor",
 ) -> PerToken:
     """What one block's backward pass holds on top of what the block stored: the tensors
     it recomputes (everything ``none`` keeps that ``mode`` did not) and the gradients alive
@@ -83,18 +170,18 @@ def backward_working_set(
     residual path (two hidden widths), those of the SwiGLU product, of the SiLU output and
     of the gate (three feed-forward widths), and with experts, every routed copy's gradient
     as the combine's backward gathers it and as the weighting by its score passes it on
-    (two hidden widths a copy)."""
-    stored = block(arch, kind, mode, tensor_parallel, expert_parallel)
-    kept = block(arch, kind, "none")
-    recomputed = PerToken(
-        max(0, kept.split - stored.split),
-        max(0, kept.whole - stored.whole),
-        max(0, kept.fp32 - stored.fp32),
-    )
+    (two hidden widths a copy). Megatron-LM's sequence parallelism gathers a norm's output
+    again for the products' backward pass: one hidden width, whole."""
+    stored = block(arch, kind, mode, tensor_parallel, expert_parallel, norm_kernel)
+    kept = block(arch, kind, "none", norm_kernel=norm_kernel)
     experts = arch.experts
     copies = experts.top_k if kind == "moe" and experts is not None else 0
-    in_flight = 2 * arch.hidden * (1 + copies) + 3 * _feed_forward_width(arch, kind)
-    return recomputed + PerToken(split=in_flight)
+    in_flight = PerToken(
+        outside=2 * arch.hidden * (1 + copies), split=3 * _feed_forward_width(arch, kind)
+    )
+    if sequence_parallel == "megatron" and tensor_parallel:
+        in_flight += PerToken(whole=arch.hidden)
+    return kept.beyond(stored) + in_flight
 
 
 def matmuls(arch: Architecture, kind: LayerKind) -> tuple[Weight, ...]:
@@ -144,13 +231,13 @@ def _kept_by_policy(
         kernel = PerToken(split=attention.heads * attention.head_dim, fp32=attention.heads)
     else:
         kernel = PerToken(split=attention.heads * attention.v_head_dim, fp32=attention.heads)
-    kept = PerToken(split=arch.hidden) + kernel
+    kept = PerToken(outside=arch.hidden) + kernel
     for index, weight in enumerate(matmuls(arch, kind), start=1):
         # under tp a row-wise product gives every token's partial sum, which the kept
         # reduce-scatter then splits over the sequence
         row_wise = tensor_parallel and weight.split == "cols"
         if row_wise:
-            kept += PerToken(split=weight.rows)
+            kept += PerToken(outside=weight.rows)
         if index % 2 == 1:
             whole = row_wise or weight.split == "none"
             kept += PerToken(whole=weight.rows) if whole else PerToken(split=weight.rows)
@@ -178,8 +265,11 @@ def _attention(arch: Architecture) -> PerToken:
         query = attention.heads * attention.head_dim
         kv = 2 * attention.kv_heads * attention.head_dim
         # norm input, output and fp32 reciprocal RMS; q k v after rotary embedding; the
-        # kernel's output and log-sum-exp
-        kept = PerToken(split=hidden + query + kv + query, whole=hidden, fp32=1 + attention.heads)
+        # kernel's output and log-sum-exp (the output, also wo's input, in the compute dtype:
+        # the kernel's backward pass reads it)
+        kept = PerToken(
+            outside=hidden, gathered=hidden, split=query + kv + query, fp32=1 + attention.heads
+        )
         if attention.qk_norm:
             # the query and key heads' norms: their inputs and a reciprocal RMS per head
             heads = attention.heads + attention.kv_heads
@@ -190,9 +280,17 @@ def _attention(arch: Architecture) -> PerToken:
     value = heads * attention.v_head_dim
     latent = attention.kv_lora_rank + attention.qk_rope_head_dim
     # norm in/out and its reciprocal RMS; low-rank projections and their norms (not split
-    # by tp); q, k, v; the kernel's output and log-sum-exp
+    # by tp; the norms' outputs are the up-projections' inputs); q, k, v; the kernel's
+    # output and log-sum-exp
     low_rank = 2 * attention.q_lora_rank + latent + attention.kv_lora_rank
-    return PerToken(split=hidden + 2 * qk + 2 * value, whole=hidden + low_rank, fp32=1 + heads)
+    return PerToken(
+        outside=hidden,
+        gathered=hidden,
+        split=2 * qk + 2 * value,
+        whole=low_rank,
+        whole_linear=attention.q_lora_rank + attention.kv_lora_rank,
+        fp32=1 + heads,
+    )
 
 
 def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
@@ -200,12 +298,23 @@ def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
     experts = arch.experts
     if kind == "dense" or experts is None:
         # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
-        return PerToken(split=hidden + 4 * arch.ffn, whole=hidden, fp32=1)
+        # (w2's input)
+        return PerToken(
+            outside=hidden, gathered=hidden, split=4 * arch.ffn, split_linear=arch.ffn, fp32=1
+        )
     # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
     # four ffn tensors, the expert's output and the score that weights it, and three int64
     # indices (its expert, its place in expert order, its token); the shared experts' four
-    # tensors; the router's fp32 scores
+    # tensors; the router's fp32 scores. The linear layers' inputs: the norm's output (the
+    # router's and shared experts'), each copy's permuted input and product, the shared
+    # experts' product.
     per_copy = 2 * hidden + 4 * experts.ffn + 1
     shared = 4 * experts.shared * experts.ffn
     fp32 = 1 + experts.routed + 6 * experts.top_k
-    return PerToken(split=hidden + experts.top_k * per_copy + shared, whole=hidden, fp32=fp32)
+    return PerToken(
+        outside=hidden,
+        gathered=hidden,
+        split=experts.top_k * per_copy + shared,
+        split_linear=experts.top_k * (hidden + experts.ffn) + experts.shared * experts.ffn,
+        fp32=fp32,
+    )

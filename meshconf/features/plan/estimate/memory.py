@@ -7,11 +7,12 @@ Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from meshconf.core.training import Checkpointing
+from meshconf.core.training import Checkpointing, NormKernel
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
@@ -33,8 +34,9 @@ from meshconf.features.plan.estimate.training import (
     recomputed_blocks,
 )
 
-#: AdamW keeps two fp32 moments per parameter and one fp32 step count per tensor.
-ADAM_MOMENT_BYTES = 8
+#: AdamW keeps two moments per parameter (fp32 unless ``optimizer_dtype`` says bf16) and one
+#: fp32 step count per tensor.
+ADAM_MOMENTS = 2
 ADAM_STEP_BYTES = 4
 MASTER_BYTES = 4
 
@@ -70,10 +72,17 @@ class Memory:
     in_flight: int = 0
     #: Where in the step the rank's memory peaks.
     phase: Phase = "block"
+    #: The CUDA context, NCCL's buffers and the allocator's reserve (:mod:`~.runtime`).
+    runtime: int = 0
+
+    @property
+    def training_state(self) -> int:
+        """What the step's tensors hold: every term but ``runtime``."""
+        return self.params + self.grads + self.optimizer + self.gathers + self.activations
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.gathers + self.activations
+        return self.training_state + self.runtime
 
 
 def estimate_memory(arch: Architecture, par: Parallelism, training: Training) -> Memory:
@@ -98,7 +107,7 @@ def rank_memory(
     # 1 the gradients too, and 0 the optimizer state as well.
     whole = shard.elements if training.zero_stage == 3 else sum(_stage(arch, par, stage, unsharded))
     kept = whole if training.zero_stage == 0 else shard.elements
-    optimizer = kept * ADAM_MOMENT_BYTES + shard.tensors * ADAM_STEP_BYTES
+    optimizer = kept * ADAM_MOMENTS * training.moment_bytes + shard.tensors * ADAM_STEP_BYTES
     if training.param_dtype != "fp32":
         optimizer += kept * MASTER_BYTES
     if training.zero_stage == 3:
@@ -249,11 +258,14 @@ def _activations(
     arch: Architecture, par: Parallelism, training: Training, stage: RankStage
 ) -> _Held:
     tokens = training.seq_len * training.micro_batch // par.cp
-    dtype = training.param_bytes
+    dtype = training.stored_bytes
     parallel = (par.tp > 1, par.ep > 1)
+    norm = training.norm_kernel
 
     def layer_bytes(per_token: activations.PerToken) -> int:
-        return per_token.bytes(tokens, par.tp, dtype)
+        return per_token.bytes(
+            tokens, par.tp, dtype, training.activation_bytes, training.sequence_parallel
+        )
 
     chunks = _chunk_blocks(
         stage.chunk_sizes,
@@ -263,25 +275,48 @@ def _activations(
     )
     present = {(kind, mode) for chunk in chunks for kind, mode, count in chunk if count}
     per_layer = {
-        (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel))
+        (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel, norm))
         for kind, mode in present
     }
-    largest = max(
-        sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count)
-        for chunk in chunks
-    )
+    group = training.checkpoint_group if training.checkpointing == "full" else None
+    if group is None:
+        largest = max(
+            sum(per_layer[kind, mode] * count for kind, mode, count in chunk if count)
+            for chunk in chunks
+        )
+    else:
+        # Megatron-LM's uniform method keeps one input a group of blocks
+        blocks = max(sum(count for _, _, count in chunk) for chunk in chunks)
+        largest = -(-blocks // group) * layer_bytes(activations.block(arch, "dense", "full"))
     in_flight = in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if stage.last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
-    # and each block's backward pass runs alone
+    # and each block's backward pass runs alone; a group of the uniform method is
+    # recomputed whole before its backward pass, which then frees one block at a time
     working = max(
         (
-            layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel))
+            layer_bytes(
+                activations.backward_working_set(
+                    arch, kind, mode, *parallel, norm, training.sequence_parallel
+                )
+            )
+            + (0 if group is None else (group - 1) * _kept(arch, kind, parallel, norm, layer_bytes))
             for kind, mode in present
         ),
         default=0,
     )
     return _Held(in_flight * largest, head, working, in_flight)
+
+
+def _kept(
+    arch: Architecture,
+    kind: LayerKind,
+    parallel: tuple[bool, bool],
+    norm: NormKernel,
+    layer_bytes: Callable[[activations.PerToken], int],
+) -> int:
+    """What one block keeps with nothing recomputed, in bytes."""
+    return layer_bytes(activations.block(arch, kind, "none", *parallel, norm))
 
 
 @lru_cache(maxsize=4096)

@@ -39,6 +39,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
       chunk's: ``microbatch_group`` where given (Megatron-LM's
       ``--microbatch-group-size-per-virtual-pipeline-stage``), else torch's round
       (:func:`round_size`: ``pp`` when ``m`` is a multiple of ``pp``, Megatron-LM's default);
+      Llama 3's schedule (The Llama 3 Herd of Models, section 3.3.2) runs the same order with
+      ``g`` its ``N``, which may be below ``pp``: its warm-up is the same count;
     - GPipe runs every forward pass before the first backward (Huang et al. 2019), and
       LoopedBFS every forward pass of every chunk (Lamy-Poirier, "Breadth-First Pipeline
       Parallelism", arXiv:2211.05953; torch's ``ScheduleLoopedBFS``);
@@ -87,7 +89,8 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
     """The time a rank waits in a step, as a fraction of the time it computes:
 
     - 1F1B and GPipe: ``(pp - 1) / m``; interleaved over ``v`` chunks: ``(pp - 1) / (v m)``
-      (Narayanan et al. 2021, section 2.2), and with fewer micro-batches than ``pp``, which
+      (Narayanan et al. 2021, section 2.2), as Llama 3's schedule states for any ``N`` (The
+      Llama 3 Herd of Models, section 3.3.2), and with fewer micro-batches than ``pp``, which
       come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
       micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
       LoopedBFS's is the same, for every count (the makespan of torch's
@@ -136,7 +139,8 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
     ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`),
     Megatron-LM's interleaved schedule a group of micro-batches (``microbatch_group``)
-    outside ``pp`` to ``m``, or a last group of fewer than ``pp``, and DeepSeek's ``DualPipe``
+    outside ``pp`` to ``m``, or a last group of fewer than ``pp``, Llama 3's a group of more
+    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe``
     an odd ``pp``, an odd count or fewer than ``2 pp``. Without a pipeline (``pp`` 1) no
     schedule runs."""
     if pp == 1:
@@ -146,10 +150,18 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
     group = training.microbatch_group
     if training.schedule == "interleaved" and group is not None:
         return _group_problem(pp, m, group)
-    if training.schedule == "interleaved" and m % rounds:
+    if training.schedule == "llama3" and group is not None:
+        if group > m:
+            return (
+                f"microbatch_group {group} with {m} micro-batches a step: Llama 3's schedule "
+                f"runs each model chunk on at most the step's {m} before the next"
+            )
+        return None
+    if training.schedule in ("interleaved", "llama3") and m % rounds:
         return (
-            f"{m} micro-batches a step for interleaved over pp {pp}: torch's Interleaved1F1B "
-            f"runs them in {rounds} rounds of equal size, which {m} is not a multiple of"
+            f"{m} micro-batches a step for {training.schedule} over pp {pp}: torch's "
+            f"Interleaved1F1B runs them in {rounds} rounds of equal size, which {m} is not a "
+            "multiple of"
         )
     if training.schedule == "dualpipev" and m < 2 * pp:
         return (

@@ -4,7 +4,7 @@ time of a training step. Formulas and sources in docs/plan.md ("Step time")."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import (
@@ -13,6 +13,7 @@ from meshconf.features.plan.estimate.architecture import (
 from meshconf.features.plan.estimate.communication import DimTraffic, overlapped_dims, traffic
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
+from meshconf.features.plan.estimate.runtime import Runtime, runtime_memory
 from meshconf.features.plan.estimate.schedule import (
     PassFlops,
     bubble_fraction,
@@ -46,6 +47,8 @@ class Estimate:
     #: when the bubble and the communication not hidden leave it no time (the step is then
     #: that at the peak).
     compute_mfu: float | None = None
+    #: The runtime terms in ``memory.runtime``, by term.
+    runtime: Runtime | None = None
 
 
 def estimate(
@@ -60,10 +63,11 @@ def estimate(
     (:func:`~meshconf.features.plan.estimate.communication.traffic`)."""
     # the chunks per rank and the end chunks' layers, as this model gives them
     training, chunking = training.for_model(arch.layers, par.pp)
-    memory = estimate_memory(arch, par, training)
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
     flows = traffic(arch, par, training, crosses, work, bandwidths)
+    runtime = runtime_memory(training, {name: flow.size for name, flow in flows.items()})
+    memory = replace(estimate_memory(arch, par, training), runtime=runtime.total)
     passes = pass_flops(arch, par, training, work)
     at_peak = _flops(par, training, passes, m) / (training.peak_tflops * 1e12)
     bubble = bubble_fraction(par.pp, m, training, passes)
@@ -99,6 +103,7 @@ def estimate(
         batch_tokens=m * par.batch * training.seq_len * training.micro_batch,
         exposed_seconds=exposed + max(0.0, overlapped - compute),
         compute_mfu=compute_mfu,
+        runtime=runtime,
     )
 
 

@@ -10,18 +10,23 @@ from functools import lru_cache
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_SIZE_OF
 from meshconf.core.training import (
+    ACTIVATION_BYTES,
     DISPATCH_BYTES,
     DTYPE_BYTES,
     FP8_BYTES,
     LOOPED_SCHEDULES,
     V_SCHEDULES,
+    ActivationDtype,
     Checkpointing,
     DispatchDtype,
     Ends,
     MfuCounts,
     MfuOver,
+    NormKernel,
+    OptimizerDtype,
     Resharding,
     Schedule,
+    SequenceParallel,
     ZeroStage,
 )
 from meshconf.features.plan.estimate.gpus import DEFAULT_GPU, GPUS
@@ -51,11 +56,16 @@ class Training:
     #: With ``full`` checkpointing, only the first this many blocks of each model chunk are
     #: recomputed (Megatron-LM's ``--recompute-method block``); None, every block.
     checkpoint_first: int | None = None
+    #: With ``full`` checkpointing, the blocks of each model chunk are recomputed in groups of
+    #: this many, each keeping only its input (Megatron-LM's ``--recompute-method uniform``);
+    #: None, each block alone.
+    checkpoint_group: int | None = None
     schedule: Schedule = "1f1b"
     virtual_stages: int = 1
-    #: Under the interleaved schedule, the micro-batches each model chunk runs before the
-    #: next chunk's (Megatron-LM's ``--microbatch-group-size-per-virtual-pipeline-stage``);
-    #: None, torch's rounds (:func:`~.schedule.round_size`).
+    #: Under the interleaved and Llama 3 schedules, the micro-batches each model chunk runs
+    #: before the next chunk's (Megatron-LM's
+    #: ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's ``N``); None,
+    #: torch's rounds (:func:`~.schedule.round_size`).
     microbatch_group: int | None = None
     reshard_after_forward: Resharding = "default"
     zero_stage: ZeroStage = 3
@@ -77,6 +87,18 @@ class Training:
     dispatch_dtype: DispatchDtype | None = None
     #: Whether the blocks' dense linear weights are gathered (and, unsharded, kept) in fp8.
     fp8_param_gather: bool = False
+    #: The dtype activations are kept in for the backward pass; ``fp8`` the linear layers'
+    #: inputs only, the rest in ``param_dtype``; None, ``param_dtype``.
+    activation_dtype: ActivationDtype | None = None
+    optimizer_dtype: OptimizerDtype = "fp32"
+    sequence_parallel: SequenceParallel = "dtensor"
+    norm_kernel: NormKernel = "fused"
+    #: GiB of each runtime term (:mod:`~.runtime`), None where the published figure holds;
+    #: ``runtime_gib`` replaces all of them at once.
+    runtime_gib: float | None = None
+    cuda_context_gib: float | None = None
+    nccl_communicator_gib: float | None = None
+    allocator_gib: float | None = None
     #: The GPU preset (:data:`~.gpus.GPUS`) the next four figures come from, unless given.
     gpu: str = DEFAULT_GPU
     gpu_memory_gib: float = GPUS[DEFAULT_GPU].memory_gib
@@ -92,6 +114,24 @@ class Training:
     @property
     def param_bytes(self) -> int:
         return DTYPE_BYTES[self.param_dtype]
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per element of the activations kept for the backward pass (of the linear
+        layers' inputs, under ``fp8``)."""
+        return ACTIVATION_BYTES[self.activation_dtype or self.param_dtype]
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes per element of the other activations kept: ``param_dtype``'s under fp8."""
+        if self.activation_dtype in (None, "fp8"):
+            return self.param_bytes
+        return ACTIVATION_BYTES[self.activation_dtype]
+
+    @property
+    def moment_bytes(self) -> int:
+        """Bytes per element of each of AdamW's two moments."""
+        return DTYPE_BYTES[self.optimizer_dtype]
 
     @property
     def dispatch_bytes(self) -> int:

@@ -1,0 +1,82 @@
+"""What a GPU holds beside the training state: the CUDA context, NCCL's buffers for each
+communicator a rank sends over, and the caching allocator's reserve. None of them can be
+measured without a GPU; each figure is a published measurement, cited beside it, and each
+can be replaced (``--cuda-context-gib``, ``--nccl-communicator-gib``, ``--allocator-gib``, or
+all at once ``--runtime-gib``). docs/estimate.md says which are published and which
+measured.
+
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from meshconf.core.training import GIB
+from meshconf.features.plan.estimate.training import Training
+
+#: The CUDA context PyTorch creates on each GPU with CUDA's lazy module loading
+#: (``CUDA_MODULE_LOADING=LAZY``, PyTorch's default since 1.13 with CUDA 11.7): about 0.3 GB;
+#: about 0.7 GB with every module loaded at start. Published, as reported for PyTorch on
+#: A100 and H100; not measured here.
+CUDA_CONTEXT_BYTES = 300 * 10**6
+#: NCCL's buffers per communicator, through PyTorch, after its first collective: 544 MB for a
+#: communicator of 2 GPUs and 688 MB for one of more, measured on 4 A100s with NVLink (NCCL
+#: issue #964). They grow with the channels and connections a communicator sets up and stop
+#: growing beyond 2 nodes (NCCL #986); each communicator a rank joins has its own unless
+#: made by ``ncclCommSplit`` with resource sharing (the same). Published; not measured here.
+NCCL_PAIR_BYTES = 544 * 10**6
+NCCL_GROUP_BYTES = 688 * 10**6
+#: The caching allocator's reserve beyond what tensors hold at the peak. No published
+#: measurement gives it as a figure for a training step, so it counts 0 unless
+#: ``--allocator-gib`` gives one (a trainer's ``max_reserved`` minus ``max_allocated``).
+ALLOCATOR_BYTES = 0
+
+#: Where each term's figure comes from.
+SOURCES: Mapping[str, str] = {
+    "cuda_context": "published: CUDA's lazy module loading, about 0.3 GB per GPU under PyTorch "
+    "(0.7 GB without)",
+    "nccl": "published: NCCL issue #964, 544 MB per 2-GPU communicator and 688 MB per larger "
+    "one (4 x A100, NVLink, through PyTorch); NCCL #986, one set of buffers per communicator",
+    "allocator": "not published as a figure: 0 unless --allocator-gib gives a measured "
+    "max_reserved - max_allocated",
+}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Bytes of each runtime term on one rank; ``communicators`` the size of each
+    communicator counted, by the dim that sends over it."""
+
+    cuda_context: int
+    nccl: int
+    allocator: int
+    communicators: Mapping[str, int]
+    #: Whether ``--runtime-gib`` gave the whole, in ``cuda_context``.
+    given_whole: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.cuda_context + self.nccl + self.allocator
+
+
+def runtime_memory(training: Training, communicators: Mapping[str, int]) -> Runtime:
+    """The runtime terms of a rank that sends over ``communicators`` (each dim's group size;
+    a group of one sends nothing and has none)."""
+    groups = {name: size for name, size in communicators.items() if size > 1}
+    if training.runtime_gib is not None:
+        return Runtime(round(training.runtime_gib * GIB), 0, 0, groups, given_whole=True)
+    if training.nccl_communicator_gib is not None:
+        nccl = len(groups) * round(training.nccl_communicator_gib * GIB)
+    else:
+        nccl = sum(NCCL_PAIR_BYTES if size == 2 else NCCL_GROUP_BYTES for size in groups.values())
+    context = (
+        CUDA_CONTEXT_BYTES
+        if training.cuda_context_gib is None
+        else round(training.cuda_context_gib * GIB)
+    )
+    allocator = (
+        ALLOCATOR_BYTES if training.allocator_gib is None else round(training.allocator_gib * GIB)
+    )
+    return Runtime(context, nccl, allocator, groups)
