@@ -59,6 +59,7 @@ SLOW_MODULES = frozenset(
         "test_plan_fsdp_memory",
         "test_plan_memory_gloo",
         "test_plan_pipeline_gloo",
+        "test_plan_precision",
         "test_plan_schedule",
         "test_plan_sequence_parallel",
         "test_precommit",

@@ -112,7 +112,7 @@ def cpu_norm_extra(arch: Architecture) -> activations.PerToken:
     attention = arch.attention
     assert isinstance(attention, GroupedQueryAttention)
     heads = (attention.heads + attention.kv_heads) * attention.head_dim
-    return activations.PerToken(split=2 * arch.hidden + (heads if attention.qk_norm else 0))
+    return activations.PerToken(outside=2 * arch.hidden, split=heads if attention.qk_norm else 0)
 
 
 def block_activations(tracker: Any, blocks: str) -> tuple[list[int], int]:

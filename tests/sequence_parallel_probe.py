@@ -4,9 +4,11 @@ sequence parallelism as torchtitan applies them (each norm's output gathered onc
 products after it, row-wise products reduce-scattered back over the sequence), at tp 2, on
 the fake process group and under ``FakeTensorMode``, wrapped for one checkpointing mode.
 Prints, as JSON, the activations tracked at each block's end of forward, and the
-collectives of one forward and backward pass counted by torch's ``CommDebugMode``.
+collectives of one forward and backward pass counted by torch's ``CommDebugMode``. With
+``none`` after the mode, tensor parallelism without sequence parallelism: the norms run on
+every token of each rank, and the row-wise products' outputs are all-reduced.
 
-    python sequence_parallel_probe.py none|selective|full
+    python sequence_parallel_probe.py none|selective|full [dtensor|none]
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class Blocks(nn.Module):
         return x
 
 
-def _plan() -> dict[str, object]:
+def _plan(sequence_parallel: str) -> dict[str, object]:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -90,6 +92,17 @@ def _plan() -> dict[str, object]:
         RowwiseParallel,
         SequenceParallel,
     )
+
+    if sequence_parallel == "none":
+        return {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(),
+        }
 
     gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return {
@@ -107,7 +120,7 @@ def _plan() -> dict[str, object]:
     }
 
 
-def main(mode: str) -> None:
+def main(mode: str, sequence_parallel: str) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor.debug import CommDebugMode
@@ -120,10 +133,11 @@ def main(mode: str) -> None:
         with FakeTensorMode():
             model = Blocks()
             for layer in model.layers:
-                parallelize_module(layer, mesh, _plan())
+                parallelize_module(layer, mesh, _plan(sequence_parallel))
             model = checkpointed(model, mode)
-            # this rank's share of the sequence
-            x = torch.randn(BATCH, SEQ // TP, ARCH.hidden, requires_grad=True)
+            # this rank's share of the sequence, or every token without sequence parallelism
+            share = SEQ if sequence_parallel == "none" else SEQ // TP
+            x = torch.randn(BATCH, share, ARCH.hidden, requires_grad=True)
             tracker = MemTracker()
             tracker.track_external(model)
             collectives = CommDebugMode()
@@ -139,4 +153,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "dtensor")

@@ -34,31 +34,41 @@ def _converted(run_cli, tmp_path: Path, arguments: str):  # type: ignore[no-unty
 
 
 @pytest.mark.parametrize(
-    ("arguments", "mode", "first"),
+    ("arguments", "mode", "first", "group"),
     [
         (
             "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
             "full",
             None,
+            None,
+        ),
+        # groups of 2 blocks, each recomputed whole from its input
+        (
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+            "full",
+            None,
+            2,
         ),
         # the first 4 blocks of each model chunk
         (
             "--recompute-granularity full --recompute-method block --recompute-num-layers 4",
             "full",
             4,
+            None,
         ),
-        ("--recompute-granularity selective", "none", None),
+        ("--recompute-granularity selective", "none", None, None),
         # Megatron-LM's switch for selective recomputation
-        ("--recompute-activations", "none", None),
+        ("--recompute-activations", "none", None, None),
     ],
 )
 def test_recomputation_the_estimate_can_say_is_converted(
-    run_cli, tmp_path: Path, arguments: str, mode: str, first: int | None
+    run_cli, tmp_path: Path, arguments: str, mode: str, first: int | None, group: int | None
 ) -> None:  # type: ignore[no-untyped-def]
     config, _ = _converted(run_cli, tmp_path, arguments)
     assert config.training is not None
     assert config.training.activation_checkpointing == mode
     assert config.training.checkpoint_first == first
+    assert config.training.checkpoint_group == group
 
 
 def test_the_recomputation_switch_overrides_the_granularity_with_a_note(
@@ -77,15 +87,15 @@ def test_the_recomputation_switch_overrides_the_granularity_with_a_note(
     ) in text
 
 
-def test_recomputation_in_groups_is_left_with_a_note(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    arguments = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
+def test_full_recomputation_without_a_method_is_left_with_a_note(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    arguments = "--recompute-granularity full --recompute-num-layers 2"
     config, text = _converted(run_cli, tmp_path, arguments)
     assert config.training is not None
     assert config.training.activation_checkpointing is None
     note = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
     assert (
-        f"{arguments} is not converted: the estimate recomputes blocks one at a time "
-        "(--recompute-method uniform --recompute-num-layers 1, or block), not in groups"
+        f"{arguments} is not converted: Megatron-LM's full recomputation takes "
+        "--recompute-method uniform or block with --recompute-num-layers N (at least 1)"
     ) in note
 
 
@@ -137,8 +147,12 @@ def test_an_option_overrides_the_block(run_cli, tmp_path: Path) -> None:  # type
 @pytest.mark.parametrize(
     ("written", "expected"),
     [
-        ("--fp8-param-gather", {"zero_stage": 1, "fp8_param_gather": True}),
-        ("", {"zero_stage": 1}),
+        # tp 2 without --sequence-parallel: the norms' activations whole on every tp rank
+        (
+            "--fp8-param-gather",
+            {"zero_stage": 1, "fp8_param_gather": True, "sequence_parallel": "none"},
+        ),
+        ("", {"zero_stage": 1, "sequence_parallel": "none"}),
     ],
 )
 def test_megatron_s_fp8_param_gather_is_converted(
@@ -432,35 +446,61 @@ def test_megatron_s_expert_overlap_is_converted_where_megatron_core_runs_it(
     assert [error.render("--args") for error in raised.value.problems] == [problem]
 
 
-SEQUENCE_NOTE = (
-    "--sequence-parallel is not set: with tp 2, Megatron-LM then keeps the norms' and "
-    "dropouts' activations whole on every tensor-parallel rank. The estimate splits them over "
-    "tp, as under sequence parallelism, so its activations are too low for this job."
-)
-
-
 @pytest.mark.parametrize(
-    ("line", "noted"),
+    ("line", "sequence_parallel"),
     [
-        (ARGS, True),
-        (ARGS + "--sequence-parallel", False),
+        # Megatron-LM keeps the norms' and dropouts' activations whole on every tp rank
+        (ARGS, "none"),
+        (ARGS + "--sequence-parallel", "megatron"),
         # without tensor parallelism there is nothing to split
-        ("--use-distributed-optimizer", False),
+        ("--use-distributed-optimizer", None),
     ],
 )
-def test_tensor_parallelism_without_sequence_parallelism_is_noted(line: str, noted: bool) -> None:
+def test_tensor_parallelism_without_sequence_parallelism_is_estimated_so(
+    line: str, sequence_parallel: str | None
+) -> None:
     conversion = BY_NAME[MEGATRON].convert(read_command_line(line), world_size=16)
-    assert (SEQUENCE_NOTE in conversion.notes) == noted
+    assert conversion.data["training"].get("sequence_parallel") == sequence_parallel
 
 
 def test_nemo_s_sequence_parallel_is_read_by_its_value() -> None:
     nemo = "model:\n  tensor_model_parallel_size: 2\n  sequence_parallel: {value}\n"
     converted = BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="true")), world_size=8)
-    assert SEQUENCE_NOTE not in converted.notes
+    assert converted.data["training"]["sequence_parallel"] == "megatron"
     converted = BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="false")), world_size=8)
-    assert SEQUENCE_NOTE in converted.notes
+    assert converted.data["training"]["sequence_parallel"] == "none"
     with pytest.raises(ConversionError) as raised:
         BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo.format(value="1")), world_size=8)
     assert [problem.render("nemo.yaml") for problem in raised.value.problems] == [
         "nemo.yaml:3:3: model.sequence_parallel: expected true or false, got the integer 1"
     ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "found"),
+    [
+        ("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "bf16"),
+        ("--exp-avg-dtype fp32 --exp-avg-sq-dtype fp32", "fp32"),
+        # Megatron-LM's default for the other is fp32
+        ("--exp-avg-dtype fp32", "fp32"),
+        (
+            "--exp-avg-dtype bf16",
+            "--args:1:17: --exp-avg-dtype: the estimate keeps both moments in one dtype: give "
+            "--exp-avg-sq-dtype bf16 as well",
+        ),
+        (
+            "--exp-avg-dtype bf16 --exp-avg-sq-dtype fp16",
+            "--args:1:41: --exp-avg-sq-dtype: the estimate keeps both of AdamW's moments in fp32 "
+            "or both in bf16; got the string 'bf16' and the string 'fp16'",
+        ),
+    ],
+)
+def test_megatron_s_moment_dtypes_are_the_optimizer_dtype(arguments: str, found: str) -> None:
+    words = read_command_line(arguments)
+    if found in ("fp32", "bf16"):
+        conversion = BY_NAME[MEGATRON].convert(words, world_size=8)
+        assert conversion.data["training"]["optimizer_dtype"] == found
+        return
+    with pytest.raises(ConversionError) as raised:
+        BY_NAME[MEGATRON].convert(words, world_size=8)
+    assert [error.render("--args") for error in raised.value.problems] == [found]

@@ -260,3 +260,32 @@ def test_every_example_converts_but_the_one_megatron_cannot_number() -> None:
         except MegatronExportError as error:
             refused.append((path.name, str(error).split(":")[0]))
     assert refused == [("hierarchical_long_context.yaml", "inside_node")]
+
+
+def test_the_estimate_s_megatron_settings_are_written_and_read_back() -> None:
+    """Sequence parallelism as Megatron runs it, bf16 moments and recomputation in groups
+    are Megatron-LM arguments, and its own reader gives the same training block back."""
+    training = {
+        "zero_stage": 1,
+        "sequence_parallel": "megatron",
+        "optimizer_dtype": "bf16",
+        "activation_checkpointing": "full",
+        "checkpoint_group": 2,
+    }
+    config = load_config({"world_size": 16, "degrees": {"tp": 2, "pp": 2}, "training": training})
+    arguments = megatron_arguments(config)
+    written = arguments.arguments
+    assert {
+        ("--use-distributed-optimizer", None),
+        ("--sequence-parallel", None),
+        ("--use-precision-aware-optimizer", None),
+        ("--exp-avg-dtype", "bf16"),
+        ("--exp-avg-sq-dtype", "bf16"),
+    } <= set(written)
+    start = written.index(("--recompute-granularity", "full"))
+    assert written[start + 1 : start + 3] == (
+        ("--recompute-method", "uniform"),
+        ("--recompute-num-layers", "2"),
+    )
+    back = convert_megatron(read_command_line(arguments.command_line()), world_size=16)
+    assert back.data["training"] == training

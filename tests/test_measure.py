@@ -206,10 +206,14 @@ def test_the_text_report_sets_each_term_beside_its_estimate(tmp_path: Path) -> N
     )
     assert lines[0].endswith("'s FSDPMemTracker")
     assert lines[2].split() == ["term", "MiB", "at", "the", "peak", "estimate"]
-    assert [line.split()[0] for line in lines[3:]] == [
+    assert [line.split()[0] for line in lines[3:-1]] == [
         "params", "grads", "optimizer", "gathers", "activations", "peak",
     ]  # fmt: skip
     assert lines[3].split()[1:] == ["1.532", "1.532"]
+    assert lines[-1] == (
+        "not on CPU: the estimate's runtime term (942.230 MiB: the CUDA context, NCCL's "
+        "buffers, the allocator's reserve) comes on top on a GPU"
+    )
 
 
 @pytest.mark.parametrize(
@@ -339,5 +343,10 @@ def test_a_small_model_s_figures_are_exact(tmp_path: Path) -> None:
     assert "model small (3,213,568 parameters); seq 64" in done.stdout.splitlines()[1]
     report = _report(tmp_path, config, "fsdp")
     memory = report["estimate"]["memory_bytes"]
-    assert memory == report["estimate_bytes"]
+    # beside the tracker, the step's tensors: the estimate's total without its runtime term
+    state = {term: size for term, size in memory.items() if not term.startswith("total")}
+    del state["runtime"]
+    assert {**state, "total": memory["total_without_runtime"]} == report["estimate_bytes"]
+    # the CUDA context and NCCL's buffers of fsdp's communicator of 8
+    assert memory["runtime"] == 300 * 10**6 + 688 * 10**6
     assert memory["params"] > 0 and report["estimate"]["memory_gib"]["params"] == 0.0

@@ -1,4 +1,4 @@
-"""1F1B and the interleaved schedule against Megatron-Core's own code, read from the
+"""1F1B, the interleaved schedule and Llama 3's against Megatron-Core's own code, read from the
 installed megatron-core by tests/megatron_code.py:
 
 - the micro-batches in flight against its count of each rank's warm-up forward passes
@@ -258,3 +258,71 @@ def test_a_group_megatron_refuses_does_not_fit_and_says_why(  # type: ignore[no-
 ) -> None:
     row = _row(run_cli, "--microbatch-group", group)
     assert (row["fits"], row["problem"]) == (False, problem)
+
+
+# --- Llama 3's schedule -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 5])
+@pytest.mark.parametrize("chunks", [2, 3, 4])
+def test_llama3_with_groups_of_pp_or_more_is_megatron_core_s_order(pp: int, chunks: int) -> None:
+    """Where Megatron-Core takes the group, Llama 3's schedule is its order: the same
+    chunk-micro-batches in flight on every rank and the makespan of that order."""
+    flops = PassFlops(1.0, 2.0, 0.0, 0.0)
+    for microbatches in range(pp, 3 * pp + 1):
+        for group in range(pp, microbatches + 1):
+            if not _accepted(pp, microbatches, group):
+                continue
+            training = Training(schedule="llama3", virtual_stages=chunks, microbatch_group=group)
+            assert schedule_problem(pp, microbatches, training) is None
+            orders = _megatron_orders(pp, chunks, microbatches, group)
+            makespan = step_time(orders, pp * chunks, Fraction(1), Fraction(2), Fraction(0))
+            bubble = bubble_fraction(pp, microbatches, training, flops)
+            assert makespan / (microbatches * chunks * 3) - 1 == pytest.approx(bubble, abs=1e-12)
+            assert [held_at_peak(order) for order in orders] == [
+                in_flight_chunks(pp, rank, training, microbatches) for rank in range(pp)
+            ]
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+def test_llama3_below_pp_holds_its_warm_up_and_waits_what_the_paper_states(pp: int) -> None:
+    """Groups of fewer than pp micro-batches, which Megatron-Core refuses: each rank holds
+    the warm-up forward passes Megatron-Core counts for such a group (2 (pp - rank - 1) +
+    (v - 1) N) and the one its first 1F1B step runs; the bubble is the paper's (pp - 1) /
+    (v m) (The Llama 3 Herd of Models, section 3.3.2)."""
+    chunks = 4
+    for microbatches in range(pp, 4 * pp + 1, 3):
+        for group in range(1, pp):
+            training = Training(schedule="llama3", virtual_stages=chunks, microbatch_group=group)
+            assert schedule_problem(pp, microbatches, training) is None
+            for rank in range(pp):
+                assert in_flight_chunks(pp, rank, training, microbatches) == _megatron_in_flight(
+                    pp, rank, chunks, microbatches, group
+                )
+            flops = PassFlops(1.0, 2.0, 0.0, 0.0)
+            expected = (pp - 1) / (chunks * microbatches)
+            assert bubble_fraction(pp, microbatches, training, flops) == pytest.approx(expected)
+
+
+def test_llama3_s_own_layout_holds_66_chunk_micro_batches_where_megatron_s_holds_143() -> None:
+    """Llama 3 405B on 8,192 GPUs: pp 16, 8 chunks a rank, 32 micro-batches a step; rank 0
+    warms up 2 x 15 + 7 N forward passes and runs one more."""
+    for group, held in [(5, 66), (16, 143)]:
+        training = Training(schedule="llama3", virtual_stages=8, microbatch_group=group)
+        assert in_flight_chunks(16, 0, training, 32) == held
+
+
+def test_a_llama3_group_above_the_step_s_micro_batches_does_not_fit_and_says_why(  # type: ignore[no-untyped-def]
+    run_cli,
+) -> None:
+    llama3 = ["--pp-schedule", "llama3"]
+    row = _row(run_cli, *llama3, "--microbatch-group", "17")
+    assert (row["fits"], row["problem"]) == (
+        False,
+        "microbatch_group 17 with 16 micro-batches a step: Llama 3's schedule runs each model "
+        "chunk on at most the step's 16 before the next",
+    )
+    # 3 is below pp 4: refused by Megatron-LM's schedule, run by Llama 3's
+    row = _row(run_cli, *llama3, "--microbatch-group", "3")
+    assert (row["fits"], row["problem"]) == (True, None)
+    assert row["bubble_fraction"] == 0.0938  # 3 / 32, as the paper states

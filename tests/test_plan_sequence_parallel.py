@@ -33,11 +33,12 @@ MODES = ["none", "selective", "full"]
 TOKENS = SEQ * BATCH
 
 
-def _probe(server: Path, mode: str) -> dict[str, Any]:
-    """The probe's report for ``mode``, run as ``python sequence_parallel_probe.py MODE`` in a
-    child of the fork server (tests/forkserver.py), which imported torch once."""
+def _probe(server: Path, mode: str, sequence_parallel: str = "dtensor") -> dict[str, Any]:
+    """The probe's report for ``mode``, run as ``python sequence_parallel_probe.py MODE SP``
+    in a child of the fork server (tests/forkserver.py), which imported torch once."""
     script = str(HERE / "sequence_parallel_probe.py")
-    done = forkserver.run(server, [script, mode], cwd=HERE, env=dict(os.environ), script=script)
+    words = [script, mode, sequence_parallel]
+    done = forkserver.run(server, words, cwd=HERE, env=dict(os.environ), script=script)
     assert done.returncode == 0, done.stderr
     probed: dict[str, Any] = json.loads(done.stdout)
     return probed
@@ -61,6 +62,30 @@ def test_what_a_block_stores_under_sequence_parallelism_is_the_estimate_exactly(
     assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [
         expected.bytes(TOKENS, TP, 4)
     ] * (ARCH.layers - 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_sequence_parallelism_a_block_stores_the_estimate_exactly(
+    torch_server: Path, mode: str
+) -> None:
+    """Tensor parallelism alone (``--sequence-parallel none``): the norms' inputs and
+    outputs and the block's input are kept for every token on each rank, and ``selective``
+    keeps no all-reduce."""
+    expected = activations.block(
+        ARCH,
+        "dense",
+        mode,  # type: ignore[arg-type]
+        tensor_parallel=True,
+        sequence_parallel="none",
+    )
+    if mode == "none":
+        expected += cpu_norm_extra(ARCH)
+    ends = _probe(torch_server, mode, "none")["ends"]
+    assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [
+        expected.bytes(TOKENS, TP, 4, sequence_parallel="none")
+    ] * (ARCH.layers - 1)
+    # and more than with it, by what sequence parallelism splits
+    assert expected.bytes(TOKENS, TP, 4, sequence_parallel="none") > expected.bytes(TOKENS, TP, 4)
 
 
 @pytest.mark.parametrize(

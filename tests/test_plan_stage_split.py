@@ -103,14 +103,14 @@ def test_megatron_s_training_settings_become_the_config_s_training_block(
     assert config.training is not None
     assert config.training.estimate_settings() == {
         "zero_stage": 1, "schedule": "interleaved", "virtual_stages": 4,
-        "first_stage_layers": 7, "last_stage_layers": 7,
+        "first_stage_layers": 7, "last_stage_layers": 7, "sequence_parallel": "none",
     }  # fmt: skip
     # show --model reads the block: the same estimate as the options give
     from_block = run_cli("show", str(out), "--model", "llama3-405b", "--format", "json")
     from_options = run_cli(
         "show", str(out), "--model", "llama3-405b", "--format", "json", "--zero-stage", "1",
         "--pp-schedule", "interleaved", "--virtual-stages", "4", "--first-stage-layers", "7",
-        "--last-stage-layers", "7",
+        "--last-stage-layers", "7", "--sequence-parallel", "none",
     )  # fmt: skip
     assert json.loads(from_block.stdout)["estimate"] == json.loads(from_options.stdout)["estimate"]
     overridden = run_cli("show", str(out), "--model", "llama3-405b", "--zero-stage", "3")

@@ -13,7 +13,10 @@ from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.training import Training
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "gathers", "activations", "runtime")
+#: The terms of what the step's tensors hold, which torch's memory tracker measures on CPU.
+STATE_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
+#: Every memory term: the step's tensors, then what only a GPU holds.
+MEMORY_PARTS = (*STATE_PARTS, "runtime")
 
 
 def gib(value: float) -> float:

@@ -21,7 +21,7 @@ from meshconf.cli.common import (
     usage_error,
 )
 from meshconf.cli.estimate_options import config_estimate
-from meshconf.cli.estimate_report import MEMORY_PARTS, memory_json, settings_line
+from meshconf.cli.estimate_report import STATE_PARTS, memory_json, settings_line
 from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.training import GIB
@@ -68,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
         model, training, estimated = found
         settings = settings_line(model, training)
         memory = estimated.memory
+        # the tracker sees the step's tensors on CPU: no CUDA context, NCCL or allocator
         report["estimate_bytes"] = {
-            **{term: getattr(memory, term) for term in MEMORY_PARTS},
-            "total": memory.total,
+            **{term: getattr(memory, term) for term in STATE_PARTS},
+            "total": memory.training_state,
         }
         report["estimate"] = {"model": model.name, **memory_json(estimated)}
         differences = mismatches(
@@ -88,13 +89,14 @@ def run(args: argparse.Namespace) -> int:
         )
         report["mismatches"] = [dataclasses.asdict(mismatch) for mismatch in differences]
     comparable = estimate is not None and not differences
-    shown = [term for term in MEMORY_PARTS if measured.terms[term] or comparable]
+    shown = [term for term in STATE_PARTS if measured.terms[term] or comparable]
     if measured.terms["other"]:
         shown.append("other")
 
     # MiB when either column's largest figure is under a GiB, whose terms would round to
     # nothing in GiB
-    smallest = measured.peak if estimate is None else min(measured.peak, estimate.memory.total)
+    state = None if estimate is None else estimate.memory.training_state
+    smallest = measured.peak if state is None else min(measured.peak, state)
     unit, unit_name = (GIB, "GiB") if smallest >= GIB else (_MIB, "MiB")
 
     def amount(size: int) -> str:
@@ -121,12 +123,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"{term:<12} {cells}")
         total = f"{amount(measured.peak):>15}"
         if comparable:
-            assert estimate is not None
-            total += f"   {amount(estimate.memory.total):>8}"
+            assert state is not None
+            total += f"   {amount(state):>8}"
         print(f"{'peak':<12} {total}")
-        if estimate is not None and not comparable:
+        if estimate is not None and comparable:
             print(
-                f"the estimate ({amount(estimate.memory.total)} {unit_name}) is left out: it is "
+                f"not on CPU: the estimate's runtime term ({amount(estimate.memory.runtime)} "
+                f"{unit_name}: the CUDA context, NCCL's buffers, the allocator's reserve) comes "
+                "on top on a GPU"
+            )
+        if state is not None and not comparable:
+            print(
+                f"the estimate ({amount(state)} {unit_name}) is left out: it is "
                 "for another run than the build's; give the options above to compare them"
             )
 

@@ -30,7 +30,6 @@ _TOKENS = {"tp": "tp", "cp": "cp", "dp_shard": "dp", "dp_replicate": "dp", "pp":
 #: Training keys and the switch or argument each is; a value of None is a switch.
 _SWITCHES = {
     "fp8_param_gather": "--fp8-param-gather",
-    "sequence_parallel": "--sequence-parallel",
     "ep_overlap": "--overlap-moe-expert-parallel-comm",
 }
 _SPLIT_WEIGHTS = {
@@ -50,7 +49,8 @@ _DEFAULTS: dict[str, object] = {
     "pp_schedule": "1f1b",
     "activation_checkpointing": "none",
     "fp8_param_gather": False,
-    "sequence_parallel": False,
+    "sequence_parallel": "none",
+    "optimizer_dtype": "fp32",
     "ep_overlap": False,
 }
 
@@ -185,15 +185,26 @@ def _training_arguments(
             arguments.append((_INTEGERS[key], str(value)))
         elif key == "pp_schedule" and value == "interleaved" and "virtual_stages" in given:
             continue
+        elif key == "sequence_parallel" and value == "megatron":
+            arguments.append(("--sequence-parallel", None))
+        elif key == "optimizer_dtype" and value == "bf16":
+            arguments += [
+                ("--use-precision-aware-optimizer", None),
+                ("--exp-avg-dtype", "bf16"),
+                ("--exp-avg-sq-dtype", "bf16"),
+            ]
         elif key == "activation_checkpointing" and value == "full":
-            first = given.get("checkpoint_first")
-            how = ("uniform", "1") if first is None else ("block", str(first))
+            first, group = given.get("checkpoint_first"), given.get("checkpoint_group")
+            how = ("block", str(first)) if first is not None else ("uniform", str(group or 1))
             arguments += [
                 ("--recompute-granularity", "full"),
                 ("--recompute-method", how[0]),
                 ("--recompute-num-layers", how[1]),
             ]
-        elif key == "checkpoint_first" and given.get("activation_checkpointing") == "full":
+        elif (
+            key in ("checkpoint_first", "checkpoint_group")
+            and given.get("activation_checkpointing") == "full"
+        ):
             continue
         else:
             problems.append(

@@ -67,6 +67,8 @@ NUM_LAYERS = "num_layers"
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
 #: Megatron-LM's switch that splits the norms' and dropouts' activations over tp.
 SEQUENCE_PARALLEL_SWITCH = "sequence_parallel"
+#: Megatron-LM's dtypes of AdamW's two moments (its precision-aware optimizer).
+MOMENT_DTYPE_SETTINGS = ("exp_avg_dtype", "exp_avg_sq_dtype")
 #: Megatron-LM's switch that runs the experts' all-to-all under another micro-batch's compute.
 EP_OVERLAP_SWITCH = "overlap_moe_expert_parallel_comm"
 #: Megatron-LM's switch for ``--recompute-granularity selective``, which it overrides.
@@ -105,6 +107,7 @@ _VALUED = (
     *GROUP_SETTINGS,
     NUM_LAYERS,
     *RECOMPUTE_SETTINGS,
+    *MOMENT_DTYPE_SETTINGS,
     ORDER_SETTING,
 )
 MEGATRON_LM = "Megatron-LM"

@@ -15,6 +15,7 @@ from meshconf.features.convert.megatron_input import (
     EP_OVERLAP_SWITCH,
     GROUP_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
+    MOMENT_DTYPE_SETTINGS,
     NUM_LAYERS,
     RECOMPUTE_SWITCH,
     SEQUENCE_PARALLEL_SWITCH,
@@ -54,6 +55,7 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
     if granularity is not None and granularity.value is not None:
         _recomputation(draft, settings, granularity)
     _sequence_parallelism(draft, settings.get(SEQUENCE_PARALLEL_SWITCH), sizes)
+    _moments(draft, settings)
     overlap = settings.get(EP_OVERLAP_SWITCH)
     if overlap is not None:
         chunks = (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE)
@@ -68,17 +70,43 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
 
 
 def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[str, int]) -> None:
-    """A note where tensor parallelism runs without ``--sequence-parallel``: the estimate
-    splits every activation over tp, as sequence parallelism does (and torchtitan always
-    runs it), so without it the estimate's activations are too low."""
-    tp = sizes["tensor_model_parallel_size"]
-    if _switched_on(draft, switch) is None and tp > 1:
-        draft.notes.append(
-            f"--sequence-parallel is not set: with tp {tp}, Megatron-LM then keeps the norms' "
-            "and dropouts' activations whole on every tensor-parallel rank. The estimate "
-            "splits them over tp, as under sequence parallelism, so its activations are too "
-            "low for this job."
+    """``training.sequence_parallel`` where tensor parallelism runs: ``megatron`` with
+    ``--sequence-parallel`` (the norms' outputs kept split and gathered again in the backward
+    pass), ``none`` without it (Megatron-LM then keeps the norms' and dropouts' activations
+    whole on every tensor-parallel rank)."""
+    if sizes["tensor_model_parallel_size"] == 1:
+        return
+    on = _switched_on(draft, switch)
+    draft.training["sequence_parallel"] = "none" if on is None else "megatron"
+    if switch is not None:
+        draft.origins[("training", "sequence_parallel")] = switch.key
+
+
+def _moments(draft: Draft, settings: Mapping[str, Setting]) -> None:
+    """``training.optimizer_dtype`` from ``--exp-avg-dtype`` and ``--exp-avg-sq-dtype``:
+    both fp32 or both bf16, the dtypes the estimate counts."""
+    given = [settings[name] for name in MOMENT_DTYPE_SETTINGS if name in settings]
+    if not given:
+        return
+    values = {setting.value for setting in given}
+    if len(given) < len(MOMENT_DTYPE_SETTINGS) and values != {"fp32"}:
+        missing = next(name for name in MOMENT_DTYPE_SETTINGS if name not in settings)
+        draft.fail(
+            given[0].key,
+            f"the estimate keeps both moments in one dtype: give --{missing.replace('_', '-')} "
+            f"{given[0].value} as well",
         )
+        return
+    if len(values) > 1 or not values <= {"fp32", "bf16"}:
+        draft.fail(
+            given[-1].key,
+            "the estimate keeps both of AdamW's moments in fp32 or both in bf16; got "
+            + " and ".join(describe_value(setting.value) for setting in given),
+        )
+        return
+    (value,) = values
+    draft.training["optimizer_dtype"] = value
+    draft.origins[("training", "optimizer_dtype")] = given[0].key
 
 
 def _expert_overlap(
@@ -276,9 +304,13 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
     method = settings.get("recompute_method")
     layers = settings.get("recompute_num_layers")
     count = None if layers is None or layers.value is None else integer_setting(draft, layers)
-    if method is not None and method.value == "uniform" and count == 1:
+    if method is not None and method.value == "uniform" and layers is not None and count:
         draft.training["activation_checkpointing"] = "full"
         draft.origins[key] = granularity.key
+        if count > 1:
+            # groups of recompute_num_layers blocks, each recomputed whole from its input
+            draft.training["checkpoint_group"] = count
+            draft.origins[("training", "checkpoint_group")] = layers.key
         return
     if method is not None and method.value == "block" and layers is not None and count:
         # the first recompute_num_layers blocks of each model chunk
@@ -291,7 +323,7 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
     how = "" if method is None else f" --recompute-method {method.value}"
     how += "" if layers is None else f" --recompute-num-layers {layers.value}"
     draft.notes.append(
-        f"--recompute-granularity full{how} is not converted: the estimate recomputes blocks "
-        "one at a time (--recompute-method uniform --recompute-num-layers 1, or block), not in "
-        "groups; give --activation-checkpointing to plan and show."
+        f"--recompute-granularity full{how} is not converted: Megatron-LM's full "
+        "recomputation takes --recompute-method uniform or block with --recompute-num-layers "
+        "N (at least 1); give --activation-checkpointing to plan and show."
     )

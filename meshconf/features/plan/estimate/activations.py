@@ -125,16 +125,19 @@ def block(
     tensor_parallel: bool = False,
     expert_parallel: bool = False,
     norm_kernel: NormKernel = "fused",
+    sequence_parallel: SequenceParallel = "dtensor",
 ) -> PerToken:
     """What one block stores per token under ``mode`` until its backward pass; ``full``
     stores only its input. ``tensor_parallel`` and ``expert_parallel`` say whether tp and ep
-    are above 1, which adds the collectives that ``selective`` keeps. An ``eager`` norm keeps
+    are above 1, which adds the collectives that ``selective`` keeps (a reduce-scatter under
+    sequence parallelism; no all-reduce without). An ``eager`` norm keeps
     an fp32 copy of its input where a fused one keeps the input, and its normalized input
     besides: 4 bytes more per element whatever the compute dtype (tests/test_plan_norms.py)."""
     if mode == "full":
         return PerToken(outside=arch.hidden)
     if mode == "selective":
-        return _kept_by_policy(arch, kind, tensor_parallel, expert_parallel)
+        scattered = tensor_parallel and sequence_parallel != "none"
+        return _kept_by_policy(arch, kind, tensor_parallel, expert_parallel, scattered)
     stored = _attention(arch) + _feed_forward(arch, kind)
     if norm_kernel == "eager":
         stored += _eager_norms(arch)
@@ -172,7 +175,9 @@ def backward_working_set(
     as the combine's backward gathers it and as the weighting by its score passes it on
     (two hidden widths a copy). Megatron-LM's sequence parallelism gathers a norm's output
     again for the products' backward pass: one hidden width, whole."""
-    stored = block(arch, kind, mode, tensor_parallel, expert_parallel, norm_kernel)
+    stored = block(
+        arch, kind, mode, tensor_parallel, expert_parallel, norm_kernel, sequence_parallel
+    )
     kept = block(arch, kind, "none", norm_kernel=norm_kernel)
     experts = arch.experts
     copies = experts.top_k if kind == "moe" and experts is not None else 0
@@ -224,7 +229,11 @@ def recomputed_weights(arch: Architecture, kind: LayerKind, tp: int, etp: int) -
 
 
 def _kept_by_policy(
-    arch: Architecture, kind: LayerKind, tensor_parallel: bool, expert_parallel: bool
+    arch: Architecture,
+    kind: LayerKind,
+    tensor_parallel: bool,
+    expert_parallel: bool,
+    scattered: bool,
 ) -> PerToken:
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
@@ -234,9 +243,10 @@ def _kept_by_policy(
     kept = PerToken(outside=arch.hidden) + kernel
     for index, weight in enumerate(matmuls(arch, kind), start=1):
         # under tp a row-wise product gives every token's partial sum, which the kept
-        # reduce-scatter then splits over the sequence
+        # reduce-scatter then splits over the sequence (an all-reduce, not kept, without
+        # sequence parallelism)
         row_wise = tensor_parallel and weight.split == "cols"
-        if row_wise:
+        if row_wise and scattered:
             kept += PerToken(outside=weight.rows)
         if index % 2 == 1:
             whole = row_wise or weight.split == "none"
@@ -268,7 +278,11 @@ def _attention(arch: Architecture) -> PerToken:
         # kernel's output and log-sum-exp (the output, also wo's input, in the compute dtype:
         # the kernel's backward pass reads it)
         kept = PerToken(
-            outside=hidden, gathered=hidden, split=query + kv + query, fp32=1 + attention.heads
+            outside=hidden,
+            gathered=hidden,
+            outside_fp32=1,
+            split=query + kv + query,
+            fp32=attention.heads,
         )
         if attention.qk_norm:
             # the query and key heads' norms: their inputs and a reciprocal RMS per head
@@ -289,7 +303,8 @@ def _attention(arch: Architecture) -> PerToken:
         split=2 * qk + 2 * value,
         whole=low_rank,
         whole_linear=attention.q_lora_rank + attention.kv_lora_rank,
-        fp32=1 + heads,
+        outside_fp32=1,
+        fp32=heads,
     )
 
 
@@ -300,7 +315,11 @@ def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
         # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
         # (w2's input)
         return PerToken(
-            outside=hidden, gathered=hidden, split=4 * arch.ffn, split_linear=arch.ffn, fp32=1
+            outside=hidden,
+            gathered=hidden,
+            outside_fp32=1,
+            split=4 * arch.ffn,
+            split_linear=arch.ffn,
         )
     # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
     # four ffn tensors, the expert's output and the score that weights it, and three int64
@@ -310,10 +329,11 @@ def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
     # experts' product.
     per_copy = 2 * hidden + 4 * experts.ffn + 1
     shared = 4 * experts.shared * experts.ffn
-    fp32 = 1 + experts.routed + 6 * experts.top_k
+    fp32 = experts.routed + 6 * experts.top_k
     return PerToken(
         outside=hidden,
         gathered=hidden,
+        outside_fp32=1,
         split=experts.top_k * per_copy + shared,
         split_linear=experts.top_k * (hidden + experts.ffn) + experts.shared * experts.ffn,
         fp32=fp32,

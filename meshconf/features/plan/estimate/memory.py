@@ -274,8 +274,9 @@ def _activations(
         training.checkpoint_first,
     )
     present = {(kind, mode) for chunk in chunks for kind, mode, count in chunk if count}
+    sp = training.sequence_parallel
     per_layer = {
-        (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel, norm))
+        (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel, norm, sp))
         for kind, mode in present
     }
     group = training.checkpoint_group if training.checkpointing == "full" else None
@@ -285,9 +286,11 @@ def _activations(
             for chunk in chunks
         )
     else:
-        # Megatron-LM's uniform method keeps one input a group of blocks
+        # Megatron-LM's uniform method keeps one input a group of blocks; a chunk's last
+        # group may hold fewer
         blocks = max(sum(count for _, _, count in chunk) for chunk in chunks)
         largest = -(-blocks // group) * layer_bytes(activations.block(arch, "dense", "full"))
+        group = min(group, blocks)
     in_flight = in_flight_chunks(par.pp, stage.rank, training, microbatches(par, training))
     head = activations.output_head(arch).bytes(tokens, par.tp, dtype) if stage.last else 0
     # the output head's backward pass frees its tensors before the last block's begins,
@@ -295,11 +298,7 @@ def _activations(
     # recomputed whole before its backward pass, which then frees one block at a time
     working = max(
         (
-            layer_bytes(
-                activations.backward_working_set(
-                    arch, kind, mode, *parallel, norm, training.sequence_parallel
-                )
-            )
+            layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel, norm, sp))
             + (0 if group is None else (group - 1) * _kept(arch, kind, parallel, norm, layer_bytes))
             for kind, mode in present
         ),
