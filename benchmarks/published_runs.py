@@ -5,9 +5,11 @@ Run from the repository root with the interpreter meshconf is installed in::
 
     python benchmarks/published_runs.py
 
-For each run it prints whether the published layout fits, its headroom, its rank among the
-layouts of ``plan`` at the same world size (with only the run's tensor and expert
-parallelism pinned, as a user who knows those two would ask), the step time at the run's own
+For each run it prints whether the published layout fits, its memory with and without the
+runtime terms (the CUDA context, NCCL's buffers: published figures), its headroom, its rank
+among the layouts of ``plan`` at the same world size (with only the run's tensor, context and
+expert parallelism pinned, as a user who knows those three would ask), the step time at the
+run's own
 MFU taken over the compute (``--mfu``) against the published step, and, taking the MFU over
 the whole step as it was measured (``--mfu-over step``), the share of the peak the compute
 needs. Only figures the cited source states are used; where the source gives no memory, the
@@ -25,15 +27,26 @@ from dataclasses import dataclass
 
 from harness import table
 
-#: H100 SXM and H800: dense bf16 peak 989 TFLOPs, NVLink 450 GB/s per direction on H100,
-#: 200 GB/s on H800, and 400 Gb/s of InfiniBand per GPU on both.
-H100 = ("--gpus-per-node", "8", "--peak-tflops", "989", "--inter-node-gbps", "400")
-H800 = (*H100, "--intra-node-gbps", "1600")
+#: H100 SXM and H800, from their presets (docs/plan.md): dense bf16 peak 989 TFLOPs, NVLink
+#: 450 GB/s per direction on H100, 200 GB/s on H800, and 400 Gb/s of InfiniBand per GPU.
+H100 = ("--gpu", "h100-sxm", "--gpus-per-node", "8")
+H800 = ("--gpu", "h800", "--gpus-per-node", "8")
+#: Llama 3's pipeline (The Llama 3 Herd of Models, section 3.3.2): its own schedule, N = 5
+#: micro-batches in a group (the section's example), a first chunk of the embedding alone and
+#: a last one of the output alone over 8 chunks a rank; FSDP sharding the optimizer state and
+#: the gradients but keeping the weights after the forward pass (section 3.3.2: ZeRO 2).
 LLAMA3_405B = (
-    "--model", "llama3-405b", "--global-batch-tokens", "16777216", "--pp-schedule",
-    "interleaved", "--virtual-stages", "8", "--first-stage-layers", "0", "--last-stage-layers",
-    "0",
+    "--model", "llama3-405b", "--global-batch-tokens", "16777216", "--pp-schedule", "llama3",
+    "--virtual-stages", "8", "--microbatch-group", "5", "--first-stage-layers", "0",
+    "--last-stage-layers", "0", "--zero-stage", "2",
 )  # fmt: skip
+#: "we could pretrain Llama 3 on sequences of 8K tokens without activation checkpointing"
+#: (section 3.3.2); the long-context stage's recomputation is not stated, so the default.
+WITHOUT_RECOMPUTATION = ("--activation-checkpointing", "none")
+
+
+#: What a user who knows the run's tensor, context and expert parallelism pins in ``plan``.
+PINNED = ("tp", "cp", "ep")
 
 
 @dataclass(frozen=True)
@@ -52,11 +65,12 @@ RUNS = (
     Run(
         "Llama 3.1 405B, 8,192 H100",
         "Dubey et al., The Llama 3 Herd of Models (2024), table 4: TP 8, CP 1, PP 16, DP 64, "
-        "seq 8,192, 16M tokens a step, 430 TFLOPs per GPU, 43% MFU",
+        "seq 8,192, 16M tokens a step, 430 TFLOPs per GPU, 43% MFU; section 3.3.2: its "
+        "pipeline schedule, ZeRO 2, no activation checkpointing at 8K",
         8192,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 64, "cp": 1, "tp": 8},
-        ("tp",),
-        (*H100, *LLAMA3_405B, "--seq-len", "8192"),
+        PINNED,
+        (*H100, *LLAMA3_405B, *WITHOUT_RECOMPUTATION, "--seq-len", "8192"),
         0.0,
         0.43,
     ),
@@ -65,8 +79,8 @@ RUNS = (
         "same, table 4: TP 8, CP 1, PP 16, DP 128, seq 8,192, 16M tokens, 400 TFLOPs, 41% MFU",
         16384,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 8},
-        ("tp",),
-        (*H100, *LLAMA3_405B, "--seq-len", "8192"),
+        PINNED,
+        (*H100, *LLAMA3_405B, *WITHOUT_RECOMPUTATION, "--seq-len", "8192"),
         0.0,
         0.41,
     ),
@@ -75,7 +89,7 @@ RUNS = (
         "same, table 4: TP 8, CP 16, PP 16, DP 8, seq 131,072, 16M tokens, 380 TFLOPs, 38% MFU",
         16384,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 8, "cp": 16, "tp": 8},
-        ("tp", "cp"),
+        PINNED,
         (*H100, *LLAMA3_405B, "--seq-len", "131072"),
         0.0,
         0.38,
@@ -85,28 +99,20 @@ RUNS = (
         "DeepSeek-V3 technical report (2024), sections 3.2 and 4.2: PP 16, EP 64, ZeRO-1 data "
         "parallelism, no TP, seq 4,096, 15,360 sequences a step, routing to at most 4 nodes, "
         "fp8 dispatch, DualPipe (section 3.2.1) hiding the experts' all-to-all under compute; "
-        "180K H800 GPU hours per trillion tokens (no MFU published)",
+        "section 3.3.3: the linear layers' inputs cached in fp8, AdamW's moments in bf16; "
+        "section 3.2.3: the norms and latent attention's up-projections recomputed, no whole "
+        "block (meshconf's nearest: selective); 180K H800 GPU hours per trillion tokens (no MFU "
+        "published)",
         2048,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
-        ("tp", "ep"),
+        PINNED,
         (
             *H800,
-            "--model",
-            "deepseek-v3",
-            "--seq-len",
-            "4096",
-            "--global-batch-tokens",
-            "62914560",
-            "--zero-stage",
-            "1",
-            "--moe-max-nodes",
-            "4",
-            "--dispatch-dtype",
-            "fp8",
-            "--pp-schedule",
-            "dualpipe",
-            "--ep-overlap",
-        ),
+            "--model", "deepseek-v3", "--seq-len", "4096", "--global-batch-tokens", "62914560",
+            "--zero-stage", "1", "--moe-max-nodes", "4", "--dispatch-dtype", "fp8",
+            "--pp-schedule", "dualpipe", "--ep-overlap", "--activation-dtype", "fp8",
+            "--optimizer-dtype", "bf16", "--activation-checkpointing", "selective",
+        ),  # fmt: skip
         # tokens per step over tokens per second: 2,048 GPUs take 180,000 GPU hours a 1e12
         62914560 / (1e12 / (180_000 * 3600 / 2048)),
         None,
@@ -124,6 +130,10 @@ def _plan(run: Run, pins: dict[str, int], *options: str) -> list[dict[str, objec
     return rows
 
 
+#: The memory terms of ``plan --format json``, in its order.
+TERMS = ("params", "grads", "optimizer", "gathers", "activations", "runtime", "total")
+
+
 def _number(row: dict[str, object], key: str) -> float:
     value = row[key]
     assert isinstance(value, (int, float))
@@ -133,7 +143,7 @@ def _number(row: dict[str, object], key: str) -> float:
 def main() -> None:
     print("# The estimate against published runs\n")
     print("Command: `python benchmarks/published_runs.py`\n")
-    rows = []
+    rows, terms = [], []
     for run in RUNS:
         if run.published_mfu is None:
             # the MFU the published step gives, with meshconf's count of the model's FLOPs
@@ -144,7 +154,7 @@ def main() -> None:
         at_mfu = ("--mfu", f"{mfu:.4f}")
         (row,) = _plan(run, run.layout, *at_mfu)
         (over_step,) = _plan(run, run.layout, *at_mfu, "--mfu-over", "step")
-        ranked = _plan(run, {name: run.layout[name] for name in run.pinned}, *at_mfu)
+        ranked = _plan(run, {name: run.layout.get(name, 1) for name in run.pinned}, *at_mfu)
         degrees = {name: run.layout.get(name, 1) for name in ranked[0]["degrees"]}  # type: ignore[attr-defined]
         rank = next(index for index, other in enumerate(ranked, 1) if other["degrees"] == degrees)
         estimated = _number(row, "step_seconds")
@@ -152,10 +162,15 @@ def main() -> None:
         published = run.published_step_s or _number(row, "compute_seconds")
         needed = over_step["compute_mfu"]
         mfu_text = f"{mfu:.2f}" + (" (from the step)" if run.published_mfu is None else "")
+        memory = row["memory_gib"]
+        assert isinstance(memory, dict)
+        terms.append([run.name, *(f"{memory[term]:.2f}" for term in TERMS)])
         rows.append(
             [
                 run.name,
                 "yes" if row["fits"] else f"no ({row['problem'] or row['largest_term']})",
+                f"{memory['total']:.2f}",
+                f"{memory['total_without_runtime']:.2f}",
                 f"{row['headroom_gib']}",
                 f"{rank} of {len(ranked)} ({', '.join(run.pinned)} pinned)",
                 mfu_text,
@@ -166,10 +181,13 @@ def main() -> None:
             ]
         )
     headers = [
-        "run", "fits", "headroom GiB", "rank in plan", "MFU", "step s, MFU over compute",
-        "step s, published", "ratio", "compute needs (MFU over the step)",
+        "run", "fits", "GiB", "GiB without runtime", "headroom GiB", "rank in plan", "MFU",
+        "step s, MFU over compute", "step s, published", "ratio",
+        "compute needs (MFU over the step)",
     ]  # fmt: skip
-    print(table(headers, rows, right=(2, 4, 5, 6, 7, 8)))
+    print(table(headers, rows, right=(2, 3, 4, 6, 7, 8, 9, 10)))
+    print("\nMemory by term, GiB per GPU on the rank that needs the most:\n")
+    print(table(["run", *TERMS], terms, right=tuple(range(1, len(TERMS) + 1))))
     print("\nSources:\n")
     for run in RUNS:
         print(f"- {run.name}: {run.source}.")

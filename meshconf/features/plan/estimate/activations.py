@@ -256,8 +256,10 @@ def _kept_by_policy(
         # top-k's fp32 scores and int64 expert ids
         kept += PerToken(fp32=3 * experts.top_k)
         if expert_parallel:
-            # the all-to-all outputs: every routed copy, dispatched and combined
-            kept += PerToken(split=2 * experts.top_k * arch.hidden)
+            # the all-to-all outputs: every routed copy, dispatched (the experts' input) and
+            # combined
+            copies = experts.top_k * arch.hidden
+            kept += PerToken(split=2 * copies, split_linear=copies)
     return kept
 
 
