@@ -198,7 +198,7 @@ def main() -> None:
         print(table(["saved by", "shape", "bytes / (token x hidden)"], rows, right=(2,)))
         estimate = activations.block(ARCH, "dense", "none", norm_kernel=kernel).bytes(SEQ, 1, 2)
         total = sum(size for _, _, size in saved)
-        totals.append([kernel, f"{total / unit:.2f}", f"{grown / unit:.2f}", f"{estimate / unit:.2f}"])
+        totals.append([kernel, *(f"{size / unit:.2f}" for size in (total, grown, estimate))])
         print()
     headers = ["norms", "saved tensors", "MemTracker growth", "estimate"]
     print("## Totals, bytes per token per hidden unit\n")

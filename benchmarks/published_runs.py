@@ -45,6 +45,13 @@ LLAMA3_405B = (
 WITHOUT_RECOMPUTATION = ("--activation-checkpointing", "none")
 
 
+#: DeepSeek-V3's settings, as its report states them (the sources of its run below).
+DEEPSEEK_V3 = (
+    "--model", "deepseek-v3", "--seq-len", "4096", "--global-batch-tokens", "62914560",
+    "--zero-stage", "1", "--moe-max-nodes", "4", "--dispatch-dtype", "fp8",
+    "--pp-schedule", "dualpipe", "--ep-overlap", "--activation-dtype", "fp8",
+    "--optimizer-dtype", "bf16", "--activation-checkpointing", "selective",
+)  # fmt: skip
 #: What a user who knows the run's tensor, context and expert parallelism pins in ``plan``.
 PINNED = ("tp", "cp", "ep")
 
@@ -106,13 +113,7 @@ RUNS = (
         2048,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
         PINNED,
-        (
-            *H800,
-            "--model", "deepseek-v3", "--seq-len", "4096", "--global-batch-tokens", "62914560",
-            "--zero-stage", "1", "--moe-max-nodes", "4", "--dispatch-dtype", "fp8",
-            "--pp-schedule", "dualpipe", "--ep-overlap", "--activation-dtype", "fp8",
-            "--optimizer-dtype", "bf16", "--activation-checkpointing", "selective",
-        ),  # fmt: skip
+        (*H800, *DEEPSEEK_V3),
         # tokens per step over tokens per second: 2,048 GPUs take 180,000 GPU hours a 1e12
         62914560 / (1e12 / (180_000 * 3600 / 2048)),
         None,

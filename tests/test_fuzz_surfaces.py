@@ -206,6 +206,7 @@ PIPELINE_OPTIONS = [
     "--layers-per-stage",
     "--checkpoint-every",
     "--checkpoint-first",
+    "--checkpoint-group",
     "--moe-max-nodes",
 ]
 FLOAT_OPTIONS = [
@@ -215,6 +216,13 @@ FLOAT_OPTIONS = [
     "--intra-node-gb-s",
     "--inter-node-gbps",
     "--intra-node-gbps",
+]
+#: The runtime term's GiB, which take 0 to 16384.
+RUNTIME_OPTIONS = [
+    "--runtime-gib",
+    "--cuda-context-gib",
+    "--nccl-communicator-gib",
+    "--allocator-gib",
 ]
 FLOATS = [
     "1e-300",
@@ -229,6 +237,15 @@ FLOATS = [
     "0x1p-3",
     "1" * 400,
 ]
+
+
+def _runtime_gib(text: str) -> bool:
+    """Whether ``text`` is a GiB figure the runtime options take: a decimal from 0 to 16384."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 <= value <= 16384
 
 
 def models(rng: random.Random) -> Iterator[Case]:
@@ -272,6 +289,10 @@ def models(rng: random.Random) -> Iterator[Case]:
             str(10**9),
         ],
     )
+    for option in RUNTIME_OPTIONS:  # GiB past any GPU, or not numbers; 0 and up are taken
+        for value in FLOATS:
+            args = ["plan", "--world-size", "64", "--model", "llama3-8b", option, value]
+            yield Case("numbers", args, may_pass=_runtime_gib(value))
     # each pipeline and recomputation setting at the largest value it accepts, over 2**20
     # GPUs: an estimate that looked at every pipeline rank would not end in time; past it,
     # refused
@@ -289,6 +310,11 @@ def models(rng: random.Random) -> Iterator[Case]:
     yield Case("numbers", [*grouped, str(2**30)], valid=True)
     for value in HUGE_NUMBERS:
         yield Case("numbers", [*grouped, value])
+    # Llama 3's groups, which take any size up to the step's micro-batches
+    llama3 = [word if word != "interleaved" else "llama3" for word in grouped]
+    yield Case("numbers", [*llama3, str(2**30)], valid=True)
+    for value in HUGE_NUMBERS:
+        yield Case("numbers", [*llama3, value])
     # nor one that made a chunk for each layer the embedding counts as
     yield Case(
         "numbers",
