@@ -100,6 +100,32 @@ def build_timing() -> None:
     print(f"CUDA {torch.version.cuda}; NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}")
 
 
+def runtime_terms() -> None:
+    """What the estimate's runtime term takes from published figures, measured on this GPU:
+    the memory in use once the CUDA context exists (the process alone on the GPU), and what a
+    communicator's first collective takes beside torch's allocator (a single-rank one here:
+    NCCL #2363 publishes 512 MiB for one on B300)."""
+    from meshconf.features.plan.estimate.runtime import CUDA_CONTEXT_BYTES
+
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    context = total - free
+    print(
+        f"CUDA context: {context / 2**20:.0f} MiB in use after it starts (the estimate's "
+        f"published figure: {CUDA_CONTEXT_BYTES / 2**20:.0f} MiB)",
+        flush=True,
+    )
+    with DistributedContext(load_config(ONE_GPU), environ={}) as ctx:
+        before, _ = torch.cuda.mem_get_info()
+        reserved = torch.cuda.memory_reserved()
+        all_reduce(torch.ones(1, device="cuda"), "sum", ctx.world_mesh)
+        torch.cuda.synchronize()
+        after, _ = torch.cuda.mem_get_info()
+        nccl = before - after - (torch.cuda.memory_reserved() - reserved)
+        print(f"NCCL: {nccl / 2**20:.0f} MiB for a single-rank communicator", flush=True)
+    assert context > 0 and nccl >= 0
+
+
 CASES = {
     case.__name__: case
     for case in (
@@ -109,6 +135,7 @@ CASES = {
         dtensor_on_tp_of_one,
         simulate_65536,
         build_timing,
+        runtime_terms,
     )
 }
 

@@ -63,3 +63,14 @@ def test_build_timing_is_reported() -> None:
     lines = output.splitlines()
     assert lines[0].startswith("one GPU: construction with every domain built ")
     assert lines[1].startswith("simulated 65,536 ranks on cuda: ")
+
+
+@pytest.mark.timeout(320)  # a fresh process imports torch and starts CUDA
+def test_runtime_terms_are_measured_beside_the_published_figures() -> None:
+    """Printed for docs/runtime.md, beside the figures the estimate cites (never asserted
+    against them: they are another GPU's)."""
+    output = run_case("runtime_terms")
+    print(output)
+    lines = output.splitlines()
+    assert lines[0].startswith("CUDA context: ")
+    assert lines[1].startswith("NCCL: ")
