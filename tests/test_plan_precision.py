@@ -207,9 +207,9 @@ GROUP_SEQ = 256
 
 def _grouped_peak(group: int) -> int:
     """The activations at the peak of the last group's backward pass (torch's
-    ``MemTracker``) with the blocks recomputed
-    in groups of ``group``, each a reentrant checkpoint as Megatron-LM's ``CheckpointFunction``
-    is, which runs the group's forward pass again and then its backward pass."""
+    ``MemTracker``) with the blocks recomputed in groups of ``group``, each a reentrant
+    checkpoint as Megatron-LM's ``CheckpointFunction`` is, which runs the group's forward
+    pass again and then its backward pass."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

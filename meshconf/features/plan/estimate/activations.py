@@ -20,7 +20,7 @@ the rest in the backward pass. Every formula is written out in docs/plan.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from meshconf.core.training import FP8_BYTES, Checkpointing, NormKernel, SequenceParallel
@@ -47,9 +47,9 @@ class PerToken:
     inputs of the products that follow) whole under torchtitan's sequence parallelism and
     without any, split under Megatron-LM's; ``fp32`` elements kept in fp32 whatever the
     compute dtype, divided by tp, ``outside_fp32`` split as ``outside`` is and
-    ``whole_fp32`` not split. Of ``split``
-    and ``whole``, ``split_linear`` and ``whole_linear`` are inputs of linear layers, which
-    ``fp8`` activations keep in fp8, as they do ``gathered``."""
+    ``whole_fp32`` not split. Of ``split`` and ``whole``, ``split_linear`` and
+    ``whole_linear`` are inputs of linear layers, which ``fp8`` activations keep in fp8, as
+    they do ``gathered``."""
 
     split: int = 0
     whole: int = 0
@@ -62,12 +62,16 @@ class PerToken:
     whole_fp32: int = 0
 
     def __add__(self, other: PerToken) -> PerToken:
-        return PerToken(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
+        return PerToken(*(a + b for a, b in zip(self._counts(), other._counts(), strict=True)))
 
     def beyond(self, other: PerToken) -> PerToken:
         """What this holds that ``other`` does not, field by field."""
-        pairs = zip(_fields(self), _fields(other), strict=True)
+        pairs = zip(self._counts(), other._counts(), strict=True)
         return PerToken(*(max(0, a - b) for a, b in pairs))
+
+    def _counts(self) -> tuple[int, ...]:
+        # every field, in order (dataclasses.astuple, without its deep copies)
+        return tuple(getattr(self, name) for name in _FIELDS)
 
     def bytes(
         self,
@@ -103,20 +107,6 @@ class PerToken:
         return -(-split * tokens // (tp * tile)) + -(-whole * tokens // tile)
 
 
-def _fields(per_token: PerToken) -> tuple[int, ...]:
-    return (
-        per_token.split,
-        per_token.whole,
-        per_token.fp32,
-        per_token.outside,
-        per_token.gathered,
-        per_token.outside_fp32,
-        per_token.split_linear,
-        per_token.whole_linear,
-        per_token.whole_fp32,
-    )
-
-
 @lru_cache(maxsize=1024)
 def block(
     arch: Architecture,
@@ -132,7 +122,8 @@ def block(
     are above 1, which adds the collectives that ``selective`` keeps (a reduce-scatter under
     sequence parallelism; no all-reduce without). An ``eager`` norm keeps
     an fp32 copy of its input where a fused one keeps the input, and its normalized input
-    besides: 4 bytes more per element whatever the compute dtype (tests/test_plan_norms.py)."""
+    besides: 4 bytes more per element whatever the compute dtype
+    (tests/test_plan_precision.py)."""
     if mode == "full":
         return PerToken(outside=arch.hidden)
     if mode == "selective":
@@ -158,6 +149,11 @@ def _eager_norms(arch: Architecture) -> PerToken:
     return PerToken(outside_fp32=2 * arch.hidden, whole_fp32=low_rank)
 
 
+#: PerToken's fields, in order.
+_FIELDS = tuple(field.name for field in fields(PerToken))
+
+
+@lru_cache(maxsize=1024)
 def backward_working_set(
     arch: Architecture,
     kind: LayerKind,

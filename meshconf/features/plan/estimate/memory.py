@@ -7,12 +7,11 @@ Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from meshconf.core.training import Checkpointing, NormKernel
+from meshconf.core.training import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
@@ -286,8 +285,8 @@ def _activations(
             for chunk in chunks
         )
     else:
-        # Megatron-LM's uniform method keeps one input a group of blocks; a chunk's last
-        # group may hold fewer
+        # Megatron-LM's uniform method keeps one input a group of blocks (an input is the
+        # same for every kind of block); a chunk's last group may hold fewer
         blocks = max(sum(count for _, _, count in chunk) for chunk in chunks)
         largest = -(-blocks // group) * layer_bytes(activations.block(arch, "dense", "full"))
         group = min(group, blocks)
@@ -299,23 +298,13 @@ def _activations(
     working = max(
         (
             layer_bytes(activations.backward_working_set(arch, kind, mode, *parallel, norm, sp))
-            + (0 if group is None else (group - 1) * _kept(arch, kind, parallel, norm, layer_bytes))
+            + (group - 1 if group else 0)
+            * layer_bytes(activations.block(arch, kind, "none", *parallel, norm, sp))
             for kind, mode in present
         ),
         default=0,
     )
     return _Held(in_flight * largest, head, working, in_flight)
-
-
-def _kept(
-    arch: Architecture,
-    kind: LayerKind,
-    parallel: tuple[bool, bool],
-    norm: NormKernel,
-    layer_bytes: Callable[[activations.PerToken], int],
-) -> int:
-    """What one block keeps with nothing recomputed, in bytes."""
-    return layer_bytes(activations.block(arch, kind, "none", *parallel, norm))
 
 
 @lru_cache(maxsize=4096)
