@@ -5,6 +5,7 @@ tests/test_plan_memory_gloo.py and tests/test_plan_activations.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,41 @@ def test_llama3_405b_meta_layout_fits_in_80_gib_and_pinning_every_degree_gives_o
     assert row.estimate is not None and row.estimate.fits
     assert row.estimate.memory.total < 80 * GIB
     assert row.estimate.microbatches == 16  # 2048 sequences over 128 data-parallel ranks
+
+
+#: The settings The Llama 3 Herd of Models states for 405B at 8K (section 3.3.2): its
+#: pipeline schedule (N = 5, the section's example) over 8 chunks a rank, the first chunk the
+#: embedding alone and the last the output alone, ZeRO 2, no activation checkpointing.
+LLAMA_405B_AS_TRAINED = replace(
+    LLAMA_405B,
+    schedule="llama3",
+    virtual_stages=8,
+    microbatch_group=5,
+    first_stage_layers=0,
+    last_stage_layers=0,
+    zero_stage=2,
+    checkpointing="none",
+)
+
+
+@pytest.mark.parametrize(("world", "dp_shard"), [(8192, 64), (16384, 128)])
+def test_llama3_405b_meta_layout_fits_with_the_paper_s_settings_and_ranks_first(
+    world: int, dp_shard: int
+) -> None:
+    """With only tp, cp and ep pinned, as docs/estimate.md's published runs ask: the layouts
+    with fewer pipeline stages hold more layers' activations and do not fit."""
+    pins = {"tp": 8, "cp": 1, "ep": 1}
+    plan = make_plan(Request(world, 8, pins, PRESETS["llama3-405b"], LLAMA_405B_AS_TRAINED), 5)
+    best = plan.best[0]
+    assert dict(best.degrees) == {
+        "pp": 16, "dp_replicate": 1, "dp_shard": dp_shard, "cp": 1, "tp": 8, "ep": 1, "etp": 1
+    }  # fmt: skip
+    assert best.estimate is not None and best.estimate.fits
+    memory = best.estimate.memory
+    # rank 0 holds 2 (16 - 1) + (8 - 1) 5 + 1 chunk-micro-batches, where Megatron's group of
+    # 16 would hold 143
+    assert (memory.pp_rank, memory.in_flight) == (0, 66)
+    assert memory.total <= 80 * GIB < memory.total + 2 * GIB
 
 
 def test_llama3_405b_rows_above_meta_layout_have_fewer_stages_and_fit() -> None:
