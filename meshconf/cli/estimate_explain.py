@@ -135,7 +135,7 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
 
 def _runtime_holds(found: Estimate) -> str:
     runtime = found.runtime
-    if runtime is None or runtime.given_whole:
+    if runtime.given is not None:
         return "as --runtime-gib gives it"
     groups = runtime.communicators
     communicators = (

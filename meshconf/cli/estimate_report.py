@@ -100,8 +100,8 @@ def memory_json(found: Estimate) -> dict[str, Any]:
 
 def _runtime_json(found: Estimate) -> dict[str, Any]:
     runtime = found.runtime
-    if runtime is None or runtime.given_whole:
-        return {"given": gib(found.memory.runtime)}
+    if runtime.given is not None:
+        return {"given": gib(runtime.given)}
     return {
         "cuda_context": gib(runtime.cuda_context),
         "nccl": gib(runtime.nccl),

@@ -9,10 +9,9 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.core.training import (
-    ACTIVATION_DTYPES,
     CHECKPOINTING,
-    DISPATCH_BYTES,
     DTYPE_BYTES,
+    FP8_OR_WIDER_BYTES,
     MFU_COUNTS,
     MFU_OVER,
     NORM_KERNELS,
@@ -264,7 +263,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "dispatch_dtype",
-        choices=tuple(DISPATCH_BYTES),
+        choices=tuple(FP8_OR_WIDER_BYTES),
         help="the dtype tokens are dispatched to their experts in (default: --param-dtype); "
         "the combine stays in --param-dtype",
     )
@@ -278,7 +277,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "activation_dtype",
-        choices=ACTIVATION_DTYPES,
+        choices=tuple(FP8_OR_WIDER_BYTES),
         help="the dtype of the activations kept for the backward pass; fp8 keeps the linear "
         "layers' inputs in fp8 and the rest in --param-dtype, as DeepSeek-V3 does (default: "
         "--param-dtype)",

@@ -21,6 +21,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from meshconf.core.errors import ConfigError, Diagnostic
+from meshconf.features.convert.accelerate import (
+    ACCELERATE_ISSUES,
+    nothing_to_shard,
+    replicated_model_parallel,
+)
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -47,7 +52,6 @@ FLATTENED_DIMS: Mapping[str, tuple[tuple[str, ...], str]] = {
     "dp_shard_cp": (("dp_shard", "cp"), "fsdp"),
     "dp_cp": (("dp_replicate", "dp_shard", "cp"), "loss"),
 }
-_ISSUES = "https://github.com/huggingface/accelerate/issues"
 
 
 class AccelerateError(ConfigError):
@@ -90,29 +94,29 @@ def check_config(config: MeshConfig, *, fsdp2: bool | None = None) -> None:
         problems.append(
             Diagnostic(
                 ("degrees", "ep"),
-                f"accelerate has no expert parallelism ({_ISSUES}/4200); set degrees.ep to 1, "
-                "or train with torchtitan, Megatron-Core or transformers' DistributedConfig",
+                f"accelerate has no expert parallelism ({ACCELERATE_ISSUES}/4200); set "
+                "degrees.ep to 1, or train with torchtitan, Megatron-Core or transformers' "
+                "DistributedConfig",
             )
         )
-    model_parallel = [name for name in ("tp", "cp") if degrees[name] > 1]
-    if model_parallel and degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
+    model_parallel = replicated_model_parallel(degrees)
+    if model_parallel:
         problems.append(
             Diagnostic(
                 ("degrees", "dp_replicate"),
                 f"accelerate refuses {' and '.join(model_parallel)} beside replication that "
-                f"does not shard ({_ISSUES}/3876): with dp_shard 1, set degrees.dp_shard to "
-                f"{degrees['dp_replicate']} and dp_replicate to 1 (FSDP), or keep "
-                "dp_replicate and set dp_shard above 1 (HSDP)",
+                f"does not shard ({ACCELERATE_ISSUES}/3876): with dp_shard 1, set "
+                f"degrees.dp_shard to {degrees['dp_replicate']} and dp_replicate to 1 (FSDP), "
+                "or keep dp_replicate and set dp_shard above 1 (HSDP)",
             )
         )
-    nothing_to_shard = degrees["dp_shard"] == 1 and degrees["cp"] == 1
-    if fsdp2 and nothing_to_shard and (config.resolved_world_size or 1) > 1:
+    if fsdp2 and nothing_to_shard(degrees, config.resolved_world_size or 1):
         problems.append(
             Diagnostic(
                 ("degrees", "dp_shard"),
                 "accelerate's FSDP2 shards over dp_shard * cp, which is 1 here, and fails with "
-                f"KeyError 'dp_shard_cp' ({_ISSUES}/3798): set degrees.dp_shard above 1 "
-                "(lowering tp to leave it ranks), or launch without FSDP",
+                f"KeyError 'dp_shard_cp' ({ACCELERATE_ISSUES}/3798): set degrees.dp_shard above "
+                "1 (lowering tp to leave it ranks), or launch without FSDP",
             )
         )
     if problems:

@@ -59,20 +59,20 @@ ZERO_STAGES: tuple[ZeroStage, ...] = (0, 1, 2, 3)
 #: Bytes per element of each dtype the options take.
 DTYPE_BYTES: Mapping[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 FP8_BYTES = 1
-DispatchDtype = Literal["fp8", "fp32", "bf16", "fp16"]
-#: Bytes per element of the tokens a mixture of experts dispatches (DeepSeek-V3 sends fp8).
-DISPATCH_BYTES: Mapping[str, int] = {"fp8": FP8_BYTES, **DTYPE_BYTES}
+#: A dtype fp8 may stand in for where a step keeps or sends a tensor: the tokens a mixture of
+#: experts dispatches (DeepSeek-V3 sends fp8), the activations kept for the backward pass.
+Fp8OrWider = Literal["fp8", "fp32", "bf16", "fp16"]
+FP8_OR_WIDER_BYTES: Mapping[str, int] = {"fp8": FP8_BYTES, **DTYPE_BYTES}
+DispatchDtype = Fp8OrWider
+#: The dtype the activations kept for the backward pass are stored in; fp8 keeps the inputs
+#: of the linear layers in fp8 and the rest in the parameters' dtype, as DeepSeek-V3 does
+#: (its report, section 3.3.3).
+ActivationDtype = Fp8OrWider
 GIB = 2**30
 #: The dtype AdamW keeps its two moments in: fp32 (torch's AdamW), or bf16 as DeepSeek-V3
 #: does (its report, section 3.3.3; Megatron-LM's --exp-avg-dtype and --exp-avg-sq-dtype).
 OptimizerDtype = Literal["fp32", "bf16"]
 OPTIMIZER_DTYPES: tuple[OptimizerDtype, ...] = ("fp32", "bf16")
-#: The dtype the activations kept for the backward pass are stored in; fp8 keeps the inputs
-#: of the linear layers in fp8 and the rest in the parameters' dtype, as DeepSeek-V3 does
-#: (its report, section 3.3.3).
-ActivationDtype = Literal["fp8", "fp32", "bf16", "fp16"]
-ACTIVATION_DTYPES: tuple[ActivationDtype, ...] = ("fp8", "fp32", "bf16", "fp16")
-ACTIVATION_BYTES: Mapping[str, int] = DISPATCH_BYTES
 #: How RMSNorm runs: one fused kernel that keeps its input and one fp32 reciprocal RMS per
 #: token (torch's RMSNorm under compile, Transformer Engine's, Apex's), or eager ops on an
 #: fp32 copy of the input, as Hugging Face's LlamaRMSNorm and Llama's reference model write
@@ -148,7 +148,7 @@ def recomputation_mismatch(
     checkpointing: str | None,
     every: int | None,
     first: int | None,
-    group: int | None = None,
+    group: int | None,
 ) -> tuple[str, str, str] | None:
     """Why the blocks to recompute cannot be chosen as asked: ``both`` when two of
     :data:`RECOMPUTATION_CHOICES` are given, ``mode`` when one is given without full

@@ -50,7 +50,22 @@ _PREFIX = "parallelism_config_"
 #: What ``accelerate launch`` sets for a script when FSDP is on, read as the launcher's options.
 _ENVIRONMENT = {"ACCELERATE_USE_FSDP": "use_fsdp", "FSDP_VERSION": "fsdp_version"}
 _SCRIPT = re.compile(r".*\.py$")
-_ISSUES = "https://github.com/huggingface/accelerate/issues"
+#: accelerate's issues, cited beside each of its refusals.
+ACCELERATE_ISSUES = "https://github.com/huggingface/accelerate/issues"
+
+
+def replicated_model_parallel(degrees: Mapping[str, int]) -> list[str]:
+    """The dims among tp and cp above 1 that accelerate refuses beside replication that does
+    not shard (dp_replicate above 1, dp_shard 1: its issue #3876); none when it runs."""
+    if degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
+        return [name for name in ("tp", "cp") if degrees[name] > 1]
+    return []
+
+
+def nothing_to_shard(degrees: Mapping[str, int], world: int) -> bool:
+    """Whether FSDP2 would shard over ``dp_shard * cp`` of 1 in a world of more than one
+    rank, where accelerate fails with KeyError 'dp_shard_cp' (its issue #3798)."""
+    return degrees["dp_shard"] == 1 and degrees["cp"] == 1 and world > 1
 
 
 def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
@@ -273,21 +288,21 @@ def _refusals(
     degrees: Mapping[str, int],
 ) -> None:
     """What accelerate refuses when it starts, at the setting that causes it."""
-    model_parallel = [name for name in ("tp", "cp") if degrees[name] > 1]
-    if model_parallel and degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
+    model_parallel = replicated_model_parallel(degrees)
+    if model_parallel:
         draft.fail(
             keys.get("dp_replicate_size"),
             f"accelerate refuses {' and '.join(model_parallel)} beside replication that does "
-            f"not shard ({_ISSUES}/3876): set dp_shard_size to {degrees['dp_replicate']} and "
-            "dp_replicate_size to 1 (FSDP), or dp_shard_size above 1 as well (HSDP)",
+            f"not shard ({ACCELERATE_ISSUES}/3876): set dp_shard_size to "
+            f"{degrees['dp_replicate']} and dp_replicate_size to 1 (FSDP), or dp_shard_size "
+            "above 1 as well (HSDP)",
         )
-    world = abs(prod(degrees.values()))
-    if _uses_fsdp2(settings) and degrees["dp_shard"] == 1 and degrees["cp"] == 1 and world > 1:
+    if _uses_fsdp2(settings) and nothing_to_shard(degrees, abs(prod(degrees.values()))):
         draft.fail(
             keys.get("dp_shard_size", keys["fsdp_version"]),
             "FSDP2 shards over dp_shard * cp, which is 1 here, and accelerate fails with "
-            f"KeyError 'dp_shard_cp' ({_ISSUES}/3798): set dp_shard_size above 1 (lowering "
-            "tp_size to leave it processes), or turn FSDP off",
+            f"KeyError 'dp_shard_cp' ({ACCELERATE_ISSUES}/3798): set dp_shard_size above 1 "
+            "(lowering tp_size to leave it processes), or turn FSDP off",
         )
 
 

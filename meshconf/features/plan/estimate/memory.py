@@ -259,12 +259,10 @@ def _activations(
     tokens = training.seq_len * training.micro_batch // par.cp
     dtype = training.stored_bytes
     parallel = (par.tp > 1, par.ep > 1)
-    norm = training.norm_kernel
+    norm, sp = training.norm_kernel, training.sequence_parallel
 
     def layer_bytes(per_token: activations.PerToken) -> int:
-        return per_token.bytes(
-            tokens, par.tp, dtype, training.activation_bytes, training.sequence_parallel
-        )
+        return per_token.bytes(tokens, par.tp, dtype, training.activation_bytes, sp)
 
     chunks = _chunk_blocks(
         stage.chunk_sizes,
@@ -273,7 +271,6 @@ def _activations(
         training.checkpoint_first,
     )
     present = {(kind, mode) for chunk in chunks for kind, mode, count in chunk if count}
-    sp = training.sequence_parallel
     per_layer = {
         (kind, mode): layer_bytes(activations.block(arch, kind, mode, *parallel, norm, sp))
         for kind, mode in present

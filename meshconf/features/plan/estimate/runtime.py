@@ -47,17 +47,19 @@ SOURCES: Mapping[str, str] = {
 @dataclass(frozen=True)
 class Runtime:
     """Bytes of each runtime term on one rank; ``communicators`` the size of each
-    communicator counted, by the dim that sends over it."""
+    communicator counted, by the dim that sends over it; ``given`` the whole term as
+    ``--runtime-gib`` gives it, in place of the parts."""
 
-    cuda_context: int
-    nccl: int
-    allocator: int
     communicators: Mapping[str, int]
-    #: Whether ``--runtime-gib`` gave the whole, in ``cuda_context``.
-    given_whole: bool = False
+    cuda_context: int = 0
+    nccl: int = 0
+    allocator: int = 0
+    given: int | None = None
 
     @property
     def total(self) -> int:
+        if self.given is not None:
+            return self.given
         return self.cuda_context + self.nccl + self.allocator
 
 
@@ -66,17 +68,19 @@ def runtime_memory(training: Training, communicators: Mapping[str, int]) -> Runt
     a group of one sends nothing and has none)."""
     groups = {name: size for name, size in communicators.items() if size > 1}
     if training.runtime_gib is not None:
-        return Runtime(round(training.runtime_gib * GIB), 0, 0, groups, given_whole=True)
+        return Runtime(groups, given=round(training.runtime_gib * GIB))
     if training.nccl_communicator_gib is not None:
         nccl = len(groups) * round(training.nccl_communicator_gib * GIB)
     else:
         nccl = sum(NCCL_PAIR_BYTES if size == 2 else NCCL_GROUP_BYTES for size in groups.values())
-    context = (
-        CUDA_CONTEXT_BYTES
-        if training.cuda_context_gib is None
-        else round(training.cuda_context_gib * GIB)
+    return Runtime(
+        groups,
+        cuda_context=_given(training.cuda_context_gib, CUDA_CONTEXT_BYTES),
+        nccl=nccl,
+        allocator=_given(training.allocator_gib, ALLOCATOR_BYTES),
     )
-    allocator = (
-        ALLOCATOR_BYTES if training.allocator_gib is None else round(training.allocator_gib * GIB)
-    )
-    return Runtime(context, nccl, allocator, groups)
+
+
+def _given(gib: float | None, published: int) -> int:
+    """Bytes of a term: as given in GiB, else the published figure."""
+    return published if gib is None else round(gib * GIB)

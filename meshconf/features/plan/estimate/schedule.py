@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshconf.core.training import GROUPED_SCHEDULES
 from meshconf.features.plan.estimate.training import Training
 
 
@@ -157,7 +158,7 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
                 f"runs each model chunk on at most the step's {m} before the next"
             )
         return None
-    if training.schedule in ("interleaved", "llama3") and m % rounds:
+    if training.schedule in GROUPED_SCHEDULES and m % rounds:
         return (
             f"{m} micro-batches a step for {training.schedule} over pp {pp}: torch's "
             f"Interleaved1F1B runs them in {rounds} rounds of equal size, which {m} is not a "

@@ -38,6 +38,8 @@ class Estimate:
     traffic: Mapping[str, DimTraffic]
     step_seconds: float
     batch_tokens: int
+    #: The runtime terms in ``memory.runtime``, by term.
+    runtime: Runtime
     problem: str | None = None
     #: Communication not hidden behind compute: the dims that wait for it (tp, cp, ep, etp,
     #: pp), and what FSDP and replica traffic take beyond the compute they overlap.
@@ -47,8 +49,6 @@ class Estimate:
     #: when the bubble and the communication not hidden leave it no time (the step is then
     #: that at the peak).
     compute_mfu: float | None = None
-    #: The runtime terms in ``memory.runtime``, by term.
-    runtime: Runtime | None = None
 
 
 def estimate(

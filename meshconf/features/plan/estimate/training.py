@@ -10,10 +10,9 @@ from functools import lru_cache
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_SIZE_OF
 from meshconf.core.training import (
-    ACTIVATION_BYTES,
-    DISPATCH_BYTES,
     DTYPE_BYTES,
     FP8_BYTES,
+    FP8_OR_WIDER_BYTES,
     LOOPED_SCHEDULES,
     V_SCHEDULES,
     ActivationDtype,
@@ -119,14 +118,14 @@ class Training:
     def activation_bytes(self) -> int:
         """Bytes per element of the activations kept for the backward pass (of the linear
         layers' inputs, under ``fp8``)."""
-        return ACTIVATION_BYTES[self.activation_dtype or self.param_dtype]
+        return FP8_OR_WIDER_BYTES[self.activation_dtype or self.param_dtype]
 
     @property
     def stored_bytes(self) -> int:
         """Bytes per element of the other activations kept: ``param_dtype``'s under fp8."""
         if self.activation_dtype in (None, "fp8"):
             return self.param_bytes
-        return ACTIVATION_BYTES[self.activation_dtype]
+        return FP8_OR_WIDER_BYTES[self.activation_dtype]
 
     @property
     def moment_bytes(self) -> int:
@@ -135,7 +134,7 @@ class Training:
 
     @property
     def dispatch_bytes(self) -> int:
-        return DISPATCH_BYTES[self.dispatch_dtype or self.param_dtype]
+        return FP8_OR_WIDER_BYTES[self.dispatch_dtype or self.param_dtype]
 
     @property
     def linear_bytes(self) -> int:
