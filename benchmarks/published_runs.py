@@ -21,6 +21,8 @@ second. The results go into docs/estimate.md ("Published runs"). Nothing here is
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -34,11 +36,13 @@ H800 = ("--gpu", "h800", "--gpus-per-node", "8")
 #: Llama 3's pipeline (The Llama 3 Herd of Models, section 3.3.2): its own schedule, N = 5
 #: micro-batches in a group (the section's example), a first chunk of the embedding alone and
 #: a last one of the output alone over 8 chunks a rank; FSDP sharding the optimizer state and
-#: the gradients but keeping the weights after the forward pass (section 3.3.2: ZeRO 2).
+#: the gradients but keeping the weights after the forward pass (section 3.3.2: ZeRO 2); its
+#: tensor parallelism is that of Shoeybi et al. and Korthikanti et al. (MLSys 2023), whom the
+#: section cites for it: Megatron-LM's sequence parallelism.
 LLAMA3_405B = (
     "--model", "llama3-405b", "--global-batch-tokens", "16777216", "--pp-schedule", "llama3",
     "--virtual-stages", "8", "--microbatch-group", "5", "--first-stage-layers", "0",
-    "--last-stage-layers", "0", "--zero-stage", "2",
+    "--last-stage-layers", "0", "--zero-stage", "2", "--sequence-parallel", "megatron",
 )  # fmt: skip
 #: "we could pretrain Llama 3 on sequences of 8K tokens without activation checkpointing"
 #: (section 3.3.2); the long-context stage's recomputation is not stated, so the default.
@@ -52,6 +56,22 @@ DEEPSEEK_V3 = (
     "--pp-schedule", "dualpipe", "--ep-overlap", "--activation-dtype", "fp8",
     "--optimizer-dtype", "bf16", "--activation-checkpointing", "selective",
 )  # fmt: skip
+#: torchtitan's benchmark H100s: 96 GB of HBM2e, 95 GiB as torchtitan's memory percentages
+#: give it (71.99 GiB is 75.75%, pytorch/pytorch PR #129721), at a 500 W power limit.
+TORCHTITAN_H100 = ("--gpu", "h100-sxm", "--gpus-per-node", "8", "--gpu-memory-gib", "95")
+#: torchtitan's Llama 3.1 8B runs of benchmarks/llama3_h100_202412_torchtitan.md, tables 1
+#: and 3: FSDP alone, eager (no torch.compile, no Float8), local batch 2 of 8,192 tokens
+#: (llama3_8b.toml), torchtitan's per-op selective activation checkpointing.
+TORCHTITAN_8B = (
+    "--model", "llama3-8b", "--seq-len", "8192", "--micro-batch", "2",
+    "--activation-checkpointing", "selective",
+)  # fmt: skip
+TORCHTITAN_SOURCE = (
+    "pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (torchtitan 9dec370, "
+    "torch 1963fc8, run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+)
+
+
 #: What a user who knows the run's tensor, context and expert parallelism pins in ``plan``.
 PINNED = ("tp", "cp", "ep")
 
@@ -66,9 +86,35 @@ class Run:
     options: tuple[str, ...]
     published_step_s: float
     published_mfu: float | None
+    #: The peak memory per GPU the source states (torchtitan: ``max_reserved``), GiB.
+    published_gib: float | None = None
 
 
 RUNS = (
+    Run(
+        "torchtitan Llama 3.1 8B, 8 H100",
+        TORCHTITAN_SOURCE + "table 1, FSDP: 8 GPUs, global batch 16, 5,762 tokens/s a GPU, "
+        "82.4 GiB (max reserved)",
+        8,
+        {"pp": 1, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1},
+        PINNED,
+        (*TORCHTITAN_H100, *TORCHTITAN_8B, "--global-batch-tokens", str(16 * 8192)),
+        2 * 8192 / 5762,
+        None,
+        82.4,
+    ),
+    Run(
+        "torchtitan Llama 3.1 8B, 128 H100",
+        TORCHTITAN_SOURCE + "table 3, FSDP: 128 GPUs, global batch 256, 5,605 tokens/s a GPU, "
+        "67.0 GiB (max reserved)",
+        128,
+        {"pp": 1, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1},
+        PINNED,
+        (*TORCHTITAN_H100, *TORCHTITAN_8B, "--global-batch-tokens", str(256 * 8192)),
+        2 * 8192 / 5605,
+        None,
+        67.0,
+    ),
     Run(
         "Llama 3.1 405B, 8,192 H100",
         "Dubey et al., The Llama 3 Herd of Models (2024), table 4: TP 8, CP 1, PP 16, DP 64, "
@@ -144,7 +190,8 @@ def _number(row: dict[str, object], key: str) -> float:
 def main() -> None:
     print("# The estimate against published runs\n")
     print("Command: `python benchmarks/published_runs.py`\n")
-    rows, terms = [], []
+    rows, terms, peaks = [], [], []
+    gaps: list[float] = []
     for run in RUNS:
         if run.published_mfu is None:
             # the MFU the published step gives, with meshconf's count of the model's FLOPs
@@ -166,6 +213,20 @@ def main() -> None:
         memory = row["memory_gib"]
         assert isinstance(memory, dict)
         terms.append([run.name, *(f"{memory[term]:.2f}" for term in TERMS)])
+        if run.published_gib is not None:
+            estimate = float(memory["total"])
+            gap = math.log(estimate / run.published_gib)
+            peaks.append(
+                [
+                    run.name,
+                    f"{run.published_gib:.1f}",
+                    f"{estimate:.2f}",
+                    f"{memory['runtime']:.2f}",
+                    f"{estimate / run.published_gib:.3f}",
+                    f"{gap:+.3f}",
+                ]
+            )
+            gaps.append(abs(gap))
         rows.append(
             [
                 run.name,
@@ -189,6 +250,13 @@ def main() -> None:
     print(table(headers, rows, right=(2, 3, 4, 6, 7, 8, 9, 10)))
     print("\nMemory by term, GiB per GPU on the rank that needs the most:\n")
     print(table(["run", *TERMS], terms, right=tuple(range(1, len(TERMS) + 1))))
+    print("\nPeak memory against the published peak (max reserved), GiB per GPU:\n")
+    headers = ["run", "published", "estimate", "of it runtime", "ratio", "ln(ratio)"]
+    print(table(headers, peaks, right=(1, 2, 3, 4, 5)))
+    print(
+        f"\n|ln(estimate / published)| over {len(gaps)} peaks: median "
+        f"{statistics.median(gaps):.3f}, worst {max(gaps):.3f}"
+    )
     print("\nSources:\n")
     for run in RUNS:
         print(f"- {run.name}: {run.source}.")

@@ -173,7 +173,10 @@ def test_validate_exit_codes_and_lines(run_cli, tmp_path: Path) -> None:  # type
     result = run_cli("validate", good, str(tmp_path / "missing.yaml"))
     assert result.returncode == 2 and "missing.yaml: cannot read" in result.stderr
     result = run_cli("validate")
-    assert result.returncode == 2 and "usage:" in result.stderr
+    assert (result.returncode, result.stderr) == (
+        2,
+        "meshconf: error: the following arguments are required: PATH\n",
+    )
 
 
 def test_validate_reports_checks_waiting_for_the_world_size(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -359,9 +362,8 @@ def test_simulate_several_ranks_in_one_process(run_cli) -> None:  # type: ignore
     )
     result = run_cli("simulate", "examples/llama3_70b_512gpu.yaml", "--rank", "0,,5")
     assert result.returncode == 2
-    assert result.stderr.endswith(
-        "meshconf simulate: error: argument --rank: expected ranks (integers >= 0) separated "
-        "by commas, got '0,,5'\n"
+    assert result.stderr == (
+        "meshconf: error: --rank: expected ranks (integers >= 0) separated by commas, got '0,,5'\n"
     )
 
 

@@ -629,17 +629,17 @@ USAGE = [
     (
         "[parallelism]\n",
         ("job.toml", "--from", "titan"),
-        "meshconf convert: error: argument --from: invalid choice: 'titan' (choose from 'torchtitan', 'kempnerforge', 'megatron', 'accelerate')",
+        "meshconf: error: --from: expected one of torchtitan, kempnerforge, megatron or accelerate, got 'titan' (did you mean 'torchtitan'?)",
     ),
     (
         "[parallelism]\n",
         ("job.toml", "--world-size", "0"),
-        "meshconf convert: error: argument --world-size: expected an integer >= 1, got '0'",
+        "meshconf: error: --world-size: expected an integer >= 1, got '0'",
     ),
     (
         "[parallelism]\n",
         ("job.toml", "--gpus-per-node", "5000"),
-        "meshconf convert: error: argument --gpus-per-node: 5000 is larger than 4096, more than any node holds",
+        "meshconf: error: --gpus-per-node: 5000 is larger than 4096, more than any node holds",
     ),
 ]
 

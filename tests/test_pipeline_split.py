@@ -138,17 +138,20 @@ def test_the_largest_weights_torchtitan_accepts_are_accepted() -> None:
     assert _chunk_sizes(32, 5, 1, _training(1, 8, 0)) == [0, 8, 8, 8, 8]
 
 
-def test_a_split_that_does_not_fit_is_said_in_plan(run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_split_that_cannot_be_made_is_no_row_of_plan(run_cli) -> None:  # type: ignore[no-untyped-def]
     result = run_cli(
         "plan", "--world-size", "64", "--gpus-per-node", "8", "--model", "llama3-8b",
         "--pp", "4", "--tp", "8", "--dp-replicate", "2", "--embedding-as-layers", "20",
         "--explain", "1",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert (
-        "does NOT fit in 80 GiB (the embedding and output counted as 20 and 0 layers make 52 "
-        "layers for 4 pipeline chunks, 13 a chunk: fewer than the 20 layers one end counts as)"
-    ) in result.stdout
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "meshconf: error: --pp 4 --dp-replicate 2 --tp 8 leave no layout llama3-8b can run at "
+        "--world-size 64: pp 4 cannot split llama3-8b's 32 layers: the embedding and output "
+        "counted as 20 and 0 layers make 52 layers for 4 pipeline chunks, 13 a chunk: fewer "
+        "than the 20 layers one end counts as; use 1 or 2; with dp_replicate 2, tp 8, pp may "
+        "be 1 or 2\n"
+    )
 
 
 def test_the_weights_and_the_end_chunks_exclude_each_other_on_the_command_line(

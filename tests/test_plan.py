@@ -338,6 +338,8 @@ def test_json_lists_the_rows_with_their_dims(run_cli) -> None:
         "order": ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
         "total": 3,
         "left_out_by_order": 0,
+        "left_out": {},
+        "tried": {},
         "assignments": [
             {
                 "index": 1,
@@ -418,12 +420,14 @@ def test_a_node_larger_than_the_world_is_planned_with_a_warning(run_cli) -> None
         (
             ["--world-size", "16", "--pp", "2", "--ep", "16"],
             "--pp 2 --ep 16 conflict at --world-size 16: no assignment has ep(16) * etp(1) = 16 "
-            "dividing dp_shard * cp * tp",
+            "dividing dp_shard * cp * tp; with ep 16, pp may be 1; with pp 2, ep may be 1, 2, "
+            "4 or 8",
         ),
         (
             ["--world-size", "16", "--ep", "8", "--etp", "4"],
             "--ep 8 --etp 4 conflict at --world-size 16: no assignment has ep(8) * etp(4) = 32 "
-            "dividing dp_shard * cp * tp (and tp = etp(4))",
+            "dividing dp_shard * cp * tp (and tp = etp(4)); with etp 4, ep may be 1, 2 or 4; "
+            "with ep 8, etp may be 1 or 2",
         ),
         (["--world-size", "0"], "--world-size: expected an integer >= 1, got '0'"),
         (["--world-size", "8", "--tp", "-2"], "--tp: expected an integer >= 1, got '-2'"),

@@ -94,7 +94,11 @@ def test_a_moe_model_on_1152_gpus_is_planned_on_the_preset_s_own_levels(  # type
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"world_size 1152 = {1152 // preset.gpus_per_node} nodes x ")
     assert lines[2].startswith(f"gpu {gpu}: {preset.memory_gib:g} GiB")
-    assert lines[3].startswith(f"24 valid assignments; 24 fit in {preset.memory_gib:g} GiB")
+    assert lines[3].startswith(f"12 valid assignments; 12 fit in {preset.memory_gib:g} GiB")
+    assert lines[4:6] == [
+        "15 left out: tp does not divide deepseek-v3's 128 attention heads",
+        "etp tried: 1",
+    ]
     report = plan_json(run_cli, *args[1:])
     assert [level["name"] for level in report.get("levels", [])] == units[1:]
     assert all(row["fits"] for row in report["assignments"])

@@ -103,8 +103,9 @@ def test_plan_table_and_emit_with_an_nvlink_level(run_cli) -> None:  # type: ign
         or "groups cross nvlink domains" in lines[2]
     ), lines[2]
     first = lines[3].split()
-    assert first[:6] == ["1", "4", "16", "4", "1", "4"]
-    assert first[6:] == ["pp(4)", "dp_replicate(16)", "fsdp(4)", "ep(16)", "tp(4)"]
+    # pp, dp_replicate, dp_shard, cp, tp, then ep and etp, which experts are planned over
+    assert first[:8] == ["1", "4", "16", "4", "1", "4", "16", "1"]
+    assert first[8:] == ["pp(4)", "dp_replicate(16)", "fsdp(4)", "ep(16)", "tp(4)"]
     emitted = run_cli(*args, "--pp", "4", "--ep", "16", "--emit", "1")
     assert emitted.stdout.splitlines()[1] == (
         "# groups cross nvlink domains: pp(4) dp_replicate(16); cross nodes, in one nvlink "

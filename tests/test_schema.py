@@ -129,7 +129,7 @@ def test_every_field_has_a_description_and_an_example() -> None:
     fields = _fields(schema)
     for name, level in _fields(schema["properties"]["levels"]["anyOf"][0]["items"]):
         fields.append((f"levels[].{name}", level))
-    assert len(fields) == 53
+    assert len(fields) == 72
     for name, value in fields:
         assert value.get("description"), name
         assert value.get("examples"), name

@@ -152,4 +152,6 @@ def test_gpus_per_node_option_must_agree_with_the_file(run_cli) -> None:  # type
     )
     result = run_cli("show", "examples/single_gpu.yaml", "--gpus-per-node", "5000")
     assert result.returncode == 2
-    assert "argument --gpus-per-node: 5000 is larger than 4096" in result.stderr
+    assert result.stderr == (
+        "meshconf: error: --gpus-per-node: 5000 is larger than 4096, more than any node holds\n"
+    )

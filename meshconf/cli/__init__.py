@@ -6,21 +6,28 @@ and, lazily, ``runtime``. Nothing in meshconf imports it.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from meshconf._version import __version__
+
+if TYPE_CHECKING:
+    from meshconf.cli.common import Parser
 
 #: Each verb, in the order ``meshconf --help`` lists them, is the module of the same name.
 VERBS = ("validate", "show", "simulate", "measure", "schema", "render", "plan", "convert")
 
 
-def build_parser(verbs: Sequence[str] = VERBS) -> argparse.ArgumentParser:
+def build_parser(verbs: Sequence[str] = VERBS) -> Parser:
     """The parser of ``meshconf``, with a subparser for each of ``verbs``."""
-    parser = argparse.ArgumentParser(
+    # Imported here, as the verbs are: after main's first line, since pydantic looks for its
+    # plugins as the models are defined, and so that `import meshconf.cli` stays light.
+    from meshconf.cli.common import Parser
+
+    parser = Parser(
         prog="meshconf",
         description="Validate and inspect declarative N-D parallel device-mesh configs.",
     )
@@ -30,6 +37,7 @@ def build_parser(verbs: Sequence[str] = VERBS) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in verbs:
         importlib.import_module(f"meshconf.cli.{verb}").add_parser(subparsers)
+    parser.verbs = subparsers.choices
     return parser
 
 
@@ -42,12 +50,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A command validates and exits: looking for pydantic plugins would first read the metadata
     # of every installed package, which costs more than checking a config.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from meshconf.cli.common import UsageError, usage_error  # after it, as build_parser's
+    from meshconf.core.messages import not_one_of
+
     arguments = list(sys.argv[1:] if argv is None else argv)
     verb = _named_verb(arguments)
+    if verb is None and arguments and not arguments[0].startswith("-"):
+        # argparse's own message gives no nearest verb
+        return usage_error(f"VERB: {not_one_of(arguments[0], VERBS)}")
     # pre-commit hands `validate` one or two files, so start-up is most of its time: a named
     # verb imports its own module only (each verb's features cost tens of milliseconds).
     parser = build_parser(VERBS if verb is None else (verb,))
-    args = parser.parse_args(arguments)
+    try:
+        args = parser.parse_command_line(arguments)
+    except UsageError as error:
+        return usage_error(str(error))
     code: int = args.run(args)
     return code
 

@@ -7,11 +7,12 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import ConfigError, Problem, SourceError, format_key, printable
-from meshconf.core.messages import shorten
+from meshconf.core.messages import hint, nearest, not_one_of, shorten
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
 from meshconf.sources.loading import load_config
@@ -19,6 +20,87 @@ from meshconf.sources.loading import load_config
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A command line meshconf cannot run. Its message is one line that names the option or
+    argument at fault; ``main`` prints it after ``meshconf: error:`` and exits with
+    :data:`EXIT_USAGE`."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, which raises a usage error as :class:`UsageError` where argparse
+    prints the whole usage (34 lines for ``plan``) before it; each verb's parser is one too."""
+
+    def __init__(self, **settings: Any) -> None:
+        # A value that an option refuses then raises ArgumentError, which names the option.
+        super().__init__(**{**settings, "exit_on_error": False})
+        #: The parser of each verb, by name, on the parser of ``meshconf`` itself.
+        self.verbs: dict[str, Parser] = {}
+
+    def error(self, message: str) -> NoReturn:
+        """Raises UsageError with argparse's message (an argument missing, an option cut
+        short to a prefix of several)."""
+        raise UsageError(message)
+
+    def parse_command_line(self, words: Sequence[str]) -> argparse.Namespace:
+        """The options and arguments ``words`` give.
+
+        Raises:
+            UsageError: a value that its option refuses, an argument missing, or a word that
+                no option or argument takes (with the nearest option).
+        """
+        try:
+            args, unknown = self.parse_known_args(words)
+        except argparse.ArgumentError as error:
+            where = f"{error.argument_name}: " if error.argument_name else ""
+            raise UsageError(where + error.message) from None
+        if unknown:
+            raise UsageError(self.verbs.get(args.verb, self).unknown_word(unknown[0]))
+        return args
+
+    def unknown_word(self, word: str) -> str:
+        """The message for ``word``, which none of this parser's options and arguments
+        takes: the nearest option, or where the options are listed."""
+        if not word.startswith("-"):
+            return f"unexpected argument {shorten(word)!r}; see `{self.prog} --help`"
+        option = word.split("=", 1)[0]
+        # Compared without their dashes, which every option shares ('--bogus' is not near
+        # '--gpu'); argparse lists its parser's options in no public field.
+        options = {known.lstrip("-"): known for known in self._option_string_actions}
+        closest = [options[bare] for bare in nearest(option.lstrip("-"), list(options))]
+        return f"unknown option {shorten(option)!r}" + (
+            hint(closest) or f"; see `{self.prog} --help`"
+        )
+
+
+class Choice:
+    """The type of an option that takes one of ``names``, which are in lower case: a name in
+    any case is read as the one in ``names`` (``--gpu GB200`` is gb200), as ``convert`` reads
+    torchtitan's schedule names."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = tuple(names)
+        self._by_lower = {name.lower(): name for name in self.names}
+
+    def __call__(self, text: str) -> str:
+        """The name ``text`` gives.
+
+        Raises:
+            argparse.ArgumentTypeError: ``text`` is none of the names; the message lists them
+                and gives the nearest.
+        """
+        name = self._by_lower.get(text.lower())
+        if name is None:
+            raise argparse.ArgumentTypeError(not_one_of(text, self.names))
+        return name
+
+
+def one_of(names: Iterable[str]) -> dict[str, Any]:
+    """The ``type`` and ``choices`` of an option that takes one of ``names``, in any case:
+    ``add_argument("--gpu", **one_of(GPUS))``. Its help lists the names as ``choices=`` does."""
+    choice = Choice(names)
+    return {"type": choice, "choices": choice.names}
 
 
 _INTEGER = re.compile(r"\s*([0-9]+)\s*")
@@ -102,7 +184,7 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
     if formats:
         parser.add_argument(
             "--format",
-            choices=("text", "json"),
+            **one_of(("text", "json")),
             default="text",
             help="text for people (default) or json for programs",
         )

@@ -19,6 +19,7 @@ from meshconf.cli.common import (
     EXIT_USAGE,
     emit,
     gpus_per_node,
+    one_of,
     output_is_input,
     positive_int,
     usage_error,
@@ -361,13 +362,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--from",
         dest="source",
-        choices=[source.name for source in SOURCES],
+        **one_of(source.name for source in SOURCES),
         help="the tool the file is for; default: found from the table it has",
     )
     parser.add_argument(
         "--to",
         dest="target",
-        choices=["megatron"],
+        **one_of(["megatron"]),
         help="the other way: PATH is a meshconf config, printed as that tool's arguments "
         "(checked by converting them back)",
     )

@@ -117,7 +117,7 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
         "optimizer": f"AdamW: two {training.optimizer_dtype} moments{master}, a step per tensor",
         "gathers": gathered,
         "activations": held,
-        "runtime": _runtime_holds(found),
+        "runtime": _runtime_holds(found, training),
     }
     schedule_sources = _SCHEDULE_SOURCES.get(training.schedule, "")
     if training.microbatch_group is not None:
@@ -133,7 +133,7 @@ def memory_terms(found: Estimate, training: Training) -> list[dict[str, Any]]:
     ]
 
 
-def _runtime_holds(found: Estimate) -> str:
+def _runtime_holds(found: Estimate, training: Training) -> str:
     runtime = found.runtime
     if runtime.given is not None:
         return "as --runtime-gib gives it"
@@ -145,17 +145,20 @@ def _runtime_holds(found: Estimate) -> str:
         if groups
         else "no NCCL communicator (no dim sends)"
     )
+    reserve = (
+        "as --allocator-gib gives it"
+        if training.allocator_gib is not None
+        else f"{float(runtime_terms.RESERVED_RATIO - 1):.4f} of the tensors' "
+        f"{gib(found.memory.training_state):.2f}, reserved over allocated as published"
+    )
     return (
         f"the CUDA context {gib(runtime.cuda_context):.2f}, {communicators}, the allocator's "
-        f"reserve {gib(runtime.allocator):.2f}"
+        f"reserve {gib(runtime.allocator):.2f} ({reserve})"
     )
 
 
 #: What the estimate leaves out of the memory.
-NOT_COUNTED = (
-    "the allocator's fragmentation unless --allocator-gib gives it, and temporaries of single "
-    "ops beyond those named"
-)
+NOT_COUNTED = "temporaries of single ops beyond those named"
 
 
 def explain_lines(found: Estimate, training: Training) -> list[str]:

@@ -4,13 +4,14 @@ a config's ``training`` block), and the estimate of a config's layout they ask f
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, usage_error
+from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, emit, usage_error
 from meshconf.cli.estimate_explain import NOT_COUNTED, explain_lines, memory_terms
 from meshconf.cli.estimate_report import memory_json, memory_lines, settings_line
 from meshconf.cli.model_options import (
@@ -22,7 +23,7 @@ from meshconf.cli.model_options import (
     MODEL_OPTIONS,
     NUMBERS,
 )
-from meshconf.core.errors import ConfigError, SourceError
+from meshconf.core.errors import ConfigError, Diagnostic, SourceError
 from meshconf.core.levels import crossed_levels
 from meshconf.core.training import (
     FP8_WITHOUT_GATHERS,
@@ -42,74 +43,199 @@ from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
 from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
+from meshconf.features.plan.runnable import Unrunnable, unrunnable
 from meshconf.model.config import MeshConfig
 from meshconf.model.training import TrainingOptions, setting_name
+from meshconf.sources.loading import load_located
+from meshconf.sources.reading import Source
+
+#: The keys of a training block that name the model estimated, as ``--model`` and
+#: ``--model-file`` do.
+MODEL_KEYS = ("model", "model_file")
 
 
-def training_block(args: argparse.Namespace, training: Training) -> dict[str, Any]:
-    """The keys of a config's ``training`` block that the options set, with the values
-    ``training`` holds for them: what ``plan --emit`` writes into the config."""
-    return {
-        key: getattr(training, setting_name(key))
-        for key in TrainingOptions.model_fields
-        if getattr(args, setting_name(key)) is not None
-    }
+def model_origin(
+    args: argparse.Namespace, config_settings: Mapping[str, Any], config_path: str | None
+) -> tuple[str, str] | None:
+    """The model the options ask for, else the one ``config_settings`` (the training block
+    of the config at ``config_path``) names: ``("model", preset)`` or ``("model_file",
+    path)``, a relative path of the config read from the config's folder; None without
+    one."""
+    if args.model is not None:
+        return "model", args.model
+    if args.model_file is not None:
+        return "model_file", args.model_file
+    if "model" in config_settings:
+        return "model", config_settings["model"]
+    if "model_file" in config_settings:
+        return "model_file", _from_config(config_path, config_settings["model_file"])
+    return None
+
+
+def _from_config(config_path: str | None, path: str) -> str:
+    """``path`` as the config at ``config_path`` gives it: from the config's folder."""
+    return path if config_path is None else os.path.join(os.path.dirname(config_path), path)
+
+
+def planned_block(
+    args: argparse.Namespace, block: TrainingOptions | None, training: Training
+) -> dict[str, Any]:
+    """The ``training`` block ``plan --emit`` writes: with a model, the model (a preset's
+    name, or the model file's absolute path, as the planner does not know where the config
+    will be saved), the GPU, the sequence, the micro-batch and the global batch, and every
+    other key that an option or the config's block gave, with the value ``training`` holds
+    for it; without a model, the config's block as it is."""
+    written = {} if block is None else block.model_dump(exclude_none=True)
+    origin = model_origin(args, written, args.path)
+    if origin is None:
+        return written
+    kind, name = origin
+    planned: dict[str, Any] = {kind: name if kind == "model" else os.path.abspath(name)}
+    for key in TrainingOptions.model_fields:
+        always = key in ("gpu", "seq_len", "micro_batch", "global_batch_tokens")
+        if key not in MODEL_KEYS and (always or key in written or _given(args, key)):
+            planned[key] = getattr(training, setting_name(key))
+    return TrainingOptions.model_validate(planned).model_dump(exclude_none=True)
+
+
+def _given(args: argparse.Namespace, key: str) -> bool:
+    """Whether an option gave the setting of the block's ``key``, itself or through a
+    deprecated option."""
+    setting = setting_name(key)
+    deprecated = [name for name, instead in DEPRECATED_GBPS.items() if instead == setting]
+    return any(getattr(args, name) is not None for name in (setting, *deprecated))
 
 
 def model_request(
-    args: argparse.Namespace, config_settings: Mapping[str, Any] = MappingProxyType({})
+    args: argparse.Namespace,
+    config_settings: Mapping[str, Any] = MappingProxyType({}),
+    config_path: str | None = None,
 ) -> tuple[Architecture | None, Training] | int:
-    """The model and settings the options ask for, over ``config_settings`` (a config's
-    ``training`` block) over the defaults, or the exit code after printing a usage error or
-    the problems of an invalid model file."""
+    """The model and settings the options ask for, over ``config_settings`` (the
+    ``training`` block of the config at ``config_path``,
+    :meth:`TrainingOptions.estimate_settings`) over the defaults, or the exit code after
+    printing a usage error or the problems of an invalid model file. A note on standard
+    error names each option that replaces a value of the config."""
     for note in deprecation_notes(args):
         print(f"meshconf: note: {note}", file=sys.stderr)
-    found = _model_request(args, config_settings)
-    return usage_error(found) if isinstance(found, str) else found
+    notes: list[str] = []
+    found = _model_request(args, config_settings, config_path, notes)
+    if isinstance(found, str):
+        return usage_error(found)
+    for note in notes:
+        print(f"meshconf: note: {note}", file=sys.stderr)
+    return found
 
 
 def _model_request(
-    args: argparse.Namespace, config_settings: Mapping[str, Any]
+    args: argparse.Namespace,
+    config_settings: Mapping[str, Any],
+    config_path: str | None,
+    notes: list[str],
 ) -> tuple[Architecture | None, Training] | str | int:
     names = [*INTEGERS, *NUMBERS, *DEPRECATED_GBPS, *CHOICES, *FLAGS]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.model is not None and args.model_file is not None:
         return "--model and --model-file exclude each other"
-    hardware = gpu_settings(args.gpu)
-    if args.model is None and args.model_file is None:
+    # the config's GPU figures replace its GPU's, whichever GPU is estimated
+    configured = {
+        name: value for name, value in config_settings.items() if name not in (*MODEL_KEYS, "gpu")
+    }
+    hardware = gpu_settings(args.gpu or config_settings.get("gpu"))
+    origin = model_origin(args, config_settings, config_path)
+    if origin is None:
         if given:
             return f"{MODEL_OPTIONS[next(iter(given))]} needs --model or --model-file"
         return None, replace(DEFAULTS, **hardware)
     settings: dict[str, Any] = {}
+    replacing: dict[str, str] = {}
     for name, text in given.items():
         if name in CHOICES or name in FLAGS:
             settings[name] = int(text) if name == "zero_stage" else text
+            replacing[name] = MODEL_OPTIONS[name] + ("" if name in FLAGS else f" {text}")
             continue
         value = _value(name, text)
         if isinstance(value, str):
             return value
+        replacing[name] = f"{MODEL_OPTIONS[name]} {text}"
         if name in DEPRECATED_GBPS:
             replacement = DEPRECATED_GBPS[name]
             if replacement in given:
                 return f"{MODEL_OPTIONS[name]} and {MODEL_OPTIONS[replacement]} exclude each other"
+            replacing[replacement] = replacing.pop(name)
             name, value = replacement, float(value) / 8
         settings[name] = value
-    training = Training(**{**DEFAULTS.__dict__, **hardware, **config_settings, **settings})
+    training = Training(**{**DEFAULTS.__dict__, **hardware, **configured, **settings})
     problem = _settings_problem(training)
     if problem:
         return problem
-    if args.model is not None:
-        if args.model not in PRESETS:
-            return f"--model: unknown model {args.model!r}; presets: {', '.join(PRESETS)}"
-        return PRESETS[args.model], training
+    notes += _replacement_notes(args, config_settings, config_path, origin, settings, replacing)
+    kind, name = origin
+    if kind == "model":
+        if name not in PRESETS:
+            return f"--model: unknown model {name!r}; presets: {', '.join(PRESETS)}"
+        return PRESETS[name], training
     try:
-        return load_model_file(args.model_file), training
+        return load_model_file(name), training
     except SourceError as error:
-        return str(error)
+        if args.model_file is not None:
+            return str(error)
+        return (
+            f"training.model_file of {config_path}: {error} (a relative path is read from the "
+            "config's folder)"
+        )
     except ConfigError as error:
         for diagnostic in error.diagnostics:
             print(diagnostic.render(), file=sys.stderr)
         return EXIT_INVALID
+
+
+def _replacement_notes(
+    args: argparse.Namespace,
+    config_settings: Mapping[str, Any],
+    config_path: str | None,
+    origin: tuple[str, str],
+    settings: Mapping[str, Any],
+    replacing: Mapping[str, str],
+) -> list[str]:
+    """A note for each option whose value replaces another of the config's training block:
+    ``--seq-len 8192 replaces training.seq_len 4096 of best.yaml``."""
+    found: list[tuple[str, str, Any]] = []
+    kind, name = origin
+    written = next(
+        ((key, config_settings[key]) for key in MODEL_KEYS if key in config_settings), None
+    )
+    if written is not None and (args.model or args.model_file) is not None:
+        key, value = written
+        same = (
+            os.path.abspath(name) == os.path.abspath(_from_config(config_path, value))
+            if (kind, key) == ("model_file", "model_file")
+            else (kind, name) == written
+        )
+        if not same:
+            option = "--model" if kind == "model" else "--model-file"
+            found.append((f"{option} {name}", key, value))
+    if args.gpu is not None and config_settings.get("gpu", args.gpu) != args.gpu:
+        found.append((f"--gpu {args.gpu}", "gpu", config_settings["gpu"]))
+    for setting, value in settings.items():
+        if config_settings.get(setting, value) != value:
+            key = _KEYS.get(setting, setting)
+            found.append((replacing[setting], key, config_settings[setting]))
+    return [
+        f"{option} replaces training.{key} {_written(value)} of {config_path}"
+        for option, key, value in found
+    ]
+
+
+#: The keys of the training block by the estimate's setting names (:func:`setting_name`).
+_KEYS = {setting_name(key): key for key in TrainingOptions.model_fields}
+
+
+def _written(value: Any) -> str:
+    """A value of the config as YAML writes it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def gpu_settings(name: str | None) -> dict[str, Any]:
@@ -202,7 +328,8 @@ def config_estimate(
     """The estimate of the config's layout under the model options; None without a model;
     an exit code after a usage error or an invalid model file."""
     block = config.training
-    modelled = model_request(args, {} if block is None else block.estimate_settings())
+    settings = {} if block is None else block.estimate_settings()
+    modelled = model_request(args, settings, args.path)
     if isinstance(modelled, int):
         return modelled
     model, training = modelled
@@ -221,6 +348,14 @@ def config_estimate(
     return model, training, estimate(model, degrees, training, crosses, bandwidths)
 
 
+def runnable_diagnostics(located: Source, problems: Sequence[Unrunnable]) -> list[Diagnostic]:
+    """Each degree of a config's layout that its model cannot run, placed at the degree's
+    key as the config's own problems are."""
+    return [
+        located.diagnostic(("degrees", problem.degree), problem.message) for problem in problems
+    ]
+
+
 def show_estimate(
     args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
 ) -> list[str] | int:
@@ -233,6 +368,12 @@ def show_estimate(
             return usage_error("--explain needs --model or --model-file")
         return [] if found is None else found
     model, training, result = found
+    problems = unrunnable(model, config.resolved_degrees, training)
+    if problems:
+        _, located = load_located(args.path, args.overrides, args.key, world_size=args.world_size)
+        lines = [diagnostic.render() for diagnostic in runnable_diagnostics(located, problems)]
+        emit(lambda: print("\n".join(lines)))
+        return EXIT_INVALID
     report["estimate"] = {"model": model.name, **memory_json(result)}
     lines = ["", settings_line(model, training), *memory_lines(result, training)]
     if args.explain:

@@ -179,14 +179,13 @@ def hardware_line(training: Training) -> str:
 
 
 def memory_lines(found: Estimate, training: Training) -> list[str]:
-    """The memory breakdown, communication and step time of one layout, as text."""
+    """The memory breakdown, communication and step time of one layout, as text; first, for
+    a layout that cannot run for a reason other than memory, that reason."""
     gpu_memory_gib = training.gpu_memory_gib
     memory = found.memory
     parts = ", ".join(f"{part} {gib(getattr(memory, part)):g}" for part in MEMORY_PARTS)
     headroom = headroom_gib(found)
-    if found.problem:
-        verdict = f"does NOT fit in {gpu_memory_gib:g} GiB ({found.problem})"
-    elif found.fits:
+    if found.headroom >= 0:
         verdict = f"fits in {gpu_memory_gib:g} GiB, {headroom:g} GiB to spare"
     else:
         term = largest_term(found)
@@ -202,7 +201,8 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
             else " (at the peak: the bubble and the communication not hidden leave no time to "
             "reach --mfu)"
         )
-    lines = [
+    lines = [] if found.problem is None else [f"cannot run: {found.problem}"]
+    lines += [
         f"memory per GPU (GiB, pipeline rank {memory.pp_rank}): {parts}; total "
         f"{gib(memory.total):g} ({gib(memory.training_state):g} without runtime): {verdict}",
         f"step: {found.microbatches} micro-batch{'' if found.microbatches == 1 else 'es'}, "

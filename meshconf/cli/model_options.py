@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from meshconf.cli.common import one_of
 from meshconf.core.training import (
     CHECKPOINTING,
     DTYPE_BYTES,
@@ -136,7 +137,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     def option(name: str, **settings: Any) -> None:
         group.add_argument(MODEL_OPTIONS[name], dest=name, **settings)
 
-    option("model", metavar="NAME", help=f"a preset: {', '.join(PRESETS)}")
+    option("model", metavar="NAME", **one_of(PRESETS), help=f"a preset: {', '.join(PRESETS)}")
     option("model_file", metavar="FILE", help="a model described in YAML")
     option("seq_len", metavar="S", help=f"tokens per sequence ({DEFAULTS.seq_len})")
     option("micro_batch", metavar="B", help=f"sequences per micro-batch ({DEFAULTS.micro_batch})")
@@ -148,15 +149,17 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     dtypes = tuple(DTYPE_BYTES)
     option(
         "param_dtype",
-        choices=dtypes,
+        **one_of(dtypes),
         help=f"stored parameters and activations ({DEFAULTS.param_dtype})",
     )
     option(
-        "grad_dtype", choices=dtypes, help=f"gradients and their reduction ({DEFAULTS.grad_dtype})"
+        "grad_dtype",
+        **one_of(dtypes),
+        help=f"gradients and their reduction ({DEFAULTS.grad_dtype})",
     )
     option(
         "checkpointing",
-        choices=CHECKPOINTING,
+        **one_of(CHECKPOINTING),
         help="what the backward pass recomputes: nothing, what torchtitan's per-op selective "
         f"policy does not keep, or every block ({DEFAULTS.checkpointing})",
     )
@@ -183,7 +186,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "schedule",
-        choices=SCHEDULES,
+        **one_of(SCHEDULES),
         help="pipeline schedule; llama3 is Llama 3's interleaved schedule, whose "
         f"--microbatch-group may be below pp ({DEFAULTS.schedule})",
     )
@@ -236,14 +239,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "reshard_after_forward",
-        choices=RESHARDING,
+        **one_of(RESHARDING),
         help="whether FSDP frees gathered parameters after each forward pass, as torchtitan's "
         "policy: default (never with pp > 1, else always), always, never",
     )
     option(
         "zero_stage",
         # compared as text: argparse's int() would take "٣" or "0_3" for 3
-        choices=tuple(str(stage) for stage in ZERO_STAGES),
+        **one_of(str(stage) for stage in ZERO_STAGES),
         help="what data parallelism over fsdp shards: 1 the optimizer state (Megatron's "
         "distributed optimizer), 2 also gradients, 3 also parameters "
         f"(FSDP; {DEFAULTS.zero_stage})",
@@ -263,7 +266,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "dispatch_dtype",
-        choices=tuple(FP8_OR_WIDER_BYTES),
+        **one_of(FP8_OR_WIDER_BYTES),
         help="the dtype tokens are dispatched to their experts in (default: --param-dtype); "
         "the combine stays in --param-dtype",
     )
@@ -277,20 +280,20 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "activation_dtype",
-        choices=tuple(FP8_OR_WIDER_BYTES),
+        **one_of(FP8_OR_WIDER_BYTES),
         help="the dtype of the activations kept for the backward pass; fp8 keeps the linear "
         "layers' inputs in fp8 and the rest in --param-dtype, as DeepSeek-V3 does (default: "
         "--param-dtype)",
     )
     option(
         "optimizer_dtype",
-        choices=OPTIMIZER_DTYPES,
+        **one_of(OPTIMIZER_DTYPES),
         help="the dtype of AdamW's two moments, the master weights staying fp32 (DeepSeek-V3: "
         f"bf16; Megatron's --exp-avg-dtype and --exp-avg-sq-dtype; {DEFAULTS.optimizer_dtype})",
     )
     option(
         "sequence_parallel",
-        choices=SEQUENCE_PARALLEL,
+        **one_of(SEQUENCE_PARALLEL),
         help="with tp > 1, what happens to the tensors outside its split cores: dtensor splits "
         "them over the sequence and keeps each norm's gathered output whole (torchtitan); "
         "megatron keeps that split too and gathers it again in the backward pass "
@@ -299,14 +302,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     option(
         "norm_kernel",
-        choices=NORM_KERNELS,
+        **one_of(NORM_KERNELS),
         help="how RMSNorm runs: fused (torch's RMSNorm compiled, Transformer Engine) or eager "
         "on an fp32 copy of its input (Hugging Face's LlamaRMSNorm), which keeps 4 bytes more "
         f"per element ({DEFAULTS.norm_kernel})",
     )
     option(
         "gpu",
-        choices=tuple(GPUS),
+        **one_of(GPUS),
         help=f"the GPU: its memory, dense bf16 peak and the bandwidths inside a node and "
         f"across, from its datasheet (docs/plan.md); the options below override each "
         f"({DEFAULTS.gpu}). Without --gpus-per-node and --level, its node and NVLink domain too",
@@ -337,14 +340,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     option("mfu", metavar="F", help=f"fraction of peak reached ({DEFAULTS.mfu:g})")
     option(
         "mfu_counts",
-        choices=MFU_COUNTS,
+        **one_of(MFU_COUNTS),
         help="what --mfu is a fraction of: model FLOPs (6N plus attention, as published MFU "
         "counts them; recomputation not counted) or hardware FLOPs (recomputation counted) "
         f"({DEFAULTS.mfu_counts})",
     )
     option(
         "mfu_over",
-        choices=MFU_OVER,
+        **one_of(MFU_OVER),
         help="what --mfu is measured over: the compute alone, the pipeline bubble and the "
         "communication not hidden coming on top; or the whole step, as a published MFU is, "
         f"the estimate then saying what share of the peak the compute needs ({DEFAULTS.mfu_over})",

@@ -1,6 +1,6 @@
 """``meshconf plan --world-size N``: every valid assignment of the degrees, ranked by node
-locality or, with a model, by fit and estimated step time; ``--emit`` prints one as a
-config."""
+locality or, with a model, by fit and tokens per second per GPU; ``--emit`` prints one as
+a config."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from meshconf.cli.common import (
     EXIT_OK,
     bounded_number,
     emit,
+    one_of,
     positive_int,
     usage_error,
 )
-from meshconf.cli.estimate_options import model_request, training_block
+from meshconf.cli.estimate_options import model_request, planned_block
 from meshconf.cli.model_options import add_model_options, model_words
 from meshconf.cli.plan_report import emitted_yaml, explained_row, json_report, print_table
 from meshconf.core.degrees import AUTO, DEGREE_NAMES, WORLD_FACTORS
@@ -40,7 +41,8 @@ from meshconf.features.plan.request import (
 )
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS, MIN_BANDWIDTH_GB_S
-from meshconf.sources.loading import load_config
+from meshconf.sources.loading import load_located
+from meshconf.sources.reading import Source
 
 DEFAULT_LIMIT = 10
 #: The options that take an integer >= 1, checked by ``run`` so that a bad value is one line.
@@ -97,10 +99,11 @@ def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]] 
     return node, tuple(level for level in levels if level.name != NODE)
 
 
-def _load(args: argparse.Namespace) -> MeshConfig | int:
-    """The config ``plan CONFIG`` plans for, or the exit code after its problems."""
+def _load(args: argparse.Namespace) -> tuple[MeshConfig, Source] | int:
+    """The config ``plan CONFIG`` plans for, with where its keys are, or the exit code after
+    its problems."""
     try:
-        return load_config(args.path, args.overrides, args.key)
+        return load_located(args.path, args.overrides, args.key)
     except ConfigError as error:
         lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
         emit(lambda: print(lines))
@@ -115,9 +118,12 @@ def _request(
     config: MeshConfig | None,
     modelled: tuple[Architecture | None, Training],
     notes: list[str],
+    located: Source | None = None,
 ) -> Request | str:
     """What to plan: the options over the config's values over the ``--gpu`` preset's
-    topology; ``notes`` get a line for each option that replaces a value of the config."""
+    topology; ``notes`` get a line for each option that replaces a value of the config.
+    ``located`` places the config's keys: each pin the config gives is named by its key,
+    file and line in messages."""
     given_levels = _levels(args)
     if isinstance(given_levels, str):
         return given_levels
@@ -153,13 +159,18 @@ def _request(
     node = node or configured_node
     above = given_above or configured_above
     model, training = modelled
-    if node is None and not above and args.gpu is not None:
-        gpu = GPUS[args.gpu]
+    block = None if config is None else config.training
+    named = args.gpu or (None if block is None else block.gpu)
+    if node is None and not above and named is not None:
+        gpu = GPUS[named]
         node = Level(NODE, gpu.gpus_per_node)
         if gpu.nvlink_domain is not None:
             above = (Level(NVLINK, gpu.nvlink_domain, gpu.scale_up_gb_s),)
         placed = " and ".join(level_text(level) for level in (node, *above))
-        notes.append(f"--gpu {gpu.name}: levels {placed}, as its datasheet gives them")
+        where = (
+            f"--gpu {gpu.name}" if args.gpu is not None else f"training.gpu {gpu.name} of {source}"
+        )
+        notes.append(f"{where}: levels {placed}, as its datasheet gives them")
     if above and node is None:
         return (
             f"--level {level_text(above[0])} needs the node's size: add --level node=N "
@@ -174,11 +185,15 @@ def _request(
             for name in DEGREE_NAMES
             if name in degrees.explicit and getattr(degrees, name) != AUTO
         }
+    origins = (
+        {} if located is None else {name: _key_origin(located, name, pins[name]) for name in pins}
+    )
     for name in DEGREE_NAMES:
         if name in numbers:
             if pins.get(name, numbers[name]) != numbers[name]:
                 replaced(f"{option_flag(name)} {numbers[name]}", f"degrees.{name} {pins[name]}")
             pins[name] = numbers[name]
+            origins.pop(name, None)
 
     order = None if args.order is None else tuple(args.order.split(","))
     if config is not None and config.order is not None:
@@ -201,7 +216,19 @@ def _request(
         training=training,
         order=order,
         inside={level: tuple(dims) for level, dims in inside.items()},
+        pin_origins=origins,
     )
+
+
+def _key_origin(source: Source, name: str, value: int) -> str:
+    """Where the config gives a degree: ``gb200.yaml:6: degrees.pp 16``, or the override
+    that set it."""
+    placed = source.diagnostic(("degrees", name), "")
+    if placed.override is not None:
+        return f"-o {placed.override}"
+    where = placed.source or "the config"
+    line = "" if placed.line is None else f":{placed.line}"
+    return f"{where}{line}: {placed.key} {value}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -214,21 +241,21 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(
             "--explain prints one row's memory as text; leave out --emit and --format json"
         )
-    config = None
+    config, source = None, None
     if args.path is not None:
         loaded = _load(args)
         if isinstance(loaded, int):
             return loaded
-        config = loaded
+        config, source = loaded
     elif args.key is not None or args.overrides:
         option = "--key" if args.key is not None else "-o"
         return usage_error(f"{option} needs a config: meshconf plan CONFIG {option} ...")
     block = None if config is None else config.training
-    modelled = model_request(args, {} if block is None else block.estimate_settings())
+    modelled = model_request(args, {} if block is None else block.estimate_settings(), args.path)
     if isinstance(modelled, int):
         return modelled
     notes: list[str] = []
-    request = _request(args, numbers, config, modelled, notes)
+    request = _request(args, numbers, config, modelled, notes, source)
     if isinstance(request, str):
         return usage_error(request)
     for note in notes:
@@ -250,9 +277,8 @@ def run(args: argparse.Namespace) -> int:
             f"--{shown} {numbers[shown]} is not a row: there are {plan.total} valid assignments"
         )
     if "emit" in numbers:
-        written = {} if block is None else block.model_dump(exclude_none=True)
         text = emitted_yaml(
-            plan, numbers["emit"], _replay_words(args), written | training_block(args, training)
+            plan, numbers["emit"], _replay_words(args), planned_block(args, block, training)
         )
         emit(lambda: print(text, end=""))
     elif "explain" in numbers:
@@ -339,7 +365,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("text", "json"),
+        **one_of(("text", "json")),
         default="text",
         help="text: a table (default); json: the same as data",
     )

@@ -4,6 +4,7 @@ explained, and one row as a config with the command that prints it again."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,9 +19,10 @@ from meshconf.cli.estimate_report import (
     memory_lines,
     settings_line,
 )
-from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import plural_units, unit_article
 from meshconf.core.training import GIB
+from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.ranking import (
     Assignment,
     DimLocality,
@@ -117,25 +119,48 @@ def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[
 
 
 def explained_row(plan: Plan, index: int) -> list[str]:
-    """Row ``index`` with its memory by term, what each holds and its source."""
+    """Row ``index`` with why it cannot run (if it cannot for a reason other than memory),
+    its memory by term, what each holds and its source, and what it delivers."""
     request = plan.request
     assignment = plan.best[index - 1]
     found = assignment.estimate
     assert request.model is not None and found is not None
-    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in WORLD_FACTORS)
+    shown = _shown_degrees(request)
+    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in shown)
     return [
         f"assignment {index} of {plan.total}: {degrees}",
         settings_line(request.model, request.training),
         *memory_lines(found, request.training),
+        _throughput_line(request, found),
         *explain_lines(found, request.training),
     ]
+
+
+def _throughput_line(request: Request, found: Estimate) -> str:
+    """What the row is ranked by among the rows that fit: the tokens its step runs, against
+    the batch asked for, over its time and the world."""
+    wanted = request.training.global_batch_tokens
+    if wanted is None:
+        against = ""
+    elif found.batch_tokens == wanted:
+        against = " (the batch asked for)"
+    else:
+        against = f" ({_batch_difference_text(found.batch_tokens, wanted)} against {wanted})"
+    tokens = _throughput_text(found.tokens_per_second_per_gpu(request.world_size))
+    return (
+        f"throughput: {tokens} tokens/s per GPU, the step's {found.batch_tokens} tokens"
+        f"{against} in {found.step_seconds:.3g} s over {request.world_size} GPUs"
+    )
 
 
 def _estimate_comment(assignment: Assignment) -> str:
     found = assignment.estimate
     if found is None:
         return ""
-    verdict = "fits" if found.fits else "does NOT fit"
+    if found.problem:
+        verdict = f"cannot run: {found.problem}"
+    else:
+        verdict = "fits" if found.fits else "does NOT fit"
     return (
         f"# estimated: {gib(found.memory.total):g} GiB per GPU ({verdict}), "
         f"step {found.step_seconds:.3g} s, {found.exposed_seconds:.3g} s of it communication "
@@ -174,6 +199,13 @@ def _header(plan: Plan) -> list[str]:
             f"{plan.left_out_by_order} more left out: under this order their expert dims would "
             "split world factors unevenly"
         )
+    lines += [f"{count} left out: {reason}" for reason, count in plan.left_out.items()]
+    if plan.tried:
+        tried = "; ".join(
+            f"{name}{' tried' if position == 0 else ''}: {', '.join(map(str, values))}"
+            for position, (name, values) in enumerate(plan.tried.items())
+        )
+        lines.append(tried)
     if gpus is None:
         lines.append(
             "no --gpus-per-node: node locality unknown; ranked by smaller pp, dp_replicate, cp, "
@@ -182,27 +214,83 @@ def _header(plan: Plan) -> list[str]:
     return lines
 
 
-def _rows(plan: Plan) -> list[list[str]]:
-    """The table, header first: index, world factors, rationale."""
+def _estimate_headings(request: Request) -> list[str]:
+    """The columns of a row's estimate; ``batch`` only when ``--global-batch-tokens`` asks
+    for a batch that a row can miss."""
+    if request.model is None:
+        return []
+    batch = [] if request.training.global_batch_tokens is None else ["batch"]
+    return ["GiB", "headroom", "tokens/s/GPU", *batch, "step s", "compute s", "exposed s"]
+
+
+def _throughput_text(tokens_per_second: float) -> str:
+    """Tokens per second in whole tokens from 100 on, to three significant digits below."""
+    if tokens_per_second >= 100:
+        return f"{tokens_per_second:.0f}"
+    return f"{tokens_per_second:.3g}"
+
+
+def _batch_difference_text(batch_tokens: int, wanted: int) -> str:
+    """``=`` when a row's step runs the batch asked for; otherwise how far from it, signed, in
+    percent of it: whole percents from 10% on, two significant digits below (``+0.024%``),
+    so that a batch that differs never shows as ``0%``."""
+    if batch_tokens == wanted:
+        return "="
+    percent = 100 * (batch_tokens - wanted) / wanted
+    if abs(percent) >= 10:
+        return f"{percent:+.0f}%"
+    decimals = 1 - math.floor(math.log10(abs(percent)))
+    return f"{percent:+.{decimals}f}".rstrip("0").rstrip(".") + "%"
+
+
+def _problem_marks(plan: Plan) -> dict[str, int]:
+    """A number for each reason other than memory that a shown row cannot run for, in the
+    order the rows first give it: the table marks those rows with it and says the reason
+    once, below."""
+    marks: dict[str, int] = {}
+    for assignment in plan.best:
+        found = assignment.estimate
+        if found is not None and found.problem is not None:
+            marks.setdefault(found.problem, len(marks) + 1)
+    return marks
+
+
+def _estimate_cells(plan: Plan, found: Estimate, marks: dict[str, int]) -> list[str]:
+    request = plan.request
+    wanted = request.training.global_batch_tokens
+    headroom = f"[{marks[found.problem]}]" if found.problem else f"{headroom_gib(found):.1f}"
+    batch = [] if wanted is None else [_batch_difference_text(found.batch_tokens, wanted)]
+    return [
+        f"{found.memory.total / GIB:.1f}",
+        headroom,
+        _throughput_text(found.tokens_per_second_per_gpu(request.world_size)),
+        *batch,
+        f"{found.step_seconds:.3g}",
+        f"{found.compute_seconds:.3g}",
+        f"{found.exposed_seconds:.3g}",
+    ]
+
+
+def _shown_degrees(request: Request) -> tuple[str, ...]:
+    """The degrees a row names: the world factors, and ep and etp where experts are
+    planned."""
+    return WORLD_FACTORS + (EXPERT_DEGREES if request.experts else ())
+
+
+def _rows(plan: Plan, marks: dict[str, int]) -> list[list[str]]:
+    """The table, header first: index, degrees, the estimate, rationale; a row that cannot
+    run for a reason other than memory has its mark in ``marks`` as its headroom."""
     located = plan.request.gpus_per_node is not None
-    estimated = plan.request.model is not None
-    header = ["#", *WORLD_FACTORS]
-    header += ["GiB", "headroom", "step s", "compute s", "exposed s"] if estimated else []
+    shown = _shown_degrees(plan.request)
+    header = ["#", *shown, *_estimate_headings(plan.request)]
     header += _split_headings(plan.request) if located else ["dims (ranks)"]
     rows = [header]
     for index, assignment in enumerate(plan.best, start=1):
         dims = rationale(plan.request, build_config(plan.request, assignment.degrees))
-        cells = [str(index), *(str(assignment.degrees[name]) for name in WORLD_FACTORS)]
+        cells = [str(index), *(str(assignment.degrees[name]) for name in shown)]
         found = assignment.estimate
         if found is not None:
-            headroom = "-" if found.problem else f"{headroom_gib(found):.1f}"
-            cells += [
-                f"{found.memory.total / GIB:.1f}",
-                headroom,
-                f"{found.step_seconds:.3g}",
-                f"{found.compute_seconds:.3g}",
-                f"{found.exposed_seconds:.3g}",
-            ]
+            cells += _estimate_cells(plan, found, marks)
         levels = len(plan.request.topology)
         cells += _split(dims, levels) if located else [_dims_text([d for d in dims if d.size > 1])]
         rows.append(cells)
@@ -210,10 +298,12 @@ def _rows(plan: Plan) -> list[list[str]]:
 
 
 def print_table(plan: Plan) -> None:
-    """The plan's heading and its best rows as a table, best first."""
+    """The plan's heading and its best rows as a table, best first, then why each marked row
+    cannot run."""
     print("\n".join(_header(plan)))
-    rows = _rows(plan)
-    numeric = 1 + len(WORLD_FACTORS) + (5 if plan.request.model is not None else 0)
+    marks = _problem_marks(plan)
+    rows = _rows(plan, marks)
+    numeric = 1 + len(_shown_degrees(plan.request)) + len(_estimate_headings(plan.request))
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         cells = [
@@ -221,6 +311,8 @@ def print_table(plan: Plan) -> None:
             for column, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
+    for problem, mark in marks.items():
+        print(f"[{mark}] cannot run: {problem}")
 
 
 def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any]:
@@ -234,8 +326,14 @@ def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any
             for dim in dims
         ],
     }
-    if assignment.estimate is not None:
-        entry.update(memory_json(assignment.estimate))
+    found = assignment.estimate
+    if found is not None:
+        entry.update(memory_json(found))
+        wanted = plan.request.training.global_batch_tokens
+        entry["tokens_per_second_per_gpu"] = round(
+            found.tokens_per_second_per_gpu(plan.request.world_size), 2
+        )
+        entry["batch_difference_tokens"] = None if wanted is None else found.batch_tokens - wanted
     return entry
 
 
@@ -254,6 +352,8 @@ def json_report(plan: Plan) -> dict[str, Any]:
         "order": list(request.rank_order),
         "total": plan.total,
         "left_out_by_order": plan.left_out_by_order,
+        "left_out": dict(plan.left_out),
+        "tried": {name: list(values) for name, values in plan.tried.items()},
         "assignments": [
             _json_entry(plan, index, assignment)
             for index, assignment in enumerate(plan.best, start=1)

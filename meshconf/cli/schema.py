@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, usage_error, write_file
+from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, one_of, usage_error, write_file
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
@@ -102,13 +102,13 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--flavor",
-        choices=FLAVORS,
+        **one_of(FLAVORS),
         default="plain",
         help="plain: meshconf YAML files; hydra: also ${...} values, defaults and _target_",
     )
     parser.add_argument(
         "--format",
-        choices=("json", "markdown"),
+        **one_of(("json", "markdown")),
         default="json",
         help="json: the schema; markdown: the table of keys made from it",
     )

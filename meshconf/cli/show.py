@@ -304,7 +304,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--explain",
         action="store_true",
-        help="with --model: the memory by term, what each holds and its source",
+        help="with a model (--model, --model-file or the config's training.model): the "
+        "memory by term, what each holds and its source",
     )
     parser.add_argument(
         "--full-groups",

@@ -16,6 +16,9 @@ from meshconf.cli.common import (
     emit,
     warnings_json,
 )
+from meshconf.cli.estimate_options import model_request, runnable_diagnostics
+from meshconf.cli.model_options import add_model_options
+from meshconf.core.degrees import AUTO
 from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
@@ -24,9 +27,11 @@ from meshconf.core.errors import (
     format_key,
     printable,
 )
+from meshconf.features.plan.runnable import unrunnable
 from meshconf.features.plan.topology import config_warnings
 from meshconf.model.config import MeshConfig
-from meshconf.sources.loading import load_config
+from meshconf.sources.loading import load_located
+from meshconf.sources.reading import Source
 
 
 @dataclass
@@ -58,19 +63,54 @@ class Results:
         return max((result.exit_code for result in self.files), default=EXIT_OK)
 
 
-def check(paths: list[str], args: argparse.Namespace) -> Results:
+def check(paths: list[str], args: argparse.Namespace) -> Results | int:
+    """Each file's problems and warnings; with a model, also each degree it cannot run. An
+    exit code instead after a usage error or an invalid model file."""
     results = Results()
     for path in paths:
         result = FileResult(path, world_size_given=args.world_size is not None, strict=args.strict)
         try:
-            result.config = load_config(path, args.overrides, args.key, world_size=args.world_size)
-            result.warnings = config_warnings(result.config)
+            config, located = load_located(
+                path, args.overrides, args.key, world_size=args.world_size
+            )
         except ConfigError as error:
             result.diagnostics = error.diagnostics
         except SourceError as error:
             result.source_error = str(error)
+        else:
+            problems = _model_problems(args, config, located)
+            if isinstance(problems, int):
+                return problems
+            result.config, result.diagnostics = config, tuple(problems)
+            result.warnings = config_warnings(config)
         results.files.append(result)
     return results
+
+
+def _model_problems(
+    args: argparse.Namespace, config: MeshConfig, located: Source
+) -> list[Diagnostic] | int:
+    """The degrees of the config's layout that the model options' model cannot run (none
+    without a model), placed at each degree; an exit code after a usage error or an invalid
+    model file. Without a world size, the degrees the config writes are checked."""
+    block = config.training
+    settings = {} if block is None else block.estimate_settings()
+    modelled = model_request(args, settings, located.name)
+    if isinstance(modelled, int):
+        return modelled
+    model, training = modelled
+    if model is None:
+        return []
+    if config.resolved_world_size is not None:
+        degrees = config.resolved_degrees
+    else:
+        written = config.degrees
+        degrees = {
+            name: getattr(written, name)
+            for name in written.explicit
+            if getattr(written, name) != AUTO
+        }
+    return runnable_diagnostics(located, unrunnable(model, degrees, training))
 
 
 def _world_size_note(result: FileResult) -> str:
@@ -150,6 +190,8 @@ def report_json(results: Results) -> None:
 
 def run(args: argparse.Namespace) -> int:
     results = check(args.paths, args)
+    if isinstance(results, int):
+        return results
     report = report_json if args.format == "json" else report_text
     emit(lambda: report(results))
     return results.exit_code
@@ -171,4 +213,5 @@ def add_parser(subparsers: Any) -> None:
         help="fail (exit 1) on a warning too, e.g. to forbid tp groups that leave a node",
     )
     add_source_options(parser)
+    add_model_options(parser)
     parser.set_defaults(run=run)

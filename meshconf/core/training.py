@@ -87,6 +87,15 @@ NORM_KERNELS: tuple[NormKernel, ...] = ("fused", "eager")
 #: parallelism, Megatron-LM's default).
 SequenceParallel = Literal["dtensor", "megatron", "none"]
 SEQUENCE_PARALLEL: tuple[SequenceParallel, ...] = ("dtensor", "megatron", "none")
+#: The dtypes parameters and gradients are kept in (the keys of :data:`DTYPE_BYTES`).
+Dtype = Literal["fp32", "bf16", "fp16"]
+#: The names ``--model`` takes: the presets of ``meshconf.features.plan.estimate.presets``,
+#: named here too so that a config's ``training.model`` is checked where it is read.
+ModelPreset = Literal[
+    "llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b"
+]
+#: The names ``--gpu`` takes: the presets of ``meshconf.features.plan.estimate.gpus``.
+GpuPreset = Literal["a100-80g", "h100-sxm", "h200", "h800", "b200", "gb200", "mi300x", "mi325x"]
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,14 @@ class RuntimeNode:
 
 @dataclass
 class TrainingNode:
+    model: Optional[str] = None  # noqa: UP045
+    model_file: Optional[str] = None  # noqa: UP045
+    gpu: Optional[str] = None  # noqa: UP045
+    seq_len: Optional[int] = None  # noqa: UP045
+    micro_batch: Optional[int] = None  # noqa: UP045
+    global_batch_tokens: Optional[int] = None  # noqa: UP045
+    param_dtype: Optional[str] = None  # noqa: UP045
+    grad_dtype: Optional[str] = None  # noqa: UP045
     zero_stage: Optional[int] = None  # noqa: UP045
     activation_checkpointing: Optional[str] = None  # noqa: UP045
     checkpoint_every: Optional[int] = None  # noqa: UP045
@@ -91,6 +99,17 @@ class TrainingNode:
     sequence_parallel: Optional[str] = None  # noqa: UP045
     norm_kernel: Optional[str] = None  # noqa: UP045
     fp8_param_gather: Optional[bool] = None  # noqa: UP045
+    gpu_memory_gib: Optional[float] = None  # noqa: UP045
+    intra_node_gb_s: Optional[float] = None  # noqa: UP045
+    inter_node_gb_s: Optional[float] = None  # noqa: UP045
+    peak_tflops: Optional[float] = None  # noqa: UP045
+    mfu: Optional[float] = None  # noqa: UP045
+    mfu_counts: Optional[str] = None  # noqa: UP045
+    mfu_over: Optional[str] = None  # noqa: UP045
+    runtime_gib: Optional[float] = None  # noqa: UP045
+    cuda_context_gib: Optional[float] = None  # noqa: UP045
+    nccl_communicator_gib: Optional[float] = None  # noqa: UP045
+    allocator_gib: Optional[float] = None  # noqa: UP045
 
 
 @dataclass

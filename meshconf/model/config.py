@@ -98,9 +98,11 @@ class MeshConfig(FrozenModel):
     )
     training: TrainingOptions | None = Field(
         None,
-        description="How training uses the dims (ZeRO stage, pipeline split, expert routing), "
-        "for show --model's estimate; the meshes are the same whatever it says.",
-        examples=[{"zero_stage": 1, "pp_schedule": "interleaved", "virtual_stages": 8}],
+        description="What the estimate of the layout reads: the model, the GPU, the batch and "
+        "how training uses the dims (ZeRO stage, pipeline split, expert routing), for show, "
+        "measure and plan (an option of the same name replaces a key) and as plan --emit "
+        "writes it; the meshes are the same whatever it says.",
+        examples=[{"model": "deepseek-v3", "gpu": "gb200", "seq_len": 4096, "zero_stage": 1}],
     )
 
     _analysis: Analysis = PrivateAttr(default_factory=Analysis)

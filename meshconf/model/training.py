@@ -1,15 +1,25 @@
-"""The config's ``training`` block: how training uses the layout's dims (how far data
-parallelism shards, how the pipeline is split, how experts are reached). The estimate reads
-it (``meshconf show --model``, ``meshconf measure``); the runtime builds the same meshes
-whatever it says. The choices and bounds are those of the command-line options
-(:mod:`meshconf.core.training`)."""
+"""The config's ``training`` block: what the estimate of the layout reads, the model, the GPU
+and the batch, and how training uses the layout's dims (how far data parallelism shards, how
+the pipeline is split, how experts are reached). ``meshconf show``, ``measure`` and ``plan``
+read it, ``plan --emit`` writes it; the runtime builds the same meshes whatever it says. The
+choices and bounds are those of the command-line options (:mod:`meshconf.core.training`)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, core_schema
 
 from meshconf.core.errors import describe_value
 from meshconf.core.training import (
@@ -20,6 +30,11 @@ from meshconf.core.training import (
     ActivationDtype,
     Checkpointing,
     DispatchDtype,
+    Dtype,
+    GpuPreset,
+    MfuCounts,
+    MfuOver,
+    ModelPreset,
     NormKernel,
     OptimizerDtype,
     Resharding,
@@ -52,14 +67,109 @@ def _bounded(name: str) -> IntegerBound:
 _STAGES = IntegerBound(min(ZERO_STAGES), max(ZERO_STAGES), "the last ZeRO stage")
 
 
+@dataclass(frozen=True)
+class _NumberBound:
+    """A number (an integer or a decimal) within a training number's bounds
+    (:data:`TRAINING_BOUNDS`), with the command line's messages."""
+
+    name: str
+
+    def check(self, value: Any) -> float:
+        bound = TRAINING_BOUNDS[self.name]
+        expected = f"expected a number from {bound.minimum:g} to {bound.maximum:g}"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PydanticCustomError(
+                "number_type",
+                "{expected}, got {got}",
+                {"expected": expected, "got": describe_value(value)},
+            )
+        if math.isfinite(value) and value > bound.maximum:
+            raise PydanticCustomError(
+                "number_range",
+                "{value} is more than {maximum}: {beyond}",
+                {"value": f"{value:g}", "maximum": f"{bound.maximum:g}", "beyond": bound.beyond},
+            )
+        if not bound.minimum <= value <= bound.maximum:  # also refuses nan and infinities
+            raise PydanticCustomError(
+                "number_range",
+                "{expected}, got {value}",
+                {"expected": expected, "value": f"{value:g}"},
+            )
+        return float(value)
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.check)
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        bound = TRAINING_BOUNDS[self.name]
+        return {"type": "number", "minimum": bound.minimum, "maximum": bound.maximum}
+
+
+def _model_file(value: Any) -> str:
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise PydanticCustomError(
+            "path_type",
+            "expected the path of a model file, got {got}",
+            {"got": describe_value(value)},
+        )
+    return value
+
+
 class TrainingOptions(BaseModel):
-    """How training uses the dims, for the estimate; a key left out takes the estimate's
-    default (docs/plan.md), and a command-line option overrides it."""
+    """What the estimate reads: the model, the GPU, the batch and how training uses the
+    dims; a key left out takes the estimate's default (docs/plan.md), and a command-line
+    option of the same name replaces it."""
 
     # strict=False: the field types check and convert values themselves; unknown keys are
     # refused and a validated block cannot change.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
+    model: ModelPreset | None = Field(
+        None,
+        description="The model estimated, a preset (as --model): the estimate then needs no "
+        "--model. Excludes model_file.",
+        examples=["deepseek-v3"],
+    )
+    model_file: Annotated[str, BeforeValidator(_model_file)] | None = Field(
+        None,
+        description="The model estimated, a model file (as --model-file); a relative path is "
+        "read from the config's folder. Excludes model.",
+        examples=["models/tiny-moe.yaml"],
+    )
+    gpu: GpuPreset | None = Field(
+        None,
+        description="The GPU (as --gpu): its memory, dense bf16 peak and bandwidths, which "
+        "gpu_memory_gib, peak_tflops, intra_node_gb_s and inter_node_gb_s replace one by one; "
+        "h100-sxm by default.",
+        examples=["gb200"],
+    )
+    seq_len: Annotated[int, _bounded("seq_len")] | None = Field(
+        None, description="Tokens per sequence; 8192 by default.", examples=[4096]
+    )
+    micro_batch: Annotated[int, _bounded("micro_batch")] | None = Field(
+        None, description="Sequences per micro-batch; 1 by default.", examples=[1]
+    )
+    global_batch_tokens: Annotated[int, _bounded("global_batch_tokens")] | None = Field(
+        None,
+        description="Tokens per optimizer step, which set the micro-batches each data-parallel "
+        "rank runs; by default one micro-batch per GPU.",
+        examples=[62914560],
+    )
+    param_dtype: Dtype | None = Field(
+        None,
+        description="The dtype of the stored parameters, the FSDP gathers and the "
+        "activations; bf16 by default.",
+        examples=["bf16"],
+    )
+    grad_dtype: Dtype | None = Field(
+        None,
+        description="The dtype of the gradients and of their reduction; fp32 by default.",
+        examples=["fp32"],
+    )
     zero_stage: Annotated[int, _STAGES] | None = Field(
         None,
         description="What data parallelism over fsdp (efsdp for experts) shards: 0 nothing, 1 "
@@ -227,9 +337,77 @@ class TrainingOptions(BaseModel):
         "--fp8-param-gather; false by default.",
         examples=[True],
     )
+    gpu_memory_gib: Annotated[float, _NumberBound("gpu_memory_gib")] | None = Field(
+        None,
+        description="Memory per GPU, GiB; the GPU's by default.",
+        examples=[180],
+    )
+    intra_node_gb_s: Annotated[float, _NumberBound("intra_node_gb_s")] | None = Field(
+        None,
+        description="Bandwidth per GPU inside a node, GB/s each way, for a level without its "
+        "own bandwidth_gb_s; the GPU's by default.",
+        examples=[450],
+    )
+    inter_node_gb_s: Annotated[float, _NumberBound("inter_node_gb_s")] | None = Field(
+        None,
+        description="Bandwidth per GPU across nodes, GB/s; the GPU's by default.",
+        examples=[50],
+    )
+    peak_tflops: Annotated[float, _NumberBound("peak_tflops")] | None = Field(
+        None,
+        description="Peak dense TFLOP/s of one GPU; the GPU's by default.",
+        examples=[989],
+    )
+    mfu: Annotated[float, _NumberBound("mfu")] | None = Field(
+        None,
+        description="The fraction of the peak the matrix products reach, as mfu_counts and "
+        "mfu_over say; 0.4 by default.",
+        examples=[0.4],
+    )
+    mfu_counts: MfuCounts | None = Field(
+        None,
+        description="What mfu is a fraction of: model FLOPs (the default, as published MFU "
+        "counts them) or hardware FLOPs (recomputation counted).",
+        examples=["hardware"],
+    )
+    mfu_over: MfuOver | None = Field(
+        None,
+        description="What mfu is measured over: the compute alone (the default) or the whole "
+        "step, as a published MFU is.",
+        examples=["step"],
+    )
+    runtime_gib: Annotated[float, _NumberBound("runtime_gib")] | None = Field(
+        None,
+        description="GiB per GPU for the CUDA context, NCCL's buffers and the allocator's "
+        "reserve together, replacing the published figures of the three keys below.",
+        examples=[0],
+    )
+    cuda_context_gib: Annotated[float, _NumberBound("cuda_context_gib")] | None = Field(
+        None,
+        description="GiB of the CUDA context; the published figure by default.",
+        examples=[0.5],
+    )
+    nccl_communicator_gib: Annotated[float, _NumberBound("nccl_communicator_gib")] | None = Field(
+        None,
+        description="GiB of NCCL's buffers per communicator a rank sends over; the published "
+        "figures by default.",
+        examples=[0.5],
+    )
+    allocator_gib: Annotated[float, _NumberBound("allocator_gib")] | None = Field(
+        None,
+        description="GiB of the caching allocator's reserve beyond the tensors at the peak; "
+        "the estimate's figure by default.",
+        examples=[2],
+    )
 
     @model_validator(mode="after")
     def _settings_go_together(self) -> TrainingOptions:
+        if self.model is not None and self.model_file is not None:
+            self._refuse(
+                "model_file",
+                "model_conflict",
+                "model and model_file exclude each other: both name the model estimated",
+            )
         if fp8_without_gathers(self.zero_stage, self.fp8_param_gather):
             self._refuse(
                 "fp8_param_gather",
@@ -293,7 +471,8 @@ class TrainingOptions(BaseModel):
         )
 
     def estimate_settings(self) -> dict[str, Any]:
-        """The keys set, by the estimate's setting names (:func:`setting_name`)."""
+        """The keys set, by the estimate's setting names (:func:`setting_name`): ``model``
+        or ``model_file`` name the model, the others are settings of the estimate."""
         return {
             setting_name(key): value
             for key, value in self.model_dump().items()

@@ -206,6 +206,22 @@ def load_config(
     :class:`~meshconf.core.errors.ArgumentTypeError` (a ``TypeError``) when an argument is of
     another type than these.
     """
+    return load_located(source, overrides, key, world_size=world_size)[0]
+
+
+def load_located(
+    source: str | os.PathLike[str] | Mapping[str, Any] | Any,
+    overrides: Sequence[str] = (),
+    key: str | None = None,
+    *,
+    world_size: int | None = None,
+) -> tuple[MeshConfig, Source]:
+    """:func:`load_config`, with the source it read: its ``diagnostic(path, message)``
+    places a problem found later in the config (a layout its model cannot run) as the
+    config's own problems are placed, at the key's line and column or on the override that
+    set it.
+
+    Raises what :func:`load_config` raises."""
     _check_argument_types(overrides, key, world_size)
     parsed = tuple(parse_override(text) for text in overrides)
     prefix = _block_path(key)
@@ -219,7 +235,7 @@ def load_config(
         raise _with_duplicates(error.diagnostics, source_data) from None
     if source_data.duplicates:
         raise _with_duplicates((), source_data)
-    return config
+    return config, source_data
 
 
 def _with_duplicates(diagnostics: Sequence[Diagnostic], source: Source) -> ConfigError:

@@ -4,8 +4,8 @@
 ``dp_shard``, ``cp``, ``tp``) whose product is the world size, under the degrees the user
 pins (``cp`` stays 1 unless pinned). Without a model it ranks them so that the dims with the
 most traffic keep their groups inside a node; with one, layouts that fit in memory come
-first, by estimated step time (``meshconf.features.plan.estimate``), node locality breaking ties;
-those that do not fit follow, closest to fitting first.
+first, by estimated tokens per second per GPU (``meshconf.features.plan.estimate``), node
+locality breaking ties; those that do not fit follow, closest to fitting first.
 This module is the pure logic: no torch, no command line, no I/O.
 
 Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
@@ -32,7 +32,12 @@ from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.step import Estimate, estimate
 from meshconf.features.plan.estimate.training import Parallelism
 from meshconf.features.plan.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
-from meshconf.features.plan.request import PlanError, Request, check_request
+from meshconf.features.plan.request import (
+    MAX_ESTIMATED_ASSIGNMENTS,
+    PlanError,
+    Request,
+    check_request,
+)
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -50,14 +55,19 @@ class Assignment:
 @dataclass(frozen=True)
 class Plan:
     """The best assignments, best first, how many valid assignments exist in all, how many
-    fit (with a model), and how many the order alone leaves out (its expert dims would split
-    world factors unevenly)."""
+    fit (with a model), how many the order alone leaves out (its expert dims would split
+    world factors unevenly), how many the model cannot run, by reason
+    (:class:`~meshconf.features.plan.runnable.Unrunnable`), and the values of each expert
+    degree the plan chose (ep and etp of a model with experts, where not pinned) found in
+    its rows."""
 
     request: Request
     total: int
     best: tuple[Assignment, ...]
     fitting: int | None = None
     left_out_by_order: int = 0
+    left_out: Mapping[str, int] = field(default_factory=dict)
+    tried: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,9 @@ class DimLocality:
 def make_plan(request: Request, count: int) -> Plan:
     """The ``count`` best assignments under ``request``, and the number of valid ones.
 
-    Raises :class:`PlanError` when the order is not a permutation of the world factors, or
-    the pins or ranges admit no assignment."""
+    Raises :class:`PlanError` when the order is not a permutation of the world factors, the
+    pins or ranges admit no assignment (or none the model can run), or, with a model, there
+    are more than :data:`MAX_ESTIMATED_ASSIGNMENTS` to estimate."""
     check_request(request)
     locality = NodeLocality(
         request.world_size,
@@ -85,6 +96,8 @@ def make_plan(request: Request, count: int) -> Plan:
         [level.size for level in request.levels],
     )
     valid = ValidAssignments(request)
+    if request.model is not None:
+        _check_estimated(request, valid)
     rows = _KeptInside(request, valid) if request.inside else _Numbered(locality, valid)
     if request.model is None:
         # plain tuples compare fastest; keys end with every degree, so they never tie
@@ -108,7 +121,31 @@ def make_plan(request: Request, count: int) -> Plan:
     if rows.seen == 0:
         raise PlanError(rows.no_assignment_message())
     assignments = tuple(Assignment(row.degrees, row.key, row.estimate) for row in best)
-    return Plan(request, rows.seen, assignments, fitting, valid.left_out)
+    tried = {name: tuple(sorted(valid.tried[name])) for name in valid.explored}
+    return Plan(
+        request,
+        rows.seen,
+        assignments,
+        fitting,
+        valid.left_out,
+        dict(valid.unrunnable.most_common()),
+        tried,
+    )
+
+
+def _check_estimated(request: Request, valid: ValidAssignments) -> None:
+    """The assignments a model's plan estimates, counted before any is: with the expert
+    degrees it explores, they can be many more than the world factors' assignments."""
+    count = valid.count()
+    if count > MAX_ESTIMATED_ASSIGNMENTS:
+        explored = " and ".join(valid.explored)
+        pin = f"--{valid.explored[0]}" if valid.explored else "--tp"
+        raise PlanError(
+            f"--world-size {request.world_size} with a model has {count} assignments to "
+            f"estimate{f' (with {explored} explored)' if explored else ''}, more than the "
+            f"{MAX_ESTIMATED_ASSIGNMENTS} a plan estimates; pin a degree (such as {pin} 8) to "
+            "narrow them"
+        )
 
 
 class _Numbered:
@@ -215,24 +252,23 @@ def _estimated(
     degrees: dict[str, int],
     crosses: Mapping[str, int],
 ) -> _Ranked:
-    """With a model: layouts that fit first, by step time; those that do not, after them,
-    closest to fitting first, so that a plan where nothing fits leads with what needs the
-    least change. Among layouts that fit equally, those that reach the global batch without
-    overshooting it come first, then the faster, then by node locality."""
+    """With a model: layouts that fit first, the most tokens per second per GPU first (the
+    tokens each step runs, which may overshoot the global batch asked for, over its time
+    and the world); those that do not fit after them, closest to fitting first, so that a
+    plan where nothing fits leads with what needs the least change. Node locality breaks
+    the ties that remain."""
     assert request.model is not None
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
-    wanted = request.training.global_batch_tokens
-    overshoot = wanted is not None and found.batch_tokens > wanted
     # With --mfu over the step, the steps that reach it are equal: the layout whose compute
     # needs the smaller share of the peak to reach it comes first.
     needed = math.inf if found.compute_mfu is None else found.compute_mfu
-    # a pipeline that cannot be split or scheduled is further from running than any size
-    over = math.inf if found.problem else max(0.0, -found.headroom)
+    # a pipeline that cannot be split or scheduled is further from running than any size;
+    # among those, the one whose memory also fits is the closer
     key = (
         int(not found.fits),
-        over,
-        int(overshoot),
-        found.step_seconds,
+        int(found.problem is not None),
+        max(0.0, -found.headroom),
+        -found.tokens_per_second_per_gpu(request.world_size),
         needed,
         *locality.key(degrees, crosses),
     )
@@ -258,7 +294,7 @@ def config_data(
     inside: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, object]:
     """The config of an assignment as plain data: every world factor explicit, ep and etp
-    only when pinned (otherwise they keep their default, 1), the order and ``inside`` (the
+    when pinned or not 1 (otherwise they keep their default, 1), the order and ``inside`` (the
     request's, unless given) when there are any. A node with a bandwidth of its own is the
     first of ``levels``; otherwise ``gpus_per_node`` gives it."""
     data: dict[str, object] = {"world_size": request.world_size}
@@ -277,7 +313,9 @@ def config_data(
         data["inside"] = {level: list(dims) for level, dims in kept.items()}
     if request.order is not None:
         data["order"] = list(request.order)
-    names = WORLD_FACTORS + tuple(name for name in EXPERT_DEGREES if name in request.pins)
+    names = WORLD_FACTORS + tuple(
+        name for name in EXPERT_DEGREES if name in request.pins or degrees[name] != 1
+    )
     data["degrees"] = {name: degrees[name] for name in names}
     return data
 

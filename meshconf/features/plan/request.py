@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from meshconf.core.degrees import (
-    BY_NAME,
     DEGREES,
     EXPERT_DEGREES,
     MAX_WORLD_SIZE,
@@ -55,6 +54,9 @@ class Request:
     node_bandwidth_gb_s: float | None = None
     #: The dims every row keeps inside each level, as a config's ``inside``.
     inside: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Where each pin came from, as a message names it (``gb200.yaml:6: degrees.pp 16``);
+    #: a pin not in it was given as its option (``--pp 16``).
+    pin_origins: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def topology(self) -> tuple[Level, ...]:
@@ -74,11 +76,6 @@ class Request:
         if self.model is not None and self.model.experts is not None:
             return True
         return any(name in self.pins for name in EXPERT_DEGREES)
-
-    @property
-    def expert_degrees(self) -> dict[str, int]:
-        """The expert degrees as pinned, or their defaults."""
-        return {name: self.pins.get(name, BY_NAME[name].default) for name in EXPERT_DEGREES}
 
     @property
     def ep(self) -> int:
@@ -199,9 +196,16 @@ def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def pin_text(request: Request, name: str) -> str:
+    """Where a pin came from: its config key with the file and line, or its option."""
+    origin = request.pin_origins.get(name)
+    return f"{option_flag(name)} {request.pins[name]}" if origin is None else origin
+
+
 def pins_text(request: Request, names: tuple[str, ...]) -> str:
-    pinned = (name for name in names if name in request.pins)
-    return " ".join(f"{option_flag(name)} {request.pins[name]}" for name in pinned)
+    """The pins among ``names``, each where it came from (:func:`pin_text`)."""
+    pinned = [pin_text(request, name) for name in names if name in request.pins]
+    return " ".join(pinned) if not request.pin_origins else spoken_list(pinned)
 
 
 def _check_pins_fit(request: Request) -> None:
@@ -210,9 +214,7 @@ def _check_pins_fit(request: Request) -> None:
     pinned = tuple(name for name in WORLD_FACTORS if name in request.pins)
     for name in pinned:
         if world % request.pins[name]:
-            raise PlanError(
-                f"{option_flag(name)} {request.pins[name]} does not divide --world-size {world}"
-            )
+            raise PlanError(f"{pin_text(request, name)} does not divide --world-size {world}")
     product = math.prod(request.pins[name] for name in pinned)
     written = " * ".join(f"{name}({request.pins[name]})" for name in pinned)
     if world % product:

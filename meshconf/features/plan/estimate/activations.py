@@ -208,19 +208,20 @@ def output_head(arch: Architecture) -> PerToken:
     return PerToken(split=2 * arch.hidden, fp32=LOSS_FP32_COPIES * arch.vocab)
 
 
-def recomputed_weights(arch: Architecture, kind: LayerKind, tp: int, etp: int) -> float:
-    """Weight elements per token on one rank whose matrix products ``selective`` runs
+def recomputed_weights(arch: Architecture, kind: LayerKind) -> int:
+    """Weight elements per token of one block whose matrix products ``selective`` runs
     again in the backward pass (twice this in FLOPs): every other counted product, the
-    router, and the routed experts a token goes to. Weights tp does not split count whole,
-    as the rest of the step's FLOPs count them."""
-    total = 0.0
-    for index, weight in enumerate(matmuls(arch, kind), start=1):
-        if index % 2 == 0:
-            total += weight.elements / (1 if weight.split == "none" else tp)
+    router, and the routed experts a token goes to. The model's, which a pipeline rank's tp
+    group shares as it shares the forward pass (:func:`~.work.group_passes`)."""
+    total = sum(
+        weight.elements
+        for index, weight in enumerate(matmuls(arch, kind), start=1)
+        if index % 2 == 0
+    )
     experts = arch.experts
     if kind == "moe" and experts is not None:
         total += experts.routed * arch.hidden
-        total += experts.top_k * 3 * arch.hidden * experts.ffn / etp
+        total += experts.top_k * 3 * arch.hidden * experts.ffn
     return total
 
 

@@ -106,7 +106,11 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
       ``f + 2 b - w``;
     - DualPipe: ``(pp / 2 - 1) (F&B + B - 3 W) / (m (f + b + w))`` (the same table), with
       ``f``, ``b`` and ``w`` a pass through one of the rank's chunks, which each micro-batch
-      passes once."""
+      passes once.
+
+    Without a pipeline (``pp`` 1) no rank waits, whatever the schedule: 0."""
+    if pp == 1:
+        return 0.0
     m = microbatches
     f, b, w = flops.forward, flops.backward_input, flops.backward_weight
     if training.schedule == "zbv":
@@ -135,15 +139,28 @@ def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
     return max((pp - 1) * b + late, (pp - 1) * 2 * (b - w) + filled)
 
 
+def pipeline_ranks_problem(pp: int, training: Training) -> str | None:
+    """Why the schedule cannot run over ``pp`` pipeline ranks, whatever the micro-batches, or
+    None: DeepSeek's ``DualPipe`` asserts an even number of ranks (``num_ranks % 2 == 0``
+    in ``DualPipe.step``), as its two halves mirror each other. Without a pipeline (``pp``
+    1) no schedule runs."""
+    if training.schedule == "dualpipe" and pp % 2 and pp > 1:
+        return (
+            f"dualpipe over pp {pp}: its two halves of the pipeline mirror each other, so pp "
+            "must be even"
+        )
+    return None
+
+
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) with this many
     micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
     ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`),
     Megatron-LM's interleaved schedule a group of micro-batches (``microbatch_group``)
     outside ``pp`` to ``m``, or a last group of fewer than ``pp``, Llama 3's a group of more
-    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe``
-    an odd ``pp``, an odd count or fewer than ``2 pp``. Without a pipeline (``pp`` 1) no
-    schedule runs."""
+    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe`` an odd count or
+    fewer than ``2 pp`` (an odd ``pp`` is :func:`pipeline_ranks_problem`'s). Without a
+    pipeline (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
     m = microbatches
@@ -169,17 +186,11 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
             f"{m} micro-batches a step for dualpipev over pp {pp}: it needs at least {2 * pp}; "
             "torch's DualPipeV runs no fewer"
         )
-    if training.schedule == "dualpipe":
-        if pp % 2:
-            return (
-                f"dualpipe over pp {pp}: its two halves of the pipeline mirror each other, "
-                "so pp must be even"
-            )
-        if m < 2 * pp or m % 2:
-            return (
-                f"{m} micro-batches a step for dualpipe over pp {pp}: it sends half of them "
-                f"from each end, and needs an even count of at least {2 * pp}"
-            )
+    if training.schedule == "dualpipe" and (m < 2 * pp or m % 2):
+        return (
+            f"{m} micro-batches a step for dualpipe over pp {pp}: it sends half of them "
+            f"from each end, and needs an even count of at least {2 * pp}"
+        )
     return None
 
 

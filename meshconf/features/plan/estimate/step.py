@@ -15,12 +15,12 @@ from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.runtime import Runtime, runtime_memory
 from meshconf.features.plan.estimate.schedule import (
-    PassFlops,
     bubble_fraction,
+    pipeline_ranks_problem,
     schedule_problem,
 )
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
-from meshconf.features.plan.estimate.work import busiest_stage, pass_flops
+from meshconf.features.plan.estimate.work import busiest_stage, pass_flops, step_flops
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,13 @@ class Estimate:
     #: that at the peak).
     compute_mfu: float | None = None
 
+    def tokens_per_second_per_gpu(self, world: int) -> float:
+        """What the layout delivers: the step's tokens (``batch_tokens``, as the layout runs
+        them, whether or not they are the batch asked for) over the step time and the
+        ``world`` GPUs that run it. Every step of a model takes time, so the division is
+        safe for any estimate."""
+        return self.batch_tokens / self.step_seconds / world
+
 
 def estimate(
     arch: Architecture,
@@ -66,10 +73,12 @@ def estimate(
     work = busiest_stage(arch, par, training)
     m = microbatches(par, training)
     flows = traffic(arch, par, training, crosses, work, bandwidths)
-    runtime = runtime_memory(training, {name: flow.size for name, flow in flows.items()})
-    memory = replace(estimate_memory(arch, par, training), runtime=runtime.total)
+    tensors = estimate_memory(arch, par, training)
+    groups = {name: flow.size for name, flow in flows.items()}
+    runtime = runtime_memory(training, groups, tensors.training_state)
+    memory = replace(tensors, runtime=runtime.total)
     passes = pass_flops(arch, par, training, work)
-    at_peak = _flops(par, training, passes, m) / (training.peak_tflops * 1e12)
+    at_peak = float(step_flops(arch, par, training, work, m)) / (training.peak_tflops * 1e12)
     bubble = bubble_fraction(par.pp, m, training, passes)
     hidden = overlapped_dims(training)
     exposed = sum(flow.seconds for flow in flows.values() if flow.name not in hidden)
@@ -87,6 +96,7 @@ def estimate(
     problem = (
         chunking
         or split_problem(arch.layers, chunks, training.stage_ends)
+        or pipeline_ranks_problem(par.pp, training)
         or schedule_problem(par.pp, m, training)
     )
     headroom = training.gpu_memory_gib * GIB - memory.total
@@ -120,14 +130,3 @@ def _compute_within(step: float, exposed: float, overlapped: float, bubble: floa
         return None
     short = (step - exposed * (1 + bubble) - overlapped) / bubble
     return short if short > 0 else None
-
-
-def _flops(par: Parallelism, training: Training, passes: PassFlops, m: int) -> float:
-    """FLOPs of one rank per step. These are the model's FLOPs, which published MFU counts;
-    with ``mfu_counts`` "hardware", what is recomputed is counted too (8 N with full
-    recomputation), as hardware FLOPs utilization is (PaLM, appendix B)."""
-    tokens = m * training.micro_batch * training.seq_len // par.cp
-    per_token = passes.total
-    if training.mfu_counts == "model":
-        per_token -= passes.recomputed
-    return per_token * tokens

@@ -1,13 +1,18 @@
-"""What a pipeline rank runs per micro-batch, and the FLOPs of its passes: the rank the
-pipeline's pace is set by (the most FLOPs), its layers and weights, and the FLOPs per token of
-its forward pass and its backward passes for the inputs and for the weights.
+"""What a pipeline rank runs per micro-batch, and the FLOPs it does: the rank the pipeline's
+pace is set by (the most FLOPs), its layers and weights, the FLOPs per token of its forward
+pass and its backward passes for the inputs and for the weights, and the FLOPs of every rank
+of a layout per step, exact.
 
-Pure Python. Formulas and sources in docs/plan.md ("Step time").
+Every rank of a pipeline stage does the same share of the stage's work, ``1 / tp`` of what
+its tp group's tokens cost, whatever the other degrees: the FLOPs summed over the ranks are
+the model's FLOPs per token times the step's tokens (the recomputed ones added, where
+counted). Pure Python. Formulas and sources in docs/plan.md ("Step time").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 from meshconf.core.training import Checkpointing, Ends
@@ -17,30 +22,42 @@ from meshconf.features.plan.estimate.architecture import (
     GroupedQueryAttention,
     LayerKind,
 )
-from meshconf.features.plan.estimate.pipeline import Placement, RankStage, rank_stages
+from meshconf.features.plan.estimate.pipeline import (
+    KINDS,
+    Placement,
+    RankStage,
+    rank_stage,
+    rank_stages,
+)
 from meshconf.features.plan.estimate.schedule import PassFlops
 from meshconf.features.plan.estimate.sizing import block_split, linear_split, unsharded
-from meshconf.features.plan.estimate.training import Parallelism, Training, recomputed_blocks
+from meshconf.features.plan.estimate.training import (
+    Parallelism,
+    Training,
+    microbatches,
+    recomputed_blocks,
+)
 
 
 @dataclass(frozen=True)
 class StageWork:
-    """What a pipeline rank runs: its layers (mixture-of-experts ones counted apart) and its
-    weights after tp/ep/etp, dense and expert."""
+    """What a pipeline rank runs: its layers (mixture-of-experts ones counted apart), those
+    recomputed, whether it runs the output, and its weights after tp/ep/etp, dense (the
+    embedding and the output included) and expert, as its collectives move them."""
 
     layers: int
     moe_layers: int
     dense_elements: int
     expert_elements: int
-    lookup_elements: int
     #: Of ``dense_elements``: the blocks' dense linear weights (gathered in fp8 with
     #: ``fp8_param_gather``).
     linear_elements: int
     #: Of ``layers``: those the backward pass recomputes whole.
     recomputed_layers: int
-    #: Of ``dense_elements``: the final norm's and the output's, which no recomputation runs
-    #: again.
-    output_elements: int
+    #: Of ``recomputed_layers``: those with experts.
+    recomputed_moe_layers: int
+    #: Whether the rank runs the final norm and the output.
+    last: bool
 
 
 def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> StageWork:
@@ -54,10 +71,10 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
         split,
         training.chunks_per_stage,
         training.stage_ends,
-        (training.checkpointing, training.checkpoint_every, training.checkpoint_first),
+        _recomputation(training),
         training.placement,
     )
-    return max(works, key=lambda work: pass_flops(arch, par, training, work).total)
+    return max(works, key=lambda work: group_passes(arch, training, work).total)
 
 
 @lru_cache(maxsize=4096)
@@ -74,6 +91,10 @@ def _stage_works(
         stage_work(arch, par, stage, recomputation)
         for stage in rank_stages(arch, par.pp, chunks_per_stage, ends, placement)
     )
+
+
+def _recomputation(training: Training) -> tuple[Checkpointing, int | None, int | None]:
+    return (training.checkpointing, training.checkpoint_every, training.checkpoint_first)
 
 
 def stage_work(
@@ -95,59 +116,167 @@ def stage_work(
     lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
     output = unsharded(arch.output_weights(), par) if stage.last else 0
     dense += lookup + output
-    recomputed = sum(map(sum, recomputed_blocks(stage.chunk_sizes, *recomputation)))
+    chunks = recomputed_blocks(stage.chunk_sizes, *recomputation)
+    recomputed = {kind: sum(chunk[index] for chunk in chunks) for index, kind in enumerate(KINDS)}
     return StageWork(
-        sum(layers.values()), layers["moe"], dense, expert, lookup, linear, recomputed, output
+        layers=sum(layers.values()),
+        moe_layers=layers["moe"],
+        dense_elements=dense,
+        expert_elements=expert,
+        linear_elements=linear,
+        recomputed_layers=sum(recomputed.values()),
+        recomputed_moe_layers=recomputed["moe"],
+        last=stage.last,
     )
+
+
+@dataclass(frozen=True)
+class GroupPasses:
+    """FLOPs per token of the passes a pipeline rank's tp group runs over a micro-batch, all
+    its ranks together: integers, the same for every layout of the stage."""
+
+    forward: int
+    backward_input: int
+    backward_weight: int
+    #: What the backward pass for the inputs runs again, which model FLOPs do not count.
+    recomputed: int
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward_input + self.backward_weight
+
+    def counted(self, training: Training) -> int:
+        """What ``--mfu-counts`` counts: the model's FLOPs, which a published MFU counts, or
+        with ``hardware`` what is recomputed too (8 N with full recomputation), as hardware
+        FLOPs utilization is (PaLM, appendix B)."""
+        return self.total - (self.recomputed if training.mfu_counts == "model" else 0)
 
 
 def pass_flops(
     arch: Architecture, par: Parallelism, training: Training, work: StageWork
 ) -> PassFlops:
-    """FLOPs per token of one rank's passes: ``2 N`` a pass for the weights it applies
-    (Kaplan et al. 2020: ``6 N`` in all) and ``2 s`` per attention dim for the scores and
-    their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B), split by tp.
-    The backward pass for the inputs also runs what is recomputed: full recomputation's
-    forward pass of its blocks, and the products ``selective`` runs again
-    (:func:`activations.recomputed_weights`). Mirrored (DualPipe), half of the rank's
-    chunks' work: each micro-batch passes through one of them."""
-    # the embedding is a look-up, not a matrix product
-    active = work.dense_elements - work.lookup_elements + _active_experts(arch, work, par)
+    """FLOPs per token of one rank's passes (per token of its tp group's micro-batch): its
+    share, ``1 / tp``, of its group's (:func:`group_passes`). Mirrored (DualPipe), half of
+    the rank's chunks' work: each micro-batch passes through one of them."""
+    group = group_passes(arch, training, work)
+    # mirrored, a micro-batch passes through one of the rank's two chunks
+    share = training.chunk_share(par.pp) / par.tp
+    return PassFlops(
+        share * group.forward,
+        share * group.backward_input,
+        share * group.backward_weight,
+        share * group.recomputed,
+    )
+
+
+def step_flops(
+    arch: Architecture, par: Parallelism, training: Training, work: StageWork, microbatches: int
+) -> Fraction:
+    """FLOPs of one rank of pipeline rank ``work`` per step, exact, as ``--mfu-counts``
+    counts them: its share of its group's passes (:func:`pass_flops`) over the tokens of the
+    ``microbatches`` micro-batches its tp group runs, ``1 / cp`` of each sequence;
+    ``training`` resolved for the model (:meth:`Training.for_model`). Raises nothing."""
+    group = group_passes(arch, training, work).counted(training)
+    tokens = microbatches * training.micro_batch * training.seq_len
+    share = Fraction(training.chunk_share(par.pp))
+    return share * Fraction(group * tokens, par.tp * par.cp)
+
+
+def pipeline_flops(
+    arch: Architecture, par: Parallelism, training: Training
+) -> tuple[Fraction, ...]:
+    """FLOPs per step of one rank of each pipeline rank, in rank order (each stands for the
+    ``world / pp`` ranks of its stage, which do the same): exact, as ``--mfu-counts``
+    counts them. Summed over the world, the model's FLOPs per token times the step's tokens
+    (with ``hardware``, and what is recomputed). Raises nothing."""
+    resolved, _ = training.for_model(arch.layers, par.pp)
+    m = microbatches(par, resolved)
+    recomputation = _recomputation(resolved)
+    found = []
+    for rank in range(par.pp):
+        stage = rank_stage(
+            arch,
+            par.pp,
+            resolved.chunks_per_stage,
+            rank,
+            resolved.stage_ends,
+            resolved.placement,
+        )
+        found.append(
+            step_flops(arch, par, resolved, stage_work(arch, par, stage, recomputation), m)
+        )
+    return tuple(found)
+
+
+def group_passes(arch: Architecture, training: Training, work: StageWork) -> GroupPasses:
+    """FLOPs per token of the passes a pipeline rank's tp group runs: ``2 N`` a pass for the
+    weights a token passes through (Kaplan et al. 2020: ``6 N`` in all; ``top_k`` of the
+    routed experts; the output projection, which a tied model runs with the embedding's
+    weights; not the embedding, a look-up) and ``2 s`` per attention dim for the scores and
+    their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B). The backward
+    pass for the inputs also runs what is recomputed: full recomputation's forward pass of
+    its blocks, and the products ``selective`` runs again
+    (:func:`activations.recomputed_weights`).
+
+    The group's ranks share every term evenly (docs/plan.md, "Step time"): weights tp splits
+    over all the group's tokens, the ones it does not (norms, the router, latent attention's
+    down-projections) over the ``1 / tp`` of the tokens sequence parallelism leaves each
+    rank (Megatron-LM), the scores by head, the routed experts as ep and etp place them:
+    tokens spread evenly over the ep group, each expert's weights over etp, and the group's
+    tokens split over its ranks where etp is 1."""
+    scores = _scores(arch, training.seq_len)
+    layers: dict[LayerKind, int] = {"dense": work.layers - work.moe_layers, "moe": work.moe_layers}
+    recomputed_layers: dict[LayerKind, int] = {
+        "dense": work.recomputed_layers - work.recomputed_moe_layers,
+        "moe": work.recomputed_moe_layers,
+    }
+    weights = 2 * _output_elements(arch) if work.last else 0
+    recomputed = 0
+    for kind in KINDS:
+        if not layers[kind]:
+            continue
+        block = 2 * _block_elements(arch, kind)
+        weights += layers[kind] * block
+        # the blocks' forward pass, which the final norm and the output are not part of
+        recomputed += recomputed_layers[kind] * (block + scores)
+        if training.checkpointing == "selective":
+            recomputed += 2 * layers[kind] * activations.recomputed_weights(arch, kind)
+    attention = work.layers * scores
+    return GroupPasses(
+        weights + attention, weights + 2 * attention + recomputed, weights, recomputed
+    )
+
+
+@lru_cache(maxsize=256)
+def _block_elements(arch: Architecture, kind: LayerKind) -> int:
+    """Weight elements a token passes through in one block: ``top_k`` of the routed
+    experts."""
+    experts = arch.experts
+    total = 0
+    for weight in arch.layer_weights(kind):
+        if weight.experts and experts is not None:
+            total += weight.rows * weight.cols * experts.top_k
+        else:
+            total += weight.elements
+    return total
+
+
+def _output_elements(arch: Architecture) -> int:
+    """Weight elements a token passes through after the blocks: the final norm and the
+    output projection, the embedding's with tied embeddings."""
+    tied = (
+        sum(weight.elements for weight in arch.embedding_weights()) if arch.tied_embeddings else 0
+    )
+    return sum(weight.elements for weight in arch.output_weights()) + tied
+
+
+def _scores(arch: Architecture, seq_len: int) -> int:
+    """FLOPs per token of one block's attention scores and their use, forward: ``2 s`` per
+    attention dim, ``W = 2 a d`` (latent: ``a (nope + rope + v)``)."""
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
         width = 2 * attention.heads * attention.head_dim
     else:
         qk = attention.qk_nope_head_dim + attention.qk_rope_head_dim
         width = attention.heads * (qk + attention.v_head_dim)
-    weights = 2 * active
-    scores = 2 * training.seq_len * width * work.layers / par.tp
-    # the blocks' forward pass, which the final norm and the output are not part of
-    blocks = weights - 2 * work.output_elements + scores
-    recomputed = (work.recomputed_layers / work.layers if work.layers else 0) * blocks
-    if training.checkpointing == "selective":
-        layers: dict[LayerKind, int] = {
-            "dense": work.layers - work.moe_layers,
-            "moe": work.moe_layers,
-        }
-        for kind, count in layers.items():
-            if count:
-                recomputed += (
-                    2 * count * activations.recomputed_weights(arch, kind, par.tp, par.etp)
-                )
-    # mirrored, a micro-batch passes through one of the rank's two chunks
-    share = training.chunk_share(par.pp)
-    return PassFlops(
-        share * (weights + scores),
-        share * (weights + 2 * scores + recomputed),
-        share * weights,
-        share * recomputed,
-    )
-
-
-def _active_experts(arch: Architecture, work: StageWork, par: Parallelism) -> float:
-    """The expert weights one token passes through, per rank: ``top_k`` of the routed ones,
-    whose work ep spreads evenly over its ranks."""
-    experts = arch.experts
-    if experts is None or not work.moe_layers:
-        return 0.0
-    return work.expert_elements * par.ep * experts.top_k / experts.routed
+    return 2 * seq_len * width

@@ -1,0 +1,216 @@
+"""Which layouts a model can run: the degrees its trainers refuse for its shape, each rule
+as the trainer's own code states it, with the values that would work.
+
+Pure Python. The rules, and where each trainer enforces them:
+
+- tp divides the attention heads (grouped-query and latent attention alike): Megatron-Core
+  0.16's ``TransformerConfig.__post_init__`` raises "num_attention_heads ... must be a
+  multiple of tensor_model_parallel_size" (``megatron/core/transformer/transformer_config.py``).
+- tp and the key/value heads divide one another: the same ``__post_init__`` raises
+  "num_query_groups ... must be a multiple or divisor of tensor_model_parallel_size" (a tp
+  above the KV heads replicates them).
+- tp divides the feed-forward width of the dense layers and of the shared experts: their
+  first linear layer is a ``ColumnParallelLinear``, whose ``divide(output_size,
+  world_size)`` asserts that tp splits it (``megatron/core/tensor_parallel/layers.py``,
+  ``megatron/core/utils.py``).
+- ep divides the routed experts: ``MoELayer.__init__`` asserts ``num_moe_experts % ep_size
+  == 0`` (``megatron/core/transformer/moe/moe_layer.py``), and ``__post_init__`` refuses an
+  expert-parallel size above 1 without experts ("num_moe_experts must be non None to use
+  expert-parallel").
+- etp is 1 or tp (meshconf's rule, ``meshconf.model.rules.check_etp``), and divides the
+  experts' feed-forward width: the grouped experts split it over the expert tensor-parallel
+  group with the same ``divide`` (``megatron/core/transformer/moe/experts.py``).
+- every pipeline chunk keeps a layer, after the first/last-stage and virtual-stage options:
+  the chunking that :meth:`Training.for_model` resolves and :func:`split_problem`, as the
+  estimate checks them; and the schedule runs over that many pipeline ranks
+  (:func:`pipeline_ranks_problem`: DeepSeek's ``DualPipe`` pairs them, so an even count).
+- cp splits the sequence into ``2 * cp`` equal chunks: load-balanced causal attention pairs
+  chunk ``r`` with chunk ``2 cp - 1 - r`` on rank ``r``, and torch's ``_HeadTailLoadBalancer``
+  refuses a sequence ``2 * world_size`` does not divide
+  (``torch/distributed/tensor/experimental/_context_parallel/_load_balancer.py``, which
+  torchtitan's context parallelism uses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from meshconf.core.degrees import divisors
+from meshconf.core.messages import either
+from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
+from meshconf.features.plan.estimate.pipeline import split_problem
+from meshconf.features.plan.estimate.schedule import pipeline_ranks_problem
+from meshconf.features.plan.estimate.training import Training
+
+#: The degrees the rules read, in the order their problems are reported.
+RULED_DEGREES = ("tp", "ep", "etp", "pp", "cp")
+
+
+@dataclass(frozen=True)
+class Unrunnable:
+    """A degree the model cannot run with: where the problem is, the reason without the
+    value (for counting layouts by reason), and the message with the values that would
+    work."""
+
+    degree: str
+    reason: str
+    message: str
+
+
+def unrunnable(
+    arch: Architecture, degrees: Mapping[str, int], training: Training
+) -> list[Unrunnable]:
+    """Why ``arch`` cannot run with ``degrees`` under ``training``: at most one problem per
+    degree (the first rule it breaks, its message offering the values that pass every rule
+    of that degree), in :data:`RULED_DEGREES` order; empty when it can. A degree missing
+    from ``degrees`` is 1. Raises nothing."""
+    found = [
+        problem
+        for problem in (
+            _tp_problem(arch, degrees.get("tp", 1)),
+            _ep_problem(arch, degrees.get("ep", 1)),
+            _etp_problem(arch, degrees.get("tp", 1), degrees.get("etp", 1)),
+            _pp_problem(arch, degrees.get("pp", 1), training),
+            _cp_problem(training.seq_len, degrees.get("cp", 1)),
+        )
+        if problem is not None
+    ]
+    return found
+
+
+@lru_cache(maxsize=256)
+def tp_choices(arch: Architecture) -> tuple[int, ...]:
+    """Every tp that passes the model's tp rules: divisors of the heads."""
+    return tuple(tp for tp in divisors(arch.attention.heads) if _tp_rule(arch, tp) is None)
+
+
+def _tp_rule(arch: Architecture, tp: int) -> tuple[str, str] | None:
+    """The first tp rule ``tp`` breaks, as (reason, the message's start), or None."""
+    name = arch.name
+    heads = arch.attention.heads
+    if heads % tp:
+        what = f"does not divide {name}'s {heads} attention heads"
+        return f"tp {what}", f"{tp} {what}"
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        kv = attention.kv_heads
+        if kv % tp and tp % kv:
+            what = f"{name}'s {kv} KV heads do not divide one another"
+            return f"tp and {what}", f"{tp} and {what}"
+    experts = arch.experts
+    widths = []
+    if experts is None or experts.dense_layers > 0:
+        widths.append(("dense", arch.ffn))
+    if experts is not None and experts.shared:
+        widths.append(("shared-expert", experts.ffn * experts.shared))
+    for kind, width in widths:
+        if width % tp:
+            what = f"does not divide {name}'s {kind} feed-forward width of {width}"
+            return f"tp {what}", f"{tp} {what}"
+    return None
+
+
+def _tp_problem(arch: Architecture, tp: int) -> Unrunnable | None:
+    broken = _tp_rule(arch, tp)
+    if broken is None:
+        return None
+    reason, start = broken
+    return Unrunnable("tp", reason, f"{start}; use {either(tp_choices(arch))}")
+
+
+def ep_choices(arch: Architecture) -> tuple[int, ...]:
+    """Every ep the model's experts allow: the divisors of the routed experts (1 alone
+    without experts)."""
+    experts = arch.experts
+    return (1,) if experts is None else tuple(divisors(experts.routed))
+
+
+def _ep_problem(arch: Architecture, ep: int) -> Unrunnable | None:
+    experts = arch.experts
+    if ep == 1:
+        return None
+    if experts is None:
+        what = f"needs experts, and {arch.name} has none"
+        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use 1")
+    if experts.routed % ep:
+        what = f"does not divide {arch.name}'s {experts.routed} routed experts"
+        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use {either(ep_choices(arch))}")
+    return None
+
+
+def etp_choices(arch: Architecture, tp: int) -> tuple[int, ...]:
+    """Every etp meshconf's rule and the model's experts allow with ``tp``: 1 or tp, where
+    it divides the experts' feed-forward width."""
+    width = None if arch.experts is None else arch.experts.ffn
+    return tuple(etp for etp in sorted({1, tp}) if width is None or width % etp == 0)
+
+
+def _etp_problem(arch: Architecture, tp: int, etp: int) -> Unrunnable | None:
+    if etp == 1:
+        return None
+    use = either(etp_choices(arch, tp))
+    if etp != tp:
+        what = "is neither 1 nor tp"
+        return Unrunnable("etp", f"etp {what}", f"{etp} {what} ({tp}); use {use}")
+    experts = arch.experts
+    if experts is not None and experts.ffn % etp:
+        what = f"does not divide {arch.name}'s expert feed-forward width of {experts.ffn}"
+        return Unrunnable("etp", f"etp {what}", f"{etp} {what}; use {use}")
+    return None
+
+
+def pipeline_problem(arch: Architecture, pp: int, training: Training) -> str | None:
+    """Why ``pp`` pipeline ranks cannot split the model's layers under ``training``'s
+    first/last-stage and virtual-stage options, or its schedule cannot run over them, as the
+    estimate says it, or None."""
+    return _split_problem(arch, pp, training) or pipeline_ranks_problem(pp, training)
+
+
+def _split_problem(arch: Architecture, pp: int, training: Training) -> str | None:
+    resolved, chunking = training.for_model(arch.layers, pp)
+    chunks = pp * resolved.chunks_per_stage
+    return chunking or split_problem(arch.layers, chunks, resolved.stage_ends)
+
+
+@lru_cache(maxsize=256)
+def pp_choices(arch: Architecture, training: Training) -> tuple[int, ...]:
+    """Every pp that splits the model's layers under ``training``: at most the layers, the
+    ends' weights and two empty end chunks."""
+    weights = training.split_weights or (0, 0)
+    most = arch.layers + sum(weights) + 2
+    return tuple(pp for pp in range(1, most + 1) if pipeline_problem(arch, pp, training) is None)
+
+
+def _pp_problem(arch: Architecture, pp: int, training: Training) -> Unrunnable | None:
+    split = _split_problem(arch, pp, training)
+    problem = split or pipeline_ranks_problem(pp, training)
+    if problem is None:
+        return None
+    if split is not None:
+        what = f"cannot split {arch.name}'s {arch.layers} layers"
+    else:
+        what = f"is a pipeline the {training.schedule} schedule cannot run"
+    use = either(pp_choices(arch, training)) or "none: change the pipeline options"
+    return Unrunnable("pp", f"pp {what}", f"{pp} {what}: {problem}; use {use}")
+
+
+@lru_cache(maxsize=256)
+def cp_choices(seq_len: int) -> tuple[int, ...]:
+    """Every cp that splits a sequence of ``seq_len`` tokens into ``2 * cp`` equal chunks,
+    and 1."""
+    halves = divisors(seq_len // 2) if seq_len % 2 == 0 else [1]
+    return tuple(sorted({1, *halves}))
+
+
+def _cp_problem(seq_len: int, cp: int) -> Unrunnable | None:
+    if cp == 1 or seq_len % (2 * cp) == 0:
+        return None
+    what = f"does not split the {seq_len}-token sequence into 2 * cp equal chunks"
+    return Unrunnable(
+        "cp",
+        f"cp {what}",
+        f"{cp} does not split the {seq_len}-token sequence into 2 * {cp} = {2 * cp} equal "
+        f"chunks, as load-balanced causal attention needs; use {either(cp_choices(seq_len))}",
+    )
