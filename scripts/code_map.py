@@ -21,7 +21,17 @@ CONTRIBUTING = REPO / "CONTRIBUTING.md"
 BEGIN = "<!-- code-map: begin (made by scripts/code_map.py from the docstrings; do not edit) -->"
 END = "<!-- code-map: end -->"
 #: The order packages are listed in: the layers, bottom up, then those beside them.
-ORDER = ("core", "model", "sources", "features", "runtime", "compat", "integrations", "cli")
+ORDER = (
+    "core",
+    "model",
+    "trainers",
+    "sources",
+    "features",
+    "runtime",
+    "compat",
+    "integrations",
+    "cli",
+)
 _SENTENCE_END = re.compile(r"(?<!e\.g)(?<!i\.e)\.(\s|$)")
 _ROLE = re.compile(r":\w+:`~?([^`]+)`")
 

@@ -30,6 +30,7 @@ def test_every_layer_package_says_what_it_may_import() -> None:
     for package in (
         "core",
         "model",
+        "trainers",
         "sources",
         "features",
         "cli",

@@ -163,9 +163,8 @@ def test_the_weights_and_the_end_chunks_exclude_each_other_on_the_command_line(
     )  # fmt: skip
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.endswith(
-        "meshconf: error: --embedding-as-layers and --output-as-layers exclude "
-        "--first-stage-layers and --last-stage-layers: both set the layers of the first and last "
-        "pipeline chunks\n"
+        "meshconf: error: --output-as-layers and --first-stage-layers or --last-stage-layers "
+        "exclude each other: both set the layers of the first and last pipeline chunks\n"
     )
 
 

@@ -65,7 +65,7 @@ def test_the_option_needs_a_zero_stage_that_gathers(run_cli) -> None:  # type: i
     )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr == (
-        "meshconf: error: --fp8-param-gather needs a ZeRO stage of 1, 2 or 3: ZeRO 0 keeps "
+        "meshconf: error: --fp8-param-gather needs --zero-stage 1, 2 or 3: ZeRO 0 keeps "
         "the parameters whole on every rank and gathers none\n"
     )
 
@@ -82,4 +82,19 @@ def test_the_training_block_refuses_it_at_its_key(tmp_path: Path) -> None:
     assert diagnostic.render() == (
         f"{path}:5:3: training.fp8_param_gather: fp8_param_gather needs zero_stage 1, 2 or 3: "
         "ZeRO 0 keeps the parameters whole on every rank and gathers none"
+    )
+
+
+def test_one_rule_names_the_option_and_the_key_where_the_file_gives_it(  # type: ignore[no-untyped-def]
+    run_cli, tmp_path: Path
+) -> None:
+    path = tmp_path / "mesh.yaml"
+    path.write_text(
+        "world_size: 8\ndegrees: {dp_shard: 8}\ntraining:\n  model: llama3-8b\n  zero_stage: 0\n"
+    )
+    result = run_cli("show", str(path), "--fp8-param-gather")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"meshconf: error: --fp8-param-gather needs training.zero_stage at {path}:5:3 1, 2 or 3: "
+        "ZeRO 0 keeps the parameters whole on every rank and gathers none\n"
     )

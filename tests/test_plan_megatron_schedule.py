@@ -226,7 +226,8 @@ def test_a_group_needs_the_interleaved_schedule(run_cli, tmp_path: Path) -> None
     result = run_cli("plan", "--world-size", "8", "--model", "llama3-8b", "--microbatch-group", "8")
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
-        "meshconf: error: --microbatch-group needs --pp-schedule interleaved or llama3\n"
+        "meshconf: error: --microbatch-group needs --pp-schedule interleaved or llama3: no "
+        "other schedule groups the micro-batches of a model chunk\n"
     )
     path = tmp_path / "mesh.yaml"
     path.write_text(

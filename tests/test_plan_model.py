@@ -313,7 +313,7 @@ def test_the_step_line_counts_its_micro_batches(run_cli, tokens: str, counted: s
         ),
         (
             ["--model", "llama3-8b", "--pp-schedule", "interleaved"],
-            "--pp-schedule interleaved needs --virtual-stages V with V >= 2",
+            "--pp-schedule interleaved needs --virtual-stages >= 2",
         ),
         (
             ["--model", "llama3-8b", "--virtual-stages", "2"],

@@ -26,7 +26,7 @@ from distributed import run_ranks
 from pipeline_orders import STAGE_WIDTH as WIDTH
 
 from meshconf import DistributedContext, load_config
-from meshconf.core.training import V_SCHEDULES
+from meshconf.core.schedules import SCHEDULE_BY_NAME
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
@@ -95,7 +95,7 @@ def _most_in_flight(
         ScheduleZBVZeroBubble,
     )
 
-    placement = "v" if schedule_name in V_SCHEDULES else "rounds"
+    placement = SCHEDULE_BY_NAME[schedule_name].placement
 
     config = load_config({"world_size": pp, "degrees": {"pp": pp}})
     with DistributedContext(config, environ=environ) as ctx:

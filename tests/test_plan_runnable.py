@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf.core.degrees import WORLD_FACTORS, divisors
 from meshconf.core.messages import either
-from meshconf.core.training import Schedule
+from meshconf.core.schedules import Schedule
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS

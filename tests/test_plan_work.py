@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from meshconf.core.degrees import divisors
-from meshconf.core.training import Checkpointing, MfuCounts, Schedule
+from meshconf.core.schedules import Schedule
+from meshconf.core.training import Checkpointing, MfuCounts
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,

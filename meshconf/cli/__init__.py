@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from meshconf.cli.common import Parser
 
 #: Each verb, in the order ``meshconf --help`` lists them, is the module of the same name.
+#: Its ``run`` returns the exit code, or raises what stops it, which ``main`` prints:
+#: ``UsageError`` or ``SourceError`` (exit 2), ``ConfigError`` (the config's problems, one
+#: located line each, exit 1) or ``InvalidInput`` (exit 1).
 VERBS = ("validate", "show", "simulate", "measure", "schema", "render", "plan", "convert")
 
 
@@ -50,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A command validates and exits: looking for pydantic plugins would first read the metadata
     # of every installed package, which costs more than checking a config.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    from meshconf.cli.common import UsageError, usage_error  # after it, as build_parser's
+    # Imported after it, as in build_parser.
+    from meshconf.cli.common import InvalidInput, UsageError, invalid, usage_error
+    from meshconf.core.errors import ConfigError, SourceError
     from meshconf.core.messages import not_one_of
 
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -63,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(VERBS if verb is None else (verb,))
     try:
         args = parser.parse_command_line(arguments)
-    except UsageError as error:
+        code: int = args.run(args)
+    except (UsageError, SourceError) as error:
         return usage_error(str(error))
-    code: int = args.run(args)
+    except ConfigError as error:
+        return invalid([diagnostic.render() for diagnostic in error.diagnostics])
+    except InvalidInput as error:
+        return invalid(error.lines, to_stderr=error.to_stderr)
     return code
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
-from meshconf.core.errors import ConfigError, Problem, SourceError, format_key, printable
+from meshconf.core.errors import Problem, format_key, printable
 from meshconf.core.messages import hint, nearest, not_one_of, shorten
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_GPUS_PER_NODE
@@ -25,7 +25,18 @@ EXIT_USAGE = 2
 class UsageError(Exception):
     """A command line meshconf cannot run. Its message is one line that names the option or
     argument at fault; ``main`` prints it after ``meshconf: error:`` and exits with
-    :data:`EXIT_USAGE`."""
+    :data:`EXIT_USAGE`, as it does for a config that cannot be read (``SourceError``)."""
+
+
+class InvalidInput(Exception):
+    """Input other than the config that a command read and found invalid (a model file, the
+    build a run measures, a file to convert): ``main`` prints ``lines``, on standard error
+    when ``to_stderr``, and exits with :data:`EXIT_INVALID`."""
+
+    def __init__(self, lines: Sequence[str], *, to_stderr: bool = False) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = tuple(lines)
+        self.to_stderr = to_stderr
 
 
 class Parser(argparse.ArgumentParser):
@@ -241,6 +252,17 @@ def usage_error(message: str) -> int:
     return EXIT_USAGE
 
 
+def invalid(lines: Sequence[str], *, to_stderr: bool = False) -> int:
+    """Print the problems of an invalid input, one line each, and return
+    :data:`EXIT_INVALID`."""
+    text = "\n".join(lines)
+    if to_stderr:
+        print(text, file=sys.stderr)
+    else:
+        emit(lambda: print(text))
+    return EXIT_INVALID
+
+
 def emit(report: Callable[[], None]) -> None:
     """Print a report; if the reader went away (``| head``), stop printing quietly: the exit
     code still tells whether the config is valid."""
@@ -252,50 +274,45 @@ def emit(report: Callable[[], None]) -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def load_for_rank(args: argparse.Namespace) -> MeshConfig | int:
-    """Load ``args.path`` for a verb that looks at one rank of a known world. On failure,
-    report it and return the exit code instead of a config."""
-    try:
-        config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
-    except ConfigError as error:
-        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
-        emit(lambda: print(lines))
-        return EXIT_INVALID
-    except SourceError as error:
-        return usage_error(str(error))
+def load_for_rank(args: argparse.Namespace) -> MeshConfig:
+    """Load ``args.path`` for a verb that looks at one rank of a known world.
+
+    Raises:
+        ConfigError: the config is invalid.
+        SourceError: it cannot be read.
+        UsageError: the world size is unknown, or an option names what the config lacks.
+    """
+    config = load_config(args.path, args.overrides, args.key, world_size=args.world_size)
     world_size = config.resolved_world_size
     if world_size is None:
-        return usage_error(
+        raise UsageError(
             f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
             "set world_size in the file or pass --world-size N"
         )
     # simulate takes several ranks.
-    outside = [
-        rank
-        for rank in (args.rank if isinstance(args.rank, list) else [args.rank])
-        if rank >= world_size
-    ]
+    ranks = args.rank if isinstance(args.rank, list) else [args.rank]
+    outside = [rank for rank in ranks if rank >= world_size]
     if outside:
-        return usage_error(f"--rank {outside[0]} is outside the world [0, {world_size})")
+        raise UsageError(f"--rank {outside[0]} is outside the world [0, {world_size})")
     layouts = config.layouts
     domain = getattr(args, "domain", None)
     if domain is not None and domain not in layouts:
-        return usage_error(f"unknown domain {domain!r}; domains: {', '.join(layouts)}")
+        raise UsageError(f"unknown domain {domain!r}; domains: {', '.join(layouts)}")
     given = getattr(args, "gpus_per_node", None)
-    if given is not None:
-        if config.node_size not in (None, given):
-            return usage_error(
-                f"--gpus-per-node {given} disagrees with gpus_per_node "
-                f"{config.node_size} in {args.path}"
-            )
-        if config.levels is not None and config.node_size is None:
-            return usage_error(
-                f"--gpus-per-node: {args.path} has levels; give the node there "
-                "(levels: [{name: node, size: N}, ...])"
-            )
-        # The option is range-checked by its argparse type, and no rule depends on it.
-        config = config.model_copy(update={"gpus_per_node": given})
-    return config
+    if given is None:
+        return config
+    if config.node_size not in (None, given):
+        raise UsageError(
+            f"--gpus-per-node {given} disagrees with gpus_per_node {config.node_size} in "
+            f"{args.path}"
+        )
+    if config.levels is not None and config.node_size is None:
+        raise UsageError(
+            f"--gpus-per-node: {args.path} has levels; give the node there "
+            "(levels: [{name: node, size: N}, ...])"
+        )
+    # The option is range-checked by its argparse type, and no rule depends on it.
+    return config.model_copy(update={"gpus_per_node": given})
 
 
 def add_gpus_per_node_option(parser: argparse.ArgumentParser, purpose: str) -> None:

@@ -14,18 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from meshconf.cli.common import (
-    EXIT_INVALID,
     EXIT_OK,
-    EXIT_USAGE,
+    InvalidInput,
+    UsageError,
     emit,
     gpus_per_node,
     one_of,
     output_is_input,
     positive_int,
-    usage_error,
     write_file,
 )
-from meshconf.core.errors import ConfigError, SourceError
 from meshconf.core.messages import spoken_list
 from meshconf.features.convert import (
     BY_NAME,
@@ -54,31 +52,23 @@ WIDTH = 92
 COMMENT_COLUMN = 21
 
 
-class _Failure(Exception):
-    """Reading the input failed; ``code`` is the exit code, the message is printed."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def _read_text(path: str, what: str, invalid: str) -> str:
     """The file's text; ``invalid`` starts the message when it is not UTF-8."""
     try:
         raw = read_limited(path, MAX_BYTES)
     except TooLargeError as error:
-        raise _Failure(EXIT_INVALID, f"{path}: {too_large(error.size).message}") from None
+        raise InvalidInput([f"{path}: {too_large(error.size).message}"]) from None
     except NotAFileError as error:
         what = f"is a directory, not {what}" if error.directory else str(error)
-        raise _Failure(EXIT_USAGE, f"{path}: {what}") from None
+        raise UsageError(f"{path}: {what}") from None
     except OSError as error:
-        raise _Failure(EXIT_USAGE, f"{path}: cannot read: {error.strerror or error}") from None
+        raise UsageError(f"{path}: cannot read: {error.strerror or error}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         column = error.start - raw.rfind(b"\n", 0, error.start)
-        raise _Failure(EXIT_INVALID, f"{path}:{line}:{column}: {invalid}not UTF-8") from None
+        raise InvalidInput([f"{path}:{line}:{column}: {invalid}not UTF-8"]) from None
 
 
 #: A bare value of TOML: what may hold an integer, outside strings and comments.
@@ -126,19 +116,20 @@ def _read_toml(path: str) -> dict[str, Any]:
     text = _read_text(path, "a TOML file", "invalid TOML: ")
     long = _long_integer(text)
     if long is not None:
-        raise _Failure(
-            EXIT_INVALID,
-            f"{path}:{long[0]}:{long[1]}: invalid TOML: a number of more than {MAX_INT_DIGITS} "
-            "digits, more than any setting takes",
+        raise InvalidInput(
+            [
+                f"{path}:{long[0]}:{long[1]}: invalid TOML: a number of more than "
+                f"{MAX_INT_DIGITS} digits, more than any setting takes"
+            ]
         )
     try:
         document: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise _Failure(
-            EXIT_INVALID, f"{path}:{error.lineno}:{error.colno}: invalid TOML: {error.msg}"
+        raise InvalidInput(
+            [f"{path}:{error.lineno}:{error.colno}: invalid TOML: {error.msg}"]
         ) from None
     except RecursionError:
-        raise _Failure(EXIT_INVALID, f"{path}: invalid TOML: nested too deeply") from None
+        raise InvalidInput([f"{path}: invalid TOML: nested too deeply"]) from None
     return document
 
 
@@ -148,7 +139,7 @@ def _read_arguments(args: argparse.Namespace, source: Source) -> Mapping[str, An
     if args.args is not None:
         return source.read(args.args, "")
     if args.path is None:
-        raise _Failure(EXIT_USAGE, f"--from {args.source} needs PATH or --args")
+        raise UsageError(f"--from {args.source} needs PATH or --args")
     text = _read_text(args.path, "a script or YAML file", "")
     return source.read(text, Path(args.path).suffix)
 
@@ -167,7 +158,7 @@ def _detect(path: str, document: dict[str, Any]) -> Source:
         for source in SOURCES
         if source.table is None
     )
-    raise _Failure(EXIT_USAGE, f"{path}: has {has}; pass {choices} (or {others})")
+    raise UsageError(f"{path}: has {has}; pass {choices} (or {others})")
 
 
 def schema_reference(out: str | None) -> str:
@@ -258,7 +249,7 @@ def _write(out: str, text: str) -> int:
     try:
         write_file(out, text, create_folder=True)
     except OSError as error:
-        return usage_error(f"{out}: cannot write: {error.strerror or error}")
+        raise UsageError(f"{out}: cannot write: {error.strerror or error}") from None
     print(f"{out}: written")
     return EXIT_OK
 
@@ -271,9 +262,9 @@ def _convert(args: argparse.Namespace) -> Conversion:
         return chosen.convert(_read_arguments(args, chosen), **sizes)
     if args.args is not None:
         users = " or ".join(f"--from {s.name}" for s in SOURCES if s.table is None)
-        raise _Failure(EXIT_USAGE, f"--args is for {users}")
+        raise UsageError(f"--args is for {users}")
     if args.path is None:
-        raise _Failure(EXIT_USAGE, "PATH is required: the TOML file to convert")
+        raise UsageError("PATH is required: the TOML file to convert")
     document = _read_toml(args.path)
     source = chosen or _detect(args.path, document)
     table = None if source.table is None else document.get(source.table)
@@ -283,23 +274,16 @@ def _convert(args: argparse.Namespace) -> Conversion:
 def _to_megatron(args: argparse.Namespace) -> int:
     """``--to megatron CONFIG``: the config as Megatron-LM's arguments."""
     if args.source is not None or args.args is not None:
-        return usage_error("--to megatron reads a meshconf config: leave out --from and --args")
+        raise UsageError("--to megatron reads a meshconf config: leave out --from and --args")
     if args.path is None:
-        return usage_error("--to megatron needs CONFIG, the meshconf config to convert")
-    try:
-        config = load_config(args.path, world_size=args.world_size)
-        if config.resolved_world_size is None:
-            return usage_error(
-                f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
-                "set world_size in the file or pass --world-size N"
-            )
-        arguments = megatron_arguments(config)
-    except ConfigError as error:
-        lines = "\n".join(diagnostic.render() for diagnostic in error.diagnostics)
-        emit(lambda: print(lines))
-        return EXIT_INVALID
-    except SourceError as error:
-        return usage_error(str(error))
+        raise UsageError("--to megatron needs CONFIG, the meshconf config to convert")
+    config = load_config(args.path, world_size=args.world_size)
+    if config.resolved_world_size is None:
+        raise UsageError(
+            f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
+            "set world_size in the file or pass --world-size N"
+        )
+    arguments = megatron_arguments(config)
     head = (
         f"# Megatron-LM's arguments for {args.path}, on {config.resolved_world_size} ranks; "
         "meshconf convert --from megatron reads them back.\n"
@@ -318,20 +302,12 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and output_is_input(args.out, inputs) is not None:
         toml = args.source is None or BY_NAME[args.source].table is not None
         kind = "TOML" if toml else "file"
-        return usage_error(f"--out {args.out} is the input {kind}; choose another file")
+        raise UsageError(f"--out {args.out} is the input {kind}; choose another file")
     where = "--args" if args.path is None else args.path
     try:
         conversion = _convert(args)
-    except _Failure as failure:
-        message = str(failure)
-        if failure.code == EXIT_INVALID:
-            emit(lambda: print(message))
-            return EXIT_INVALID
-        return usage_error(message)
     except ConversionError as error:
-        lines = "\n".join(problem.render(where) for problem in error.problems)
-        emit(lambda: print(lines))
-        return EXIT_INVALID
+        raise InvalidInput([problem.render(where) for problem in error.problems]) from None
     source = "the command line of --args" if args.path is None else args.path
     text = render(conversion, source, schema_reference(args.out))
     if args.out is not None:

@@ -11,29 +11,18 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, bounded_int, bounded_number, emit, usage_error
-from meshconf.cli.estimate_explain import NOT_COUNTED, explain_lines, memory_terms
+from meshconf.cli.common import InvalidInput, UsageError, bounded_int, bounded_number
+from meshconf.cli.estimate_explain import explain_json, explain_lines
 from meshconf.cli.estimate_report import memory_json, memory_lines, settings_line
-from meshconf.cli.model_options import (
-    CHOICES,
-    DEFAULTS,
-    DEPRECATED_GBPS,
-    FLAGS,
-    INTEGERS,
-    MODEL_OPTIONS,
-    NUMBERS,
-)
+from meshconf.cli.model_options import DEFAULTS, DEPRECATED_GBPS, MODEL_OPTIONS
 from meshconf.core.errors import ConfigError, Diagnostic, SourceError
 from meshconf.core.levels import crossed_levels
 from meshconf.core.training import (
-    FP8_WITHOUT_GATHERS,
-    SPLIT_CONFLICT,
-    TRAINING_BOUNDS,
-    fp8_without_gathers,
-    group_mismatch,
-    recomputation_mismatch,
-    schedule_mismatch,
-    split_conflict,
+    BY_ESTIMATE_NAME,
+    GPU_SETTING,
+    MODEL_SETTINGS,
+    SETTINGS,
+    TRAINING_SETTINGS,
 )
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
@@ -45,30 +34,31 @@ from meshconf.features.plan.estimate.training import Parallelism, Training
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.features.plan.runnable import Unrunnable, unrunnable
 from meshconf.model.config import MeshConfig
-from meshconf.model.training import TrainingOptions, setting_name
+from meshconf.model.training import TrainingOptions, block_key, refusal, setting_name
 from meshconf.sources.loading import load_located
 from meshconf.sources.reading import Source
 
-#: The keys of a training block that name the model estimated, as ``--model`` and
-#: ``--model-file`` do.
-MODEL_KEYS = ("model", "model_file")
+#: The keys of a training block that name the model estimated, as their options do.
+MODEL_KEYS = MODEL_SETTINGS
+_PRESET, _FILE = MODEL_KEYS
+#: The options that name the model estimated: ``--model or --model-file``.
+_MODEL_OPTIONS_TEXT = " or ".join(SETTINGS[key].option for key in MODEL_KEYS)
 
 
 def model_origin(
     args: argparse.Namespace, config_settings: Mapping[str, Any], config_path: str | None
 ) -> tuple[str, str] | None:
     """The model the options ask for, else the one ``config_settings`` (the training block
-    of the config at ``config_path``) names: ``("model", preset)`` or ``("model_file",
-    path)``, a relative path of the config read from the config's folder; None without
-    one."""
-    if args.model is not None:
-        return "model", args.model
-    if args.model_file is not None:
-        return "model_file", args.model_file
-    if "model" in config_settings:
-        return "model", config_settings["model"]
-    if "model_file" in config_settings:
-        return "model_file", _from_config(config_path, config_settings["model_file"])
+    of the config at ``config_path``) names: the key of :data:`MODEL_KEYS` that names it (a
+    preset or a model file) and its value, a relative path of the config read from the
+    config's folder; None without one."""
+    for key in MODEL_KEYS:
+        if getattr(args, key) is not None:
+            return key, getattr(args, key)
+    for key in MODEL_KEYS:
+        if key in config_settings:
+            name = config_settings[key]
+            return key, name if key == _PRESET else _from_config(config_path, name)
     return None
 
 
@@ -90,9 +80,9 @@ def planned_block(
     if origin is None:
         return written
     kind, name = origin
-    planned: dict[str, Any] = {kind: name if kind == "model" else os.path.abspath(name)}
+    planned: dict[str, Any] = {kind: name if kind == _PRESET else os.path.abspath(name)}
     for key in TrainingOptions.model_fields:
-        always = key in ("gpu", "seq_len", "micro_batch", "global_batch_tokens")
+        always = SETTINGS[key].always_emitted
         if key not in MODEL_KEYS and (always or key in written or _given(args, key)):
             planned[key] = getattr(training, setting_name(key))
     return TrainingOptions.model_validate(planned).model_dump(exclude_none=True)
@@ -110,84 +100,112 @@ def model_request(
     args: argparse.Namespace,
     config_settings: Mapping[str, Any] = MappingProxyType({}),
     config_path: str | None = None,
-) -> tuple[Architecture | None, Training] | int:
+) -> tuple[Architecture | None, Training]:
     """The model and settings the options ask for, over ``config_settings`` (the
     ``training`` block of the config at ``config_path``,
-    :meth:`TrainingOptions.estimate_settings`) over the defaults, or the exit code after
-    printing a usage error or the problems of an invalid model file. A note on standard
-    error names each option that replaces a value of the config."""
+    :meth:`TrainingOptions.estimate_settings`) over the defaults. A note on standard error
+    names each option that replaces a value of the config.
+
+    Raises:
+        UsageError: an option's value, or options that exclude each other.
+        InvalidInput: the model file's problems.
+    """
     for note in deprecation_notes(args):
         print(f"meshconf: note: {note}", file=sys.stderr)
-    notes: list[str] = []
-    found = _model_request(args, config_settings, config_path, notes)
-    if isinstance(found, str):
-        return usage_error(found)
-    for note in notes:
-        print(f"meshconf: note: {note}", file=sys.stderr)
-    return found
-
-
-def _model_request(
-    args: argparse.Namespace,
-    config_settings: Mapping[str, Any],
-    config_path: str | None,
-    notes: list[str],
-) -> tuple[Architecture | None, Training] | str | int:
-    names = [*INTEGERS, *NUMBERS, *DEPRECATED_GBPS, *CHOICES, *FLAGS]
-    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    given = {
+        name: getattr(args, name) for name in _SETTING_OPTIONS if getattr(args, name) is not None
+    }
     if args.model is not None and args.model_file is not None:
-        return "--model and --model-file exclude each other"
+        raise UsageError(
+            " and ".join(MODEL_OPTIONS[key] for key in MODEL_KEYS) + " exclude each other"
+        )
     # the config's GPU figures replace its GPU's, whichever GPU is estimated
     configured = {
-        name: value for name, value in config_settings.items() if name not in (*MODEL_KEYS, "gpu")
+        name: value
+        for name, value in config_settings.items()
+        if name not in (*MODEL_KEYS, GPU_SETTING)
     }
-    hardware = gpu_settings(args.gpu or config_settings.get("gpu"))
+    hardware = gpu_settings(args.gpu or config_settings.get(GPU_SETTING))
     origin = model_origin(args, config_settings, config_path)
     if origin is None:
         if given:
-            return f"{MODEL_OPTIONS[next(iter(given))]} needs --model or --model-file"
+            raise UsageError(f"{MODEL_OPTIONS[next(iter(given))]} needs {_MODEL_OPTIONS_TEXT}")
         return None, replace(DEFAULTS, **hardware)
+    settings, replacing = _option_settings(given)
+    training = Training(**{**DEFAULTS.__dict__, **hardware, **configured, **settings})
+    problem = _refusal(args, config_settings, config_path, settings)
+    if problem:
+        raise UsageError(problem)
+    model = _model(args, origin, config_path)
+    for note in _replacement_notes(args, config_settings, config_path, origin, settings, replacing):
+        print(f"meshconf: note: {note}", file=sys.stderr)
+    return model, training
+
+
+#: The options of the settings besides the model's and the GPU's, by destination, each
+#: deprecated one after the one that replaces it.
+_SETTING_OPTIONS = [
+    name
+    for name in MODEL_OPTIONS
+    if DEPRECATED_GBPS.get(name, name) not in (*MODEL_KEYS, GPU_SETTING)
+]
+
+
+def _option_settings(given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the ``given`` options set, by name, and the words of each option.
+
+    Raises:
+        UsageError: a value out of its bounds, or a deprecated option beside its replacement.
+    """
     settings: dict[str, Any] = {}
     replacing: dict[str, str] = {}
     for name, text in given.items():
-        if name in CHOICES or name in FLAGS:
-            settings[name] = int(text) if name == "zero_stage" else text
-            replacing[name] = MODEL_OPTIONS[name] + ("" if name in FLAGS else f" {text}")
+        row = BY_ESTIMATE_NAME.get(name)
+        if row is not None and (row.choices or row.kind == "switch"):
+            # a choice as the setting holds it (a ZeRO stage is a number)
+            settings[name] = {str(choice): choice for choice in row.choices}.get(text, text)
+            replacing[name] = MODEL_OPTIONS[name] + ("" if row.kind == "switch" else f" {text}")
             continue
         value = _value(name, text)
-        if isinstance(value, str):
-            return value
         replacing[name] = f"{MODEL_OPTIONS[name]} {text}"
         if name in DEPRECATED_GBPS:
             replacement = DEPRECATED_GBPS[name]
             if replacement in given:
-                return f"{MODEL_OPTIONS[name]} and {MODEL_OPTIONS[replacement]} exclude each other"
+                raise UsageError(
+                    f"{MODEL_OPTIONS[name]} and {MODEL_OPTIONS[replacement]} exclude each other"
+                )
             replacing[replacement] = replacing.pop(name)
             name, value = replacement, float(value) / 8
         settings[name] = value
-    training = Training(**{**DEFAULTS.__dict__, **hardware, **configured, **settings})
-    problem = _settings_problem(training)
-    if problem:
-        return problem
-    notes += _replacement_notes(args, config_settings, config_path, origin, settings, replacing)
+    return settings, replacing
+
+
+def _model(
+    args: argparse.Namespace, origin: tuple[str, str], config_path: str | None
+) -> Architecture:
+    """The preset or the model file ``origin`` names.
+
+    Raises:
+        UsageError: an unknown preset, or a model file that cannot be read.
+        InvalidInput: the model file's problems.
+    """
     kind, name = origin
-    if kind == "model":
+    if kind == _PRESET:
         if name not in PRESETS:
-            return f"--model: unknown model {name!r}; presets: {', '.join(PRESETS)}"
-        return PRESETS[name], training
+            raise UsageError(f"--model: unknown model {name!r}; presets: {', '.join(PRESETS)}")
+        return PRESETS[name]
     try:
-        return load_model_file(name), training
+        return load_model_file(name)
     except SourceError as error:
         if args.model_file is not None:
-            return str(error)
-        return (
+            raise UsageError(str(error)) from None
+        raise UsageError(
             f"training.model_file of {config_path}: {error} (a relative path is read from the "
             "config's folder)"
-        )
+        ) from None
     except ConfigError as error:
-        for diagnostic in error.diagnostics:
-            print(diagnostic.render(), file=sys.stderr)
-        return EXIT_INVALID
+        lines = [diagnostic.render() for diagnostic in error.diagnostics]
+        raise InvalidInput(lines, to_stderr=True) from None
 
 
 def _replacement_notes(
@@ -209,26 +227,22 @@ def _replacement_notes(
         key, value = written
         same = (
             os.path.abspath(name) == os.path.abspath(_from_config(config_path, value))
-            if (kind, key) == ("model_file", "model_file")
+            if kind == key == _FILE
             else (kind, name) == written
         )
         if not same:
-            option = "--model" if kind == "model" else "--model-file"
-            found.append((f"{option} {name}", key, value))
-    if args.gpu is not None and config_settings.get("gpu", args.gpu) != args.gpu:
-        found.append((f"--gpu {args.gpu}", "gpu", config_settings["gpu"]))
+            found.append((f"{MODEL_OPTIONS[kind]} {name}", key, value))
+    if args.gpu is not None and config_settings.get(GPU_SETTING, args.gpu) != args.gpu:
+        gpu = (f"{MODEL_OPTIONS[GPU_SETTING]} {args.gpu}", GPU_SETTING)
+        found.append((*gpu, config_settings[GPU_SETTING]))
     for setting, value in settings.items():
         if config_settings.get(setting, value) != value:
-            key = _KEYS.get(setting, setting)
+            key = block_key(setting)
             found.append((replacing[setting], key, config_settings[setting]))
     return [
         f"{option} replaces training.{key} {_written(value)} of {config_path}"
         for option, key, value in found
     ]
-
-
-#: The keys of the training block by the estimate's setting names (:func:`setting_name`).
-_KEYS = {setting_name(key): key for key in TrainingOptions.model_fields}
 
 
 def _written(value: Any) -> str:
@@ -244,11 +258,7 @@ def gpu_settings(name: str | None) -> dict[str, Any]:
         return {}
     gpu = GPUS[name]
     return {
-        "gpu": gpu.name,
-        "gpu_memory_gib": gpu.memory_gib,
-        "peak_tflops": gpu.peak_tflops,
-        "intra_node_gb_s": gpu.scale_up_gb_s,
-        "inter_node_gb_s": gpu.network_gb_s,
+        row.attribute: getattr(gpu, row.gpu_figure) for row in TRAINING_SETTINGS if row.gpu_figure
     }
 
 
@@ -259,8 +269,10 @@ def deprecation_notes(args: argparse.Namespace) -> list[str]:
         text = getattr(args, name, None)
         if text is None:
             continue
-        value = _value(name, text)
-        instead = f"{float(value) / 8:g}" if not isinstance(value, str) else "GB/S"
+        try:
+            instead = f"{float(_value(name, text)) / 8:g}"
+        except UsageError:  # said after the notes
+            instead = "GB/S"
         notes.append(
             f"{MODEL_OPTIONS[name]} takes Gb/s and goes away in the next release; use "
             f"{MODEL_OPTIONS[replacement]} {instead} (GB/s, as a level's bandwidth_gb_s)"
@@ -268,13 +280,19 @@ def deprecation_notes(args: argparse.Namespace) -> list[str]:
     return notes
 
 
-def _value(name: str, text: Any) -> int | float | str:
-    """The number an option gives, or the message saying why it is not one."""
-    bound = TRAINING_BOUNDS[DEPRECATED_GBPS.get(name, name)]
+def _value(name: str, text: Any) -> int | float:
+    """The number an option gives.
+
+    Raises:
+        UsageError: it is not a number within the option's bounds.
+    """
+    row = BY_ESTIMATE_NAME[DEPRECATED_GBPS.get(name, name)]
+    assert row.bound is not None, "an option that takes a number has a bound"
+    bound = row.bound
     if name in DEPRECATED_GBPS:  # Gb/s: eight times the GB/s bounds
         bound = replace(bound, minimum=bound.minimum * 8, maximum=bound.maximum * 8)
     try:
-        if name in INTEGERS:
+        if row.kind == "integer":
             return bounded_int(
                 str(text),
                 minimum=int(bound.minimum),
@@ -285,54 +303,56 @@ def _value(name: str, text: Any) -> int | float | str:
             str(text), minimum=bound.minimum, maximum=bound.maximum, beyond=bound.beyond
         )
     except argparse.ArgumentTypeError as error:
-        return f"{MODEL_OPTIONS[name]}: {error}"
+        raise UsageError(f"{MODEL_OPTIONS[name]}: {error}") from None
 
 
-def _settings_problem(training: Training) -> str | None:
-    if fp8_without_gathers(training.zero_stage, training.fp8_param_gather):
-        return f"--fp8-param-gather needs a ZeRO stage of 1, 2 or 3: {FP8_WITHOUT_GATHERS}"
-    recomputation = recomputation_mismatch(
-        training.checkpointing,
-        training.checkpoint_every,
-        training.checkpoint_first,
-        training.checkpoint_group,
-    )
-    if recomputation is not None:
-        why, setting, before = recomputation
-        if why == "both":
-            return f"{MODEL_OPTIONS[before]} and {MODEL_OPTIONS[setting]} exclude each other"
-        return f"{MODEL_OPTIONS[setting]} needs --activation-checkpointing full"
-    weights = (training.embedding_as_layers, training.output_as_layers)
-    if split_conflict((training.first_stage_layers, training.last_stage_layers), weights):
-        return (
-            "--embedding-as-layers and --output-as-layers exclude --first-stage-layers and "
-            f"--last-stage-layers: {SPLIT_CONFLICT}"
-        )
-    if group_mismatch(training.schedule, training.microbatch_group):
-        return "--microbatch-group needs --pp-schedule interleaved or llama3"
-    # a virtual_stages of the default, 1, counts as not given
-    virtual_stages = None if training.virtual_stages == 1 else training.virtual_stages
-    mismatch = schedule_mismatch(training.schedule, virtual_stages, training.layers_per_stage)
-    return {
-        None: None,
-        "stages": f"--pp-schedule {training.schedule} needs --virtual-stages V with V >= 2",
-        "schedule": "--virtual-stages needs --pp-schedule interleaved, llama3 or loopedbfs",
-        "both": "--virtual-stages and --layers-per-stage exclude each other: both set the model "
-        "chunks per pipeline rank",
-    }[mismatch]
+def _refusal(
+    args: argparse.Namespace,
+    config_settings: Mapping[str, Any],
+    config_path: str | None,
+    settings: Mapping[str, Any],
+) -> str | None:
+    """Why the options' ``settings`` do not go with each other or with the config's block,
+    as the block's own rules say it: each setting named by its option, or by its key and
+    where the config gives it; None when they go together."""
+    configured = {block_key(name): value for name, value in config_settings.items()}
+    given = {block_key(name): value for name, value in settings.items()}
+    merged = {key: value for key, value in {**configured, **given}.items() if key not in MODEL_KEYS}
+
+    def name(key: str) -> str:
+        if key in configured and key not in given and config_path is not None:
+            return _in_config(args, config_path, key)
+        return SETTINGS[key].option
+
+    return refusal(merged, name)
+
+
+def _in_config(args: argparse.Namespace, config_path: str, key: str) -> str:
+    """``training.seq_len at best.yaml:5:3``: a key of the config's training block and where
+    the config gives it."""
+    try:
+        _, located = load_located(config_path, args.overrides, args.key)
+    except (ConfigError, SourceError):
+        return f"training.{key} of {config_path}"
+    found = located.diagnostic(("training", key), "")
+    if found.override is not None:
+        return f"training.{key} (set by {found.override})"
+    if found.line is None:
+        return f"training.{key} of {config_path}"
+    return f"training.{key} at {found.source}:{found.line}:{found.column}"
 
 
 def config_estimate(
     args: argparse.Namespace, config: MeshConfig
-) -> tuple[Architecture, Training, Estimate] | int | None:
-    """The estimate of the config's layout under the model options; None without a model;
-    an exit code after a usage error or an invalid model file."""
+) -> tuple[Architecture, Training, Estimate] | None:
+    """The estimate of the config's layout under the model options; None without a model.
+
+    Raises:
+        UsageError, InvalidInput: as :func:`model_request`.
+    """
     block = config.training
     settings = {} if block is None else block.estimate_settings()
-    modelled = model_request(args, settings, args.path)
-    if isinstance(modelled, int):
-        return modelled
-    model, training = modelled
+    model, training = model_request(args, settings, args.path)
     if model is None:
         return None
     topology = config.topology
@@ -358,26 +378,28 @@ def runnable_diagnostics(located: Source, problems: Sequence[Unrunnable]) -> lis
 
 def show_estimate(
     args: argparse.Namespace, config: MeshConfig, report: dict[str, Any]
-) -> list[str] | int:
+) -> list[str]:
     """For ``show --model``: the estimate of the config's layout, added to ``report`` under
-    ``estimate`` and returned as text lines (none without a model); an exit code after a
-    usage error or an invalid model file."""
+    ``estimate`` and returned as text lines (none without a model).
+
+    Raises:
+        UsageError, InvalidInput: as :func:`model_request`; UsageError for ``--explain``
+            without a model.
+        ConfigError: a degree of the layout that the model cannot run, at its key.
+    """
     found = config_estimate(args, config)
-    if found is None or isinstance(found, int):
-        if found is None and args.explain:
-            return usage_error("--explain needs --model or --model-file")
-        return [] if found is None else found
+    if found is None:
+        if args.explain:
+            raise UsageError("--explain needs --model or --model-file")
+        return []
     model, training, result = found
     problems = unrunnable(model, config.resolved_degrees, training)
     if problems:
         _, located = load_located(args.path, args.overrides, args.key, world_size=args.world_size)
-        lines = [diagnostic.render() for diagnostic in runnable_diagnostics(located, problems)]
-        emit(lambda: print("\n".join(lines)))
-        return EXIT_INVALID
+        raise ConfigError(runnable_diagnostics(located, problems))
     report["estimate"] = {"model": model.name, **memory_json(result)}
     lines = ["", settings_line(model, training), *memory_lines(result, training)]
     if args.explain:
-        report["estimate"]["terms"] = memory_terms(result, training)
-        report["estimate"]["not_counted"] = NOT_COUNTED
+        report["estimate"].update(explain_json(result, training))
         lines += explain_lines(result, training)
     return lines

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.core.training import GIB, LOOPED_SCHEDULES
+from meshconf.core.training import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
@@ -141,7 +141,7 @@ def settings_line(model: Architecture, training: Training) -> str:
         resharding += f"; MFU {training.mfu:g} over the step"
     if training.layers_per_stage is not None:
         schedule += f", {training.layers_per_stage} layers a chunk"
-    elif schedule in LOOPED_SCHEDULES:
+    elif training.pipeline_schedule.looped:
         schedule += f" x{training.virtual_stages}"
     if training.microbatch_group is not None:
         schedule += f" in groups of {training.microbatch_group} micro-batches"

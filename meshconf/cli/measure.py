@@ -8,53 +8,42 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshconf.cli.common import (
-    EXIT_INVALID,
     EXIT_OK,
+    InvalidInput,
+    UsageError,
     add_source_options,
     emit,
     load_for_rank,
     non_negative_int,
-    usage_error,
 )
 from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.estimate_report import STATE_PARTS, memory_json, settings_line
 from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.training import GIB
+from meshconf.features.plan.estimate.architecture import Architecture
+from meshconf.features.plan.estimate.step import Estimate
+from meshconf.features.plan.estimate.training import Training
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size
+from meshconf.model.config import MeshConfig
+
+if TYPE_CHECKING:
+    from meshconf.runtime.measure import MeasuredMemory, Mismatch
 
 _MIB = 2**20
+#: What the estimate of a measured build is: its model, its settings and the estimate.
+_Found = tuple[Architecture, Training, Estimate]
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_for_rank(args)
-    if isinstance(config, int):
-        return config
     world_size = config.resolved_world_size
     assert world_size is not None
     found = config_estimate(args, config)
-    if isinstance(found, int):
-        return found
-    try:
-        check_simulation_size(world_size, 1)
-        check_simulation_memory(world_size)
-        from meshconf.runtime.measure import load_build, measure_memory, mismatches
-    except MeshconfError as error:
-        return usage_error(str(error))
-    try:
-        build = load_build(args.build)
-    except MeshconfError as error:
-        return usage_error(str(error))
-    try:
-        measured = measure_memory(config, build, rank=args.rank, world_size=world_size)
-    except MeshconfError as error:
-        print(f"meshconf: error: {printable(str(error))}", file=sys.stderr)
-        return EXIT_INVALID
-    estimate = None if found is None else found[2]
+    measured = _measure(args, config, world_size)
     report: dict[str, Any] = {
         "rank": measured.rank,
         "world_size": measured.world_size,
@@ -62,37 +51,67 @@ def run(args: argparse.Namespace) -> int:
         "torch": measured.torch_version,
         "measured_bytes": {**measured.terms, "peak": measured.peak},
     }
-    settings = None
-    differences = []
-    if found is not None:
-        model, training, estimated = found
-        settings = settings_line(model, training)
-        memory = estimated.memory
-        # the tracker sees the step's tensors on CPU: no CUDA context, NCCL or allocator
-        report["estimate_bytes"] = {
-            **{term: getattr(memory, term) for term in STATE_PARTS},
-            "total": memory.training_state,
-        }
-        report["estimate"] = {"model": model.name, **memory_json(estimated)}
-        differences = mismatches(
-            measured.observed,
-            {
-                "parameter_elements": memory.params // training.param_bytes,
-                "micro_batch": training.micro_batch,
-                "seq_len": training.seq_len,
-                "param_dtype": training.param_dtype,
-                "grad_dtype": training.grad_dtype,
-            },
-            {name: option for name, option in MODEL_OPTIONS.items()}
-            | {"model": "--model or --model-file"},
-            cp=config.dim_sizes.get("cp", 1),
-        )
-        report["mismatches"] = [dataclasses.asdict(mismatch) for mismatch in differences]
+    differences = [] if found is None else _compare(config, measured, found, report)
+    if args.format == "json":
+        emit(lambda: print(json.dumps(report)))
+    else:
+        emit(lambda: _print_text(args.build, measured, found, differences))
+    return EXIT_OK
+
+
+def _measure(args: argparse.Namespace, config: MeshConfig, world_size: int) -> MeasuredMemory:
+    """The build's memory on ``args.rank``, measured.
+
+    Raises:
+        UsageError: the world is too large to simulate here, torch is missing, or the build
+            function cannot be loaded.
+        InvalidInput: the measurement failed (the build raised, or torch has no tracker).
+    """
+    try:
+        check_simulation_size(world_size, 1)
+        check_simulation_memory(world_size)
+        from meshconf.runtime.measure import load_build, measure_memory
+
+        build = load_build(args.build)
+    except MeshconfError as error:
+        raise UsageError(str(error)) from None
+    try:
+        return measure_memory(config, build, rank=args.rank, world_size=world_size)
+    except MeshconfError as error:
+        raise InvalidInput([f"meshconf: error: {printable(str(error))}"], to_stderr=True) from None
+
+
+def _compare(
+    config: MeshConfig, measured: MeasuredMemory, found: _Found, report: dict[str, Any]
+) -> list[Mismatch]:
+    """Where the estimate's settings differ from what the build ran; adds the estimate and
+    those differences to ``report``."""
+    from meshconf.runtime.measure import mismatches
+
+    model, training, estimated = found
+    memory = estimated.memory
+    # the tracker sees the step's tensors on CPU: no CUDA context, NCCL or allocator
+    report["estimate_bytes"] = {
+        **{term: getattr(memory, term) for term in STATE_PARTS},
+        "total": memory.training_state,
+    }
+    report["estimate"] = {"model": model.name, **memory_json(estimated)}
+    elements = memory.params // training.param_bytes
+    cp = config.dim_sizes.get("cp", 1)
+    differences = mismatches(measured.observed, training, elements, MODEL_OPTIONS, cp=cp)
+    report["mismatches"] = [dataclasses.asdict(mismatch) for mismatch in differences]
+    return differences
+
+
+def _print_text(
+    build: str, measured: MeasuredMemory, found: _Found | None, differences: list[Mismatch]
+) -> None:
+    """The measured terms at the peak, beside the estimate's when they are comparable."""
+    estimate = None if found is None else found[2]
     comparable = estimate is not None and not differences
     shown = [term for term in STATE_PARTS if measured.terms[term] or comparable]
     if measured.terms["other"]:
         shown.append("other")
-
     # MiB when either column's largest figure is under a GiB, whose terms would round to
     # nothing in GiB
     state = None if estimate is None else estimate.memory.training_state
@@ -102,44 +121,35 @@ def run(args: argparse.Namespace) -> int:
     def amount(size: int) -> str:
         return f"{size / unit:.3f}"
 
-    def text() -> None:
-        print(
-            f"rank {measured.rank} of {measured.world_size}: {args.build}, the second of two "
-            "training steps under fake tensors and torch's fake process group, measured by "
-            f"torch {measured.torch_version}'s {measured.tracker}"
-        )
-        if settings is not None:
-            print(settings)
-        for mismatch in differences:
-            print(f"not comparable: {mismatch.message}")
-        header = f"{unit_name} at the peak" + ("   estimate" if comparable else "")
-        print(f"{'term':<12} {header}")
-        for term in shown:
-            cells = f"{amount(measured.terms[term]):>15}"
-            if comparable:
-                assert estimate is not None
-                value = getattr(estimate.memory, term, None)
-                cells += f"   {'-' if value is None else amount(value):>8}"
-            print(f"{term:<12} {cells}")
-        total = f"{amount(measured.peak):>15}"
-        if comparable:
-            assert state is not None
-            total += f"   {amount(state):>8}"
-        print(f"{'peak':<12} {total}")
+    print(
+        f"rank {measured.rank} of {measured.world_size}: {build}, the second of two "
+        "training steps under fake tensors and torch's fake process group, measured by "
+        f"torch {measured.torch_version}'s {measured.tracker}"
+    )
+    if found is not None:
+        print(settings_line(found[0], found[1]))
+    for mismatch in differences:
+        print(f"not comparable: {mismatch.message}")
+    header = f"{unit_name} at the peak" + ("   estimate" if comparable else "")
+    print(f"{'term':<12} {header}")
+    for term in [*shown, "peak"]:
+        size = measured.peak if term == "peak" else measured.terms[term]
+        cells = f"{amount(size):>15}"
         if estimate is not None and comparable:
-            print(
-                f"not on CPU: the estimate's runtime term ({amount(estimate.memory.runtime)} "
-                f"{unit_name}: the CUDA context, NCCL's buffers, the allocator's reserve) comes "
-                "on top on a GPU"
-            )
-        if state is not None and not comparable:
-            print(
-                f"the estimate ({amount(state)} {unit_name}) is left out: it is "
-                "for another run than the build's; give the options above to compare them"
-            )
-
-    emit(text if args.format == "text" else lambda: print(json.dumps(report)))
-    return EXIT_OK
+            value = state if term == "peak" else getattr(estimate.memory, term, None)
+            cells += f"   {'-' if value is None else amount(value):>8}"
+        print(f"{term:<12} {cells}")
+    if estimate is not None and comparable:
+        print(
+            f"not on CPU: the estimate's runtime term ({amount(estimate.memory.runtime)} "
+            f"{unit_name}: the CUDA context, NCCL's buffers, the allocator's reserve) comes "
+            "on top on a GPU"
+        )
+    if state is not None and not comparable:
+        print(
+            f"the estimate ({amount(state)} {unit_name}) is left out: it is "
+            "for another run than the build's; give the options above to compare them"
+        )
 
 
 def add_parser(subparsers: Any) -> None:

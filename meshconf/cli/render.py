@@ -8,13 +8,13 @@ from typing import Any
 
 from meshconf.cli.common import (
     EXIT_OK,
+    UsageError,
     add_gpus_per_node_option,
     add_source_options,
     emit,
     load_for_rank,
     non_negative_int,
     output_is_input,
-    usage_error,
     write_file,
 )
 from meshconf.core.levels import NODE
@@ -26,13 +26,16 @@ _FORMATS = (".svg", ".png")
 _PREFERRED_DOMAIN = "dense"
 
 
-def _output_problem(out: str) -> str | None:
+def _check_output(out: str) -> None:
+    """Raises UsageError when meshconf cannot draw into ``out``: its suffix, or PNG without
+    matplotlib."""
     suffix = Path(out).suffix.lower()
     if suffix not in _FORMATS:
-        return f"--out {out}: the file name must end in .svg or .png"
+        raise UsageError(f"--out {out}: the file name must end in .svg or .png")
     if suffix == ".png" and not _has_matplotlib():
-        return f"writing PNG needs matplotlib, which is not installed: {install_command('png')}"
-    return None
+        raise UsageError(
+            f"writing PNG needs matplotlib, which is not installed: {install_command('png')}"
+        )
 
 
 def _has_matplotlib() -> bool:
@@ -53,13 +56,9 @@ def _domain(config: MeshConfig, asked: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if output_is_input(args.out, [args.path]) is not None:
-        return usage_error(f"--out {args.out} is the input config; choose another file")
-    problem = _output_problem(args.out)
-    if problem is not None:
-        return usage_error(problem)
+        raise UsageError(f"--out {args.out} is the input config; choose another file")
+    _check_output(args.out)
     config = load_for_rank(args)
-    if isinstance(config, int):
-        return config
     layouts = config.layouts
     domain = _domain(config, args.domain)
     above_node = tuple(level for level in config.topology if level.name != NODE)
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         write_file(args.out, to_png(drawing) if out.suffix.lower() == ".png" else to_svg(drawing))
     except OSError as error:
-        return usage_error(f"cannot write {args.out}: {error.strerror or error}")
+        raise UsageError(f"cannot write {args.out}: {error.strerror or error}") from None
     world_size = layouts[domain].world_size
     if drawing.ranks_per_cell == 1:
         what = f"{world_size} ranks in {drawing.columns} x {drawing.rows} cells"

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, emit, one_of, usage_error, write_file
+from meshconf.cli.common import EXIT_INVALID, EXIT_OK, UsageError, emit, one_of, write_file
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
@@ -26,12 +26,12 @@ DEFAULT_OUT = {
 
 def run(args: argparse.Namespace) -> int:
     if args.format == "markdown" and args.flavor != "plain":
-        return usage_error("--format markdown documents the plain schema; drop --flavor hydra")
+        raise UsageError("--format markdown documents the plain schema; drop --flavor hydra")
     schema = build_schema(args.flavor)
     text = reference_markdown(schema) if args.format == "markdown" else render(schema)
     if args.check:
         if args.out == "-":
-            return usage_error("--check needs a file to compare with, not --out -")
+            raise UsageError("--check needs a file to compare with, not --out -")
         out = args.out or DEFAULT_OUT[args.format, args.flavor]
         return _check(Path(out), text, _regenerate_command(args, out))
     out = args.out or "-"
@@ -42,9 +42,9 @@ def run(args: argparse.Namespace) -> int:
         if _committed(out) != text.encode("utf-8"):
             write_file(out, text, create_folder=True)
     except (NotAFileError, TooLargeError) as error:
-        return usage_error(f"{out}: {error}")
+        raise UsageError(f"{out}: {error}") from None
     except OSError as error:
-        return usage_error(f"{out}: cannot write: {error.strerror or error}")
+        raise UsageError(f"{out}: cannot write: {error.strerror or error}") from None
     print(f"{out}: written")
     return EXIT_OK
 
@@ -67,9 +67,11 @@ def _check(path: Path, text: str, command: str) -> int:
         raw = _committed(str(path))
         committed = None if raw is None else raw.decode("utf-8")
     except (NotAFileError, TooLargeError) as error:
-        return usage_error(f"{path}: {error}")
+        raise UsageError(f"{path}: {error}") from None
     except (OSError, UnicodeDecodeError) as error:
-        return usage_error(f"{path}: cannot read: {getattr(error, 'strerror', None) or error}")
+        raise UsageError(
+            f"{path}: cannot read: {getattr(error, 'strerror', None) or error}"
+        ) from None
     if committed is None:
         print(f"{path}: missing; run `{command}` to write it")
         return EXIT_INVALID

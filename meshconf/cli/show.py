@@ -10,12 +10,12 @@ from typing import Any
 
 from meshconf.cli.common import (
     EXIT_OK,
+    UsageError,
     add_gpus_per_node_option,
     add_source_options,
     emit,
     load_for_rank,
     non_negative_int,
-    usage_error,
     warnings_json,
 )
 from meshconf.cli.estimate_options import show_estimate
@@ -170,10 +170,32 @@ def report_text(
     ``extra`` lines."""
     hidden_dims, hidden_domains = hidden
     rank = report["rank"]
+    _print_layout(config, report)
+    if hidden_dims or hidden_domains:
+        parts = [f"dims {', '.join(hidden_dims)} (size 1)"] if hidden_dims else []
+        for reason in dict.fromkeys(hidden_domains.values()):
+            names = [domain for domain, why in hidden_domains.items() if why == reason]
+            parts.append(f"domain{'s' if len(names) > 1 else ''} {', '.join(names)} ({reason})")
+        print(f"not shown (trivial; --all shows them): {'; '.join(parts)}")
+    for domain, body in report["domains"].items():
+        if domain not in hidden_domains:
+            coordinate = report["coordinates"][domain]
+            _print_domain(config, rank, domain, body["dims"], coordinate, hidden_dims)
+    print(
+        f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
+        "of more than one rank across all domains"
+    )
+    for line in extra:
+        print(line)
+
+
+def _print_layout(config: MeshConfig, report: dict[str, Any]) -> None:
+    """The world, its nodes or levels, the degrees, the derived dims, the order, where the
+    degrees are placed, and the warnings."""
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
     if config.levels is not None:
         nodes = ", levels " + " ".join(f"{level.name}={level.size}" for level in config.topology)
-    print(f"world_size {report['world_size']}{nodes}; showing rank {rank}")
+    print(f"world_size {report['world_size']}{nodes}; showing rank {report['rank']}")
     degrees = config.resolved_degrees
     print("degrees: " + " ".join(f"{name}={value}" for name, value in degrees.items()))
     sizes = config.dim_sizes
@@ -183,81 +205,73 @@ def report_text(
         print("rank order, outer to inner: " + " ".join(config.order))
     if config.inside_node is not None:
         inside, across = split_degrees(degrees, config.inside_node.model_dump())
-        print(
-            "inside each node: "
-            + (" ".join(f"{name}={size}" for name, size in inside.items() if size > 1) or "-")
-            + "; across nodes: "
-            + (" ".join(f"{name}={size}" for name, size in across.items() if size > 1) or "-")
-        )
+        print(f"inside each node: {_sizes_text(inside)}; across nodes: {_sizes_text(across)}")
     for level, kept in (config.inside or {}).items():
         print(f"kept inside {unit_article(level)}: {', '.join(kept)}")
     for band in report.get("bands") or ():
-        placed = " ".join(f"{name}={size}" for name, size in band["parts"].items() if size > 1)
-        if placed:
-            print(f"placed {band['place']}: {placed}")
+        if any(size > 1 for size in band["parts"].values()):
+            print(f"placed {band['place']}: {_sizes_text(band['parts'])}")
     for warning in report["warnings"]:
         print(f"warning: {warning['key']}: {warning['message']}")
-    if hidden_dims or hidden_domains:
-        parts = [f"dims {', '.join(hidden_dims)} (size 1)"] if hidden_dims else []
-        for reason in dict.fromkeys(hidden_domains.values()):
-            names = [domain for domain, why in hidden_domains.items() if why == reason]
-            parts.append(f"domain{'s' if len(names) > 1 else ''} {', '.join(names)} ({reason})")
-        print(f"not shown (trivial; --all shows them): {'; '.join(parts)}")
-    for domain, body in report["domains"].items():
-        if domain in hidden_domains:
-            continue
-        shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in body["dims"])
-        dims = [dim for dim in body["dims"] if dim["name"] not in hidden_dims]
-        print(f"\ndomain {domain} [{shape}]")
-        if not dims:
-            print(f"  every dim has size 1: rank {rank} is alone in each of its groups")
-            continue
-        width = max(len("dim"), *(len(dim["name"]) for dim in dims))
-        # A dim placed partly inside and partly across nodes has one stride per part.
-        strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
-        stride_width = max(7, *(len(text) for text in strides.values()))
-        # With levels, where a group sits is the levels it crosses, not one word.
-        where = {
-            dim["name"]: ",".join(dim["crosses"]) or "none"
-            if "crosses" in dim
-            else dim["placement"] or "-"
-            for dim in dims
-        }
-        heading = "crosses" if config.levels is not None else "placement"
-        where_width = max(10, *(len(text) for text in where.values()))
-        print(
-            f"  {'dim':<{width}}  {'size':>7}  {'stride':>{stride_width}}  {'groups':>7}  "
-            f"{heading:<{where_width}}  group of rank {rank}"
-        )
-        for dim in dims:
-            stride = strides[dim["name"]]
-            print(
-                f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
-                f"{dim['num_groups']:>7}  {where[dim['name']]:<{where_width}}  "
-                f"{_ranks_text(dim)}"
-            )
-        coordinate = " ".join(
-            f"{k}={v}" for k, v in report["coordinates"][domain].items() if k not in hidden_dims
-        )
-        print(f"  coordinate of rank {rank}: {coordinate}")
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    """The sizes above 1, ``tp=8 cp=2``, or ``-`` when none is."""
+    return " ".join(f"{name}={size}" for name, size in sizes.items() if size > 1) or "-"
+
+
+def _print_domain(
+    config: MeshConfig,
+    rank: int,
+    domain: str,
+    all_dims: list[dict[str, Any]],
+    coordinate: dict[str, int],
+    hidden_dims: list[str],
+) -> None:
+    """One domain's table: each dim shown, its size, strides, groups, where its groups sit,
+    and the rank's group; then the rank's coordinate."""
+    shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in all_dims)
+    dims = [dim for dim in all_dims if dim["name"] not in hidden_dims]
+    print(f"\ndomain {domain} [{shape}]")
+    if not dims:
+        print(f"  every dim has size 1: rank {rank} is alone in each of its groups")
+        return
+    width = max(len("dim"), *(len(dim["name"]) for dim in dims))
+    # A dim placed partly inside and partly across nodes has one stride per part.
+    strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
+    stride_width = max(7, *(len(text) for text in strides.values()))
+    # With levels, where a group sits is the levels it crosses, not one word.
+    where = {
+        dim["name"]: ",".join(dim["crosses"]) or "none"
+        if "crosses" in dim
+        else dim["placement"] or "-"
+        for dim in dims
+    }
+    heading = "crosses" if config.levels is not None else "placement"
+    where_width = max(10, *(len(text) for text in where.values()))
     print(
-        f"\nrank {rank} belongs to {report['process_groups_per_rank']} distinct process groups "
-        "of more than one rank across all domains"
+        f"  {'dim':<{width}}  {'size':>7}  {'stride':>{stride_width}}  {'groups':>7}  "
+        f"{heading:<{where_width}}  group of rank {rank}"
     )
-    for line in extra:
-        print(line)
+    for dim in dims:
+        stride = strides[dim["name"]]
+        print(
+            f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
+            f"{dim['num_groups']:>7}  {where[dim['name']]:<{where_width}}  "
+            f"{_ranks_text(dim)}"
+        )
+    shown = " ".join(f"{k}={v}" for k, v in coordinate.items() if k not in hidden_dims)
+    print(f"  coordinate of rank {rank}: {shown}")
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_for_rank(args)
-    if isinstance(config, int):
-        return config
     layouts = config.layouts
     domains = list(layouts) if args.domain is None else [args.domain]
     if args.full_groups:
         largest = max(dim.size for domain in domains for dim in layouts[domain].dims)
         if largest > MAX_FULL_GROUP:
-            return usage_error(
+            raise UsageError(
                 f"--full-groups: a group of {largest} ranks is more than the {MAX_FULL_GROUP} "
                 "it lists; leave the option out to see each group's first ranks and size"
             )
@@ -266,8 +280,6 @@ def run(args: argparse.Namespace) -> int:
         listed = JSON_GROUP_RANKS if args.format == "json" else _SHOWN_RANKS
     report = build_report(config, args.rank, domains, listed)
     estimate_lines = show_estimate(args, config, report)
-    if isinstance(estimate_lines, int):
-        return estimate_lines
     if args.format == "json":
         emit(lambda: print(json.dumps(report)))
     else:

@@ -12,11 +12,11 @@ from typing import Any
 from meshconf.cli.common import (
     EXIT_INVALID,
     EXIT_OK,
+    UsageError,
     add_source_options,
     emit,
     load_for_rank,
     non_negative_int,
-    usage_error,
 )
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import shorten
@@ -94,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
     # Repeated --rank options and comma-separated lists add up; a rank given twice runs once.
     args.rank = list(dict.fromkeys(rank for ranks in args.rank or [[0]] for rank in ranks))
     config = load_for_rank(args)
-    if isinstance(config, int):
-        return config
     world_size = config.resolved_world_size
     assert world_size is not None
     try:
@@ -107,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
         need = check_simulation_memory(world_size)
     except MeshconfError as error:
-        return usage_error(str(error))
+        raise UsageError(str(error)) from None
     start = time.perf_counter()
     results = [_simulate_rank(config, rank, world_size) for rank in args.rank]
     built = time.perf_counter() - start

@@ -63,9 +63,12 @@ class Results:
         return max((result.exit_code for result in self.files), default=EXIT_OK)
 
 
-def check(paths: list[str], args: argparse.Namespace) -> Results | int:
-    """Each file's problems and warnings; with a model, also each degree it cannot run. An
-    exit code instead after a usage error or an invalid model file."""
+def check(paths: list[str], args: argparse.Namespace) -> Results:
+    """Each file's problems and warnings; with a model, also each degree it cannot run.
+
+    Raises:
+        UsageError, InvalidInput: as the model options' ``model_request``.
+    """
     results = Results()
     for path in paths:
         result = FileResult(path, world_size_given=args.world_size is not None, strict=args.strict)
@@ -79,8 +82,6 @@ def check(paths: list[str], args: argparse.Namespace) -> Results | int:
             result.source_error = str(error)
         else:
             problems = _model_problems(args, config, located)
-            if isinstance(problems, int):
-                return problems
             result.config, result.diagnostics = config, tuple(problems)
             result.warnings = config_warnings(config)
         results.files.append(result)
@@ -89,16 +90,13 @@ def check(paths: list[str], args: argparse.Namespace) -> Results | int:
 
 def _model_problems(
     args: argparse.Namespace, config: MeshConfig, located: Source
-) -> list[Diagnostic] | int:
+) -> list[Diagnostic]:
     """The degrees of the config's layout that the model options' model cannot run (none
-    without a model), placed at each degree; an exit code after a usage error or an invalid
-    model file. Without a world size, the degrees the config writes are checked."""
+    without a model), placed at each degree. Without a world size, the degrees the config
+    writes are checked."""
     block = config.training
     settings = {} if block is None else block.estimate_settings()
-    modelled = model_request(args, settings, located.name)
-    if isinstance(modelled, int):
-        return modelled
-    model, training = modelled
+    model, training = model_request(args, settings, located.name)
     if model is None:
         return []
     if config.resolved_world_size is not None:
@@ -190,8 +188,6 @@ def report_json(results: Results) -> None:
 
 def run(args: argparse.Namespace) -> int:
     results = check(args.paths, args)
-    if isinstance(results, int):
-        return results
     report = report_json if args.format == "json" else report_text
     emit(lambda: report(results))
     return results.exit_code

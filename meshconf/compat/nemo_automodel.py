@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshconf.compat.accelerate import FLATTENED_DIMS
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig
+from meshconf.trainers.accelerate import FLATTENED_DIMS
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -59,9 +59,9 @@ def check_config(config: MeshConfig) -> None:
         problems.append(
             Diagnostic(
                 ("degrees", "dp_replicate"),
-                "NeMo AutoModel's FSDP2 strategy refuses replication that does not shard: set "
-                f"degrees.dp_shard to {degrees['dp_replicate']} and dp_replicate to 1, or "
-                "dp_shard above 1 as well (HSDP)",
+                "NeMo AutoModel's FSDP2 strategy refuses plain replication (dp_shard 1): set "
+                f"degrees.dp_shard to {degrees['dp_replicate']} and degrees.dp_replicate to 1, "
+                "or degrees.dp_shard above 1 as well (HSDP)",
             )
         )
     if problems:

@@ -24,6 +24,7 @@ from meshconf.compat.parallel_dims_common import (
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
 from meshconf.core.errors import Diagnostic
+from meshconf.trainers.torchtitan import TORCHTITAN_DEGREES
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -119,13 +120,13 @@ class ParallelDims(ParallelDimsMeshes):
         Raises:
             ParallelDimsError: as the constructor.
         """
+        degrees = {
+            degree: getattr(parallelism_config, field)
+            for field, degree in TORCHTITAN_DEGREES.items()
+            if degree != "etp"
+        }
         return cls(
-            dp_replicate=parallelism_config.data_parallel_replicate_degree,
-            dp_shard=parallelism_config.data_parallel_shard_degree,
-            cp=parallelism_config.context_parallel_degree,
-            tp=parallelism_config.tensor_parallel_degree,
-            pp=parallelism_config.pipeline_parallel_degree,
-            ep=parallelism_config.expert_parallel_degree,
+            **degrees,
             world_size=world_size,
             spmd_backend=getattr(parallelism_config, "spmd_backend", "spmd_types"),
         )

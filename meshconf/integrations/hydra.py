@@ -23,6 +23,7 @@ from typing import (  # noqa: UP035 - OmegaConf 2.3 reads these forms
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
 from meshconf.core.messages import install_command
+from meshconf.core.training import TRAINING_SETTINGS
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 from meshconf.sources.overrides import InterpolationError, node_location, resolve
@@ -49,13 +50,35 @@ def _degree_node(name: str, degrees: list[str]) -> type:
     return make_dataclass(name, [(degree, Optional[int], None) for degree in degrees])  # noqa: UP045
 
 
-# Made from the degree table, so that a new degree reaches Hydra without an edit here.
+#: The type of a training setting's field, by its kind, in the forms OmegaConf 2.3 reads.
+_SETTING_TYPES: Mapping[str, Any] = {
+    "integer": Optional[int],  # noqa: UP045
+    "number": Optional[float],  # noqa: UP045
+    "choice": Optional[str],  # noqa: UP045
+    "switch": Optional[bool],  # noqa: UP045
+    "path": Optional[str],  # noqa: UP045
+}
+
+
+def _training_node() -> type:
+    """A node with one field per training setting, typed by its kind, so that Hydra refuses
+    a value of the wrong type while it composes."""
+    return make_dataclass(
+        "TrainingNode",
+        [(row.key, _SETTING_TYPES[row.kind], None) for row in TRAINING_SETTINGS],
+    )
+
+
+# Made from the degree and training settings' tables, so that a new degree or setting
+# reaches Hydra without an edit here.
 if TYPE_CHECKING:
     DegreesNode: TypeAlias = Any
     InsideNodeNode: TypeAlias = Any
+    TrainingNode: TypeAlias = Any
 else:
     DegreesNode = _degree_node("DegreesNode", list(DEGREE_NAMES))
     InsideNodeNode = _degree_node("InsideNodeNode", list(WORLD_FACTORS))
+    TrainingNode = _training_node()
 
 
 @dataclass
@@ -65,51 +88,6 @@ class RuntimeNode:
     timeout_s: Optional[int] = None  # noqa: UP045
     setup_timeout_s: Optional[int] = None  # noqa: UP045
     build: Optional[str] = None  # noqa: UP045
-
-
-@dataclass
-class TrainingNode:
-    model: Optional[str] = None  # noqa: UP045
-    model_file: Optional[str] = None  # noqa: UP045
-    gpu: Optional[str] = None  # noqa: UP045
-    seq_len: Optional[int] = None  # noqa: UP045
-    micro_batch: Optional[int] = None  # noqa: UP045
-    global_batch_tokens: Optional[int] = None  # noqa: UP045
-    param_dtype: Optional[str] = None  # noqa: UP045
-    grad_dtype: Optional[str] = None  # noqa: UP045
-    zero_stage: Optional[int] = None  # noqa: UP045
-    activation_checkpointing: Optional[str] = None  # noqa: UP045
-    checkpoint_every: Optional[int] = None  # noqa: UP045
-    checkpoint_first: Optional[int] = None  # noqa: UP045
-    checkpoint_group: Optional[int] = None  # noqa: UP045
-    reshard_after_forward: Optional[str] = None  # noqa: UP045
-    pp_schedule: Optional[str] = None  # noqa: UP045
-    virtual_stages: Optional[int] = None  # noqa: UP045
-    microbatch_group: Optional[int] = None  # noqa: UP045
-    layers_per_stage: Optional[int] = None  # noqa: UP045
-    first_stage_layers: Optional[int] = None  # noqa: UP045
-    last_stage_layers: Optional[int] = None  # noqa: UP045
-    embedding_as_layers: Optional[int] = None  # noqa: UP045
-    output_as_layers: Optional[int] = None  # noqa: UP045
-    moe_max_nodes: Optional[int] = None  # noqa: UP045
-    ep_overlap: Optional[bool] = None  # noqa: UP045
-    dispatch_dtype: Optional[str] = None  # noqa: UP045
-    activation_dtype: Optional[str] = None  # noqa: UP045
-    optimizer_dtype: Optional[str] = None  # noqa: UP045
-    sequence_parallel: Optional[str] = None  # noqa: UP045
-    norm_kernel: Optional[str] = None  # noqa: UP045
-    fp8_param_gather: Optional[bool] = None  # noqa: UP045
-    gpu_memory_gib: Optional[float] = None  # noqa: UP045
-    intra_node_gb_s: Optional[float] = None  # noqa: UP045
-    inter_node_gb_s: Optional[float] = None  # noqa: UP045
-    peak_tflops: Optional[float] = None  # noqa: UP045
-    mfu: Optional[float] = None  # noqa: UP045
-    mfu_counts: Optional[str] = None  # noqa: UP045
-    mfu_over: Optional[str] = None  # noqa: UP045
-    runtime_gib: Optional[float] = None  # noqa: UP045
-    cuda_context_gib: Optional[float] = None  # noqa: UP045
-    nccl_communicator_gib: Optional[float] = None  # noqa: UP045
-    allocator_gib: Optional[float] = None  # noqa: UP045
 
 
 @dataclass

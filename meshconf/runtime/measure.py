@@ -27,6 +27,7 @@ from torch import nn
 
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import first_line, shorten
+from meshconf.features.plan.estimate.training import Training
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.context import DistributedContext
 from meshconf.runtime.torch_support import MEASURE_PROBES, check_torch
@@ -135,14 +136,14 @@ _SAID = {
 
 def mismatches(
     observed: Observed,
-    estimated: Mapping[str, int | str],
+    training: Training,
+    parameter_elements: int,
     options: Mapping[str, str],
     cp: int = 1,
 ) -> list[Mismatch]:
-    """Where the estimate's settings differ from what the build ran: ``estimated`` holds the
-    estimate's ``parameter_elements`` (on this rank), ``micro_batch``, ``seq_len``,
-    ``param_dtype`` and ``grad_dtype``; ``options`` the option that sets each. A sequence
-    split over ``cp`` ranks may reach the model as a rank's share."""
+    """Where the estimate's settings (``training``, and the ``parameter_elements`` it counts
+    on this rank) differ from what the build ran; ``options`` holds the option that sets
+    each. A sequence split over ``cp`` ranks may reach the model as a rank's share."""
     found: list[Mismatch] = []
 
     def differ(setting: str, build: int | str, estimate: int | str) -> None:
@@ -152,8 +153,7 @@ def mismatches(
         )
         found.append(Mismatch(setting, build, estimate, f"{said} ({options[setting]} {build})"))
 
-    elements, wanted = observed.parameter_elements, estimated["parameter_elements"]
-    assert isinstance(wanted, int)
+    elements, wanted = observed.parameter_elements, parameter_elements
     if elements is not None and abs(elements - wanted) > 0.02 * max(wanted, 1):
         found.append(
             Mismatch(
@@ -161,22 +161,22 @@ def mismatches(
                 elements,
                 wanted,
                 f"the build stores {elements:,} parameter elements on this rank, the estimate "
-                f"{wanted:,}: estimate the model the build makes ({options['model']})",
+                f"{wanted:,}: estimate the model the build makes ({options['model']} or "
+                f"{options['model_file']})",
             )
         )
     if observed.calls:
         batches = {batch for batch, _ in observed.calls}
         tokens = {length for _, length in observed.calls}
-        seq_len = estimated["seq_len"]
-        assert isinstance(seq_len, int)
-        if estimated["micro_batch"] not in batches:
-            differ("micro_batch", min(batches), estimated["micro_batch"])
+        seq_len = training.seq_len
+        if training.micro_batch not in batches:
+            differ("micro_batch", min(batches), training.micro_batch)
         if not tokens & {seq_len, seq_len // cp}:
             differ("seq_len", max(tokens), seq_len)
-    if observed.compute_dtype not in (None, estimated["param_dtype"]):
-        differ("param_dtype", observed.compute_dtype, estimated["param_dtype"])
-    if observed.grad_dtype not in (None, estimated["grad_dtype"]):
-        differ("grad_dtype", observed.grad_dtype, estimated["grad_dtype"])
+    if observed.compute_dtype not in (None, training.param_dtype):
+        differ("param_dtype", observed.compute_dtype, training.param_dtype)
+    if observed.grad_dtype not in (None, training.grad_dtype):
+        differ("grad_dtype", observed.grad_dtype, training.grad_dtype)
     return found
 
 

@@ -194,9 +194,8 @@ def test_pipeline_and_expert_parallelism_are_refused_at_their_keys() -> None:
 def test_tp_beside_pure_replication_is_refused_as_accelerate_refuses_it() -> None:
     assert _refusal({"dp_replicate": 2, "tp": 2}) == (
         "degrees.dp_replicate: accelerate refuses tp beside replication that does not shard "
-        "(https://github.com/huggingface/accelerate/issues/3876): with dp_shard 1, set "
-        "degrees.dp_shard to 2 and dp_replicate to 1 (FSDP), or keep dp_replicate and set "
-        "dp_shard above 1 (HSDP)"
+        "(https://github.com/huggingface/accelerate/issues/3876): set degrees.dp_shard to 2 "
+        "and degrees.dp_replicate to 1 (FSDP), or degrees.dp_shard above 1 as well (HSDP)"
     )
     with pytest.raises(ValueError, match="cannot be used with pure data parallelism"):
         ParallelismConfig(dp_replicate_size=2, tp_size=2)
@@ -213,10 +212,10 @@ def _fsdp2_key_error(_: None) -> None:
 def test_fsdp2_with_nothing_to_shard_is_refused_as_accelerate_fails() -> None:
     """Fake process group, 4 simulated ranks, for accelerate's own mesh."""
     assert _refusal({"tp": 4}, fsdp2=True) == (
-        "degrees.dp_shard: accelerate's FSDP2 shards over dp_shard * cp, which is 1 here, and "
+        "degrees.dp_shard: FSDP2 shards over dp_shard * cp, which is 1 here, and accelerate "
         "fails with KeyError 'dp_shard_cp' "
         "(https://github.com/huggingface/accelerate/issues/3798): set degrees.dp_shard above 1 "
-        "(lowering tp to leave it ranks), or launch without FSDP"
+        "(lowering degrees.tp to leave it processes), or turn FSDP off"
     )
     check_config(load_config({"degrees": {"dp_shard": 1, "tp": 4}}), fsdp2=False)
     in_child(_fake_world, 4, _fsdp2_key_error)
@@ -303,7 +302,7 @@ def test_sequence_parallelism_is_refused_with_a_note() -> None:
         from_parallelism_config(SimpleNamespace(**sizes, sp_size=2), world_size=4)
     assert str(raised.value) == (
         "sp_size: is 2: DeepSpeed's Ulysses sequence parallelism, which meshconf has no degree "
-        "for; set sp_size to 1, or cp_size for context parallelism"
+        "for; set it to 1, or use cp_size for context parallelism"
     )
 
 

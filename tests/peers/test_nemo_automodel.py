@@ -105,7 +105,7 @@ def test_what_nemo_automodel_refuses_is_refused_at_its_key() -> None:
     assert isinstance(raised.value, ConfigError)
     assert str(raised.value) == (
         "degrees.etp: NeMo AutoModel keeps each expert whole on its rank; set degrees.etp to 1\n"
-        "degrees.dp_replicate: NeMo AutoModel's FSDP2 strategy refuses replication that does "
-        "not shard: set degrees.dp_shard to 2 and dp_replicate to 1, or dp_shard above 1 as "
-        "well (HSDP)"
+        "degrees.dp_replicate: NeMo AutoModel's FSDP2 strategy refuses plain replication "
+        "(dp_shard 1): set degrees.dp_shard to 2 and degrees.dp_replicate to 1, or "
+        "degrees.dp_shard above 1 as well (HSDP)"
     )

@@ -18,6 +18,12 @@ from math import prod
 
 from meshconf.core.degrees import AUTO, DEGREE_NAMES
 from meshconf.core.errors import describe_value
+from meshconf.features.convert.arguments import (
+    Setting,
+    integer_setting,
+    settings_from_words,
+    yaml_document,
+)
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
@@ -25,47 +31,25 @@ from meshconf.features.convert.common import (
     validate,
     world_size_note,
 )
-from meshconf.features.convert.megatron_input import (
-    Setting,
-    integer_setting,
-    settings_from_words,
-    yaml_document,
-)
 from meshconf.features.convert.shell import Word, commands, source_error
+from meshconf.trainers.accelerate import (
+    LAUNCH_ENVIRONMENT,
+    SIZE_DEGREES,
+    SP_SIZE,
+    Launch,
+    refusals,
+    sp_size_problem,
+    uses_fsdp,
+    uses_fsdp2,
+)
 
 ACCELERATE = "accelerate"
-#: accelerate's sizes, by the name its ParallelismConfig gives them, and the meshconf degree.
-SIZE_DEGREES = {
-    "dp_replicate_size": "dp_replicate",
-    "dp_shard_size": "dp_shard",
-    "cp_size": "cp",
-    "tp_size": "tp",
-}
-SP_SIZE = "sp_size"
 #: The settings read, by the name the parallelism block, the launcher's options and the
 #: environment share (``parallelism_config_`` or ``PARALLELISM_CONFIG_`` before it).
 PARALLELISM = (*SIZE_DEGREES, SP_SIZE, "cp_comm_strategy", "cp_backend", "sp_backend")
 LAUNCH = ("num_processes", "num_machines", "distributed_type", "fsdp_version", "use_fsdp")
 _PREFIX = "parallelism_config_"
-#: What ``accelerate launch`` sets for a script when FSDP is on, read as the launcher's options.
-_ENVIRONMENT = {"ACCELERATE_USE_FSDP": "use_fsdp", "FSDP_VERSION": "fsdp_version"}
 _SCRIPT = re.compile(r".*\.py$")
-#: accelerate's issues, cited beside each of its refusals.
-ACCELERATE_ISSUES = "https://github.com/huggingface/accelerate/issues"
-
-
-def replicated_model_parallel(degrees: Mapping[str, int]) -> list[str]:
-    """The dims among tp and cp above 1 that accelerate refuses beside replication that does
-    not shard (dp_replicate above 1, dp_shard 1: its issue #3876); none when it runs."""
-    if degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
-        return [name for name in ("tp", "cp") if degrees[name] > 1]
-    return []
-
-
-def nothing_to_shard(degrees: Mapping[str, int], world: int) -> bool:
-    """Whether FSDP2 would shard over ``dp_shard * cp`` of 1 in a world of more than one
-    rank, where accelerate fails with KeyError 'dp_shard_cp' (its issue #3798)."""
-    return degrees["dp_shard"] == 1 and degrees["cp"] == 1 and world > 1
 
 
 def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
@@ -125,10 +109,10 @@ def _read_launch(text: str) -> dict[str, Setting]:
     found: dict[str, Setting] = {}
     for word in assigned:
         variable, _, value = word.text.partition("=")
-        name = _ENVIRONMENT.get(variable, "")
+        name = LAUNCH_ENVIRONMENT.get(variable, "")
         if variable.startswith(_PREFIX.upper()):
             name = variable[len(_PREFIX) :].lower()
-        if name in PARALLELISM or name in _ENVIRONMENT.values():
+        if name in PARALLELISM or name in LAUNCH_ENVIRONMENT.values():
             column = word.column + len(variable) + 1
             found[name] = Setting(name, variable, value, (word.line, column))
     found.update(
@@ -163,19 +147,8 @@ def _launcher_words(line: list[Word]) -> list[Word]:
     return words
 
 
-def _uses_fsdp(settings: Mapping[str, Setting]) -> bool:
-    """FSDP, as accelerate reads it from its config or its launcher."""
-    kind = settings.get("distributed_type")
-    switch = settings.get("use_fsdp")
-    return (kind is not None and str(kind.value).upper() == "FSDP") or (
-        switch is not None and str(switch.value).lower() == "true"
-    )
-
-
-def _uses_fsdp2(settings: Mapping[str, Setting]) -> bool:
-    """FSDP version 2, as accelerate reads it from its config or its launcher."""
-    version = settings.get("fsdp_version")
-    return _uses_fsdp(settings) and version is not None and str(version.value).strip() == "2"
+def _values(settings: Mapping[str, Setting]) -> dict[str, object]:
+    return {name: setting.value for name, setting in settings.items()}
 
 
 def convert_accelerate(
@@ -198,12 +171,9 @@ def convert_accelerate(
             value = integer_setting(draft, settings[name])
             if value is not None:
                 sizes[name] = value
-    if sizes[SP_SIZE] > 1:
-        draft.fail(
-            keys[SP_SIZE],
-            f"is {sizes[SP_SIZE]}: DeepSpeed's Ulysses sequence parallelism, which meshconf has "
-            "no degree for; set it to 1, or use cp_size for context parallelism",
-        )
+    problem = sp_size_problem(sizes[SP_SIZE])
+    if problem is not None:
+        draft.fail(keys[SP_SIZE], problem)
     processes = _world(draft, settings, keys)
     draft.check()
     degrees = {SIZE_DEGREES[name]: sizes[name] for name in SIZE_DEGREES}
@@ -213,7 +183,7 @@ def convert_accelerate(
         # of sizes 1 it replicates. Without num_processes, the -1 is every process.
         sized = any(name in settings for name in (*SIZE_DEGREES, SP_SIZE))
         every = AUTO if processes is None else processes
-        if _uses_fsdp(settings) and not sized:
+        if uses_fsdp(_values(settings)) and not sized:
             degrees["dp_shard"] = every
             draft.comments["degrees.dp_shard"] = "accelerate's FSDP shards over every process"
         else:
@@ -287,28 +257,16 @@ def _refusals(
     keys: Mapping[str, str],
     degrees: Mapping[str, int],
 ) -> None:
-    """What accelerate refuses when it starts, at the setting that causes it."""
-    model_parallel = replicated_model_parallel(degrees)
-    if model_parallel:
-        draft.fail(
-            keys.get("dp_replicate_size"),
-            f"accelerate refuses {' and '.join(model_parallel)} beside replication that does "
-            f"not shard ({ACCELERATE_ISSUES}/3876): set dp_shard_size to "
-            f"{degrees['dp_replicate']} and dp_replicate_size to 1 (FSDP), or dp_shard_size "
-            "above 1 as well (HSDP)",
-        )
-    if _uses_fsdp2(settings) and nothing_to_shard(degrees, abs(prod(degrees.values()))):
-        draft.fail(
-            keys.get("dp_shard_size", keys["fsdp_version"]),
-            "FSDP2 shards over dp_shard * cp, which is 1 here, and accelerate fails with "
-            f"KeyError 'dp_shard_cp' ({ACCELERATE_ISSUES}/3798): set dp_shard_size above 1 "
-            "(lowering tp_size to leave it processes), or turn FSDP off",
-        )
+    """What accelerate refuses when it starts, at the size responsible, or where FSDP2 was
+    turned on when that size was not written."""
+    launch = Launch(degrees, abs(prod(degrees.values())), uses_fsdp2(_values(settings)))
+    for degree, message in refusals(launch, lambda name: f"{name}_size"):
+        draft.fail(keys.get(f"{degree}_size", keys.get("fsdp_version")), message)
 
 
 def _notes(settings: Mapping[str, Setting], degrees: Mapping[str, int]) -> list[str]:
     notes = []
-    if _uses_fsdp2(settings):
+    if uses_fsdp2(_values(settings)):
         notes.append(
             "FSDP2 shards over accelerate's dp_shard_cp, dp_shard * cp: meshconf's fsdp in the "
             "dense domain (`meshconf.compat.accelerate.parallelism_config` hands accelerate "

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
+from meshconf.features.convert.arguments import Setting, integer_setting
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
@@ -32,7 +33,6 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
-from meshconf.features.convert.megatron_input import Setting, integer_setting
 from meshconf.features.convert.megatron_training import training_block
 from meshconf.model.config import MeshConfig
 

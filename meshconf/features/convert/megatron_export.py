@@ -18,6 +18,8 @@ from typing import Any
 
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, KeyPath
+from meshconf.core.schedules import megatron_schedule
+from meshconf.core.training import SETTINGS, Spelling
 from meshconf.features.convert.common import ConversionError
 from meshconf.features.convert.megatron import SIZE_DEGREES, convert_megatron
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
@@ -27,32 +29,9 @@ from meshconf.sources.loading import load_config
 
 #: Megatron's order tokens for meshconf's world factors (dp_replicate and dp_shard are dp).
 _TOKENS = {"tp": "tp", "cp": "cp", "dp_shard": "dp", "dp_replicate": "dp", "pp": "pp"}
-#: Training keys and the switch or argument each is; a value of None is a switch.
-_SWITCHES = {
-    "fp8_param_gather": "--fp8-param-gather",
-    "ep_overlap": "--overlap-moe-expert-parallel-comm",
-}
-_SPLIT_WEIGHTS = {
-    "embedding_as_layers": "--account-for-embedding-in-pipeline-split",
-    "output_as_layers": "--account-for-loss-in-pipeline-split",
-}
-_INTEGERS = {
-    "first_stage_layers": "--decoder-first-pipeline-num-layers",
-    "last_stage_layers": "--decoder-last-pipeline-num-layers",
-    "moe_max_nodes": "--moe-router-group-topk",
-    "virtual_stages": "--num-virtual-stages-per-pipeline-rank",
-    "microbatch_group": "--microbatch-group-size-per-virtual-pipeline-stage",
-}
-#: Training keys that need no argument at these values (Megatron's own defaults).
-_DEFAULTS: dict[str, object] = {
-    "zero_stage": 0,
-    "pp_schedule": "1f1b",
-    "activation_checkpointing": "none",
-    "fp8_param_gather": False,
-    "sequence_parallel": "none",
-    "optimizer_dtype": "fp32",
-    "ep_overlap": False,
-}
+#: The schedule Megatron-LM runs where its model chunks per rank are given: those arguments
+#: say it.
+_INTERLEAVED = megatron_schedule(interleaved=True).name
 
 
 class MegatronExportError(ConfigError):
@@ -173,20 +152,15 @@ def _training_arguments(
         # Megatron-LM's distributed-optimizer instances need the distributed optimizer.
         given["zero_stage"] = 1
     for key, value in given.items():
-        if _DEFAULTS.get(key, object()) == value:
+        spelling = SETTINGS[key].megatron
+        if spelling is not None and spelling.default == value:
+            continue  # Megatron's own value: no argument
+        if spelling is not None and spelling.on is not None and spelling.on == value:
+            arguments.append((spelling.name, None))
+        elif spelling is not None and _plain_integer(key, spelling):
+            arguments.append((spelling.name, str(value)))
+        elif key == "pp_schedule" and value == _INTERLEAVED and "virtual_stages" in given:
             continue
-        if key == "zero_stage" and value == 1:
-            arguments.append(("--use-distributed-optimizer", None))
-        elif key in _SWITCHES and value is True:
-            arguments.append((_SWITCHES[key], None))
-        elif key in _SPLIT_WEIGHTS and value == 1:
-            arguments.append((_SPLIT_WEIGHTS[key], None))
-        elif key in _INTEGERS:
-            arguments.append((_INTEGERS[key], str(value)))
-        elif key == "pp_schedule" and value == "interleaved" and "virtual_stages" in given:
-            continue
-        elif key == "sequence_parallel" and value == "megatron":
-            arguments.append(("--sequence-parallel", None))
         elif key == "optimizer_dtype" and value == "bf16":
             arguments += [
                 ("--use-precision-aware-optimizer", None),
@@ -215,6 +189,11 @@ def _training_arguments(
                 )
             )
     return arguments
+
+
+def _plain_integer(key: str, spelling: Spelling) -> bool:
+    """Whether Megatron-LM's argument of the setting ``key`` takes its integer as it is."""
+    return SETTINGS[key].kind == "integer" and spelling.on is None and not spelling.beside
 
 
 def _round_trip_problem(

@@ -11,24 +11,13 @@ written, and a setting that needs it is reported with what it is.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from meshconf.core.degrees import MAX_WORLD_SIZE
-from meshconf.core.errors import describe_value
-from meshconf.core.messages import shorten
-from meshconf.features.convert.common import Draft, integer_problem
-from meshconf.features.convert.shell import (
-    Word,
-    commands as shell_commands,
-    source_error,
-    unexpanded,
-)
-from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
+from meshconf.core.training import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
+from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
+from meshconf.features.convert.shell import commands as shell_commands, source_error
 
-#: A size as Megatron's argument parser reads it: ASCII digits, with an optional plus.
-_DIGITS = re.compile(r"\+?([0-9]+)")
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.
 SIZE_SETTINGS = (
     "tensor_model_parallel_size",
@@ -38,57 +27,76 @@ SIZE_SETTINGS = (
     "expert_tensor_parallel_size",
     "num_distributed_optimizer_instances",
 )
-#: Megatron's arguments that say how training uses the dims, and the key of a config's
-#: ``training`` block each one is: the first and last pipeline stage's own layers, the
-#: interleaved schedule's model chunks per rank, and group-limited routing's groups per
-#: token (DeepSeek-V3's node limit, with a group of experts per node).
+
+
+def megatron_name(argument: str) -> str:
+    """Megatron's name of an argument, as its parser and NeMo's YAML spell it: ``--seq-length``
+    is ``seq_length``."""
+    return argument[2:].replace("-", "_")
+
+
+def _names(key: str) -> tuple[str, ...]:
+    """Megatron's names of the argument that gives the training setting ``key``."""
+    spelling = SETTINGS[key].megatron
+    assert spelling is not None, f"{key} has a Megatron-LM argument"
+    return tuple(megatron_name(name) for name in spelling.names)
+
+
+#: The training settings that Megatron's arguments give as a switch, by its name: present, it
+#: gives the setting's value of :attr:`~meshconf.core.training.Spelling.on`.
+SWITCHED = {
+    megatron_name(row.megatron.name): row
+    for row in TRAINING_ROWS
+    if row.megatron is not None and row.megatron.on is not None
+}
+#: Megatron's arguments that are one training setting's integer itself, and the key of a
+#: config's ``training`` block each one is: the first and last pipeline stage's own layers,
+#: and group-limited routing's groups per token (DeepSeek-V3's node limit, with a group of
+#: experts per node). The model chunks per rank and their groups of micro-batches, which
+#: imply the interleaved schedule, are read apart.
 TRAINING_SETTINGS = {
-    "decoder_first_pipeline_num_layers": "first_stage_layers",
-    "decoder_last_pipeline_num_layers": "last_stage_layers",
-    "moe_router_group_topk": "moe_max_nodes",
+    megatron_name(row.megatron.name): row.key
+    for row in TRAINING_ROWS
+    if row.kind == "integer"
+    and row.megatron is not None
+    and row.megatron.on is None
+    and not row.megatron.beside
+    and not row.megatron.aliases
 }
 #: The interleaved schedule's model chunks per rank, as NeMo and Megatron-LM give them: the
 #: count itself, or the layers of each chunk, from which Megatron-LM's arguments derive it
 #: over the model's layers.
-VIRTUAL_STAGE_SETTINGS = (
-    "virtual_pipeline_model_parallel_size",
-    "num_virtual_stages_per_pipeline_rank",
-)
+VIRTUAL_STAGE_SETTINGS = _names("virtual_stages")[::-1]
 LAYERS_PER_VIRTUAL_STAGE = "num_layers_per_virtual_pipeline_stage"
 #: The micro-batches each model chunk runs before the next, as Megatron-LM's command line and
 #: Megatron-Core's config name them.
-GROUP_SETTINGS = (
-    "microbatch_group_size_per_virtual_pipeline_stage",
-    "microbatch_group_size_per_vp_stage",
-)
+GROUP_SETTINGS = _names("microbatch_group")
 NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
-RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+RECOMPUTE_SETTINGS = (
+    *_names("activation_checkpointing"),
+    megatron_name(SETTINGS["checkpoint_group"].megatron.beside[0]),  # type: ignore[union-attr]
+    *_names("checkpoint_group"),
+)
 #: Megatron-LM's switch that splits the norms' and dropouts' activations over tp.
-SEQUENCE_PARALLEL_SWITCH = "sequence_parallel"
+(SEQUENCE_PARALLEL_SWITCH,) = _names("sequence_parallel")
 #: Megatron-LM's dtypes of AdamW's two moments (its precision-aware optimizer).
-MOMENT_DTYPE_SETTINGS = ("exp_avg_dtype", "exp_avg_sq_dtype")
+MOMENT_DTYPE_SETTINGS = _names("optimizer_dtype")
 #: Megatron-LM's switch that runs the experts' all-to-all under another micro-batch's compute.
-EP_OVERLAP_SWITCH = "overlap_moe_expert_parallel_comm"
+(EP_OVERLAP_SWITCH,) = _names("ep_overlap")
 #: Megatron-LM's switch for ``--recompute-granularity selective``, which it overrides.
 RECOMPUTE_SWITCH = "recompute_activations"
 #: Megatron's switches that count the embedding or the loss as a layer of the pipeline split,
-#: and the key of the ``training`` block each one sets to 1.
+#: and the key of the ``training`` block each one sets to 1: the integers switched on that
+#: Megatron has no value of its own for.
 SPLIT_WEIGHT_SETTINGS = {
-    "account_for_embedding_in_pipeline_split": "embedding_as_layers",
-    "account_for_loss_in_pipeline_split": "output_as_layers",
+    name: row.key
+    for name, row in SWITCHED.items()
+    if row.kind == "integer" and row.megatron is not None and row.megatron.default is UNSET
 }
 #: Switches: present means true.
-FLAG_SETTINGS = (
-    "use_tp_pp_dp_mapping",
-    "use_distributed_optimizer",
-    "fp8_param_gather",
-    EP_OVERLAP_SWITCH,
-    RECOMPUTE_SWITCH,
-    SEQUENCE_PARALLEL_SWITCH,
-    *SPLIT_WEIGHT_SETTINGS,
-)
+FLAG_SETTINGS = ("use_tp_pp_dp_mapping", *SWITCHED, RECOMPUTE_SWITCH)
 #: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
 ORDER_SETTING = "order"
 #: torchrun's options that give the world size.
@@ -113,79 +121,6 @@ _VALUED = (
 MEGATRON_LM = "Megatron-LM"
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting: its canonical name, the key as written, its value and its position."""
-
-    name: str
-    key: str
-    value: Any
-    position: tuple[int, int] | None
-
-
-def _megatron_name(flag: str) -> str:
-    return flag[2:].replace("-", "_")
-
-
-def settings_from_words(
-    words: list[Word],
-    valued: tuple[str, ...],
-    switches: tuple[str, ...],
-    *,
-    tool: str,
-    name_of: Callable[[str], str] = _megatron_name,
-) -> dict[str, Setting]:
-    """``--name value``, ``--name=value`` and switches among ``words``, each named by
-    ``name_of(flag)``; the last one wins, as with ``tool``'s argument parser (argparse's),
-    which refuses a value given to a switch (``store_true``).
-
-    Raises :class:`ConversionError` when a switch is given a value or an option lacks one.
-    """
-    found: dict[str, Setting] = {}
-    index = 0
-    while index < len(words):
-        word = words[index]
-        index += 1
-        if not word.text.startswith("--"):
-            continue
-        flag, equals, inline = word.text.partition("=")
-        name = name_of(flag)
-        if name in switches:
-            if equals:
-                raise source_error(
-                    flag,
-                    f"is a switch and takes no value, as {tool}'s parser refuses "
-                    f"{shorten(word.text)!r}: give {flag} to turn it on, leave it out to keep it "
-                    "off",
-                    (word.line, word.column),
-                )
-            found[name] = Setting(name, flag, True, (word.line, word.column))
-            continue
-        if name not in valued:
-            continue
-        if equals:
-            found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
-            continue
-        if index >= len(words) or words[index].text.startswith("--"):
-            raise source_error(flag, "needs a value", (word.line, word.column))
-        value = words[index]
-        index += 1
-        found[name] = Setting(name, flag, value.text, (value.line, value.column))
-    return found
-
-
-def yaml_document(text: str) -> YamlDocument:
-    """``text`` read as YAML, with its positions.
-
-    Raises :class:`ConversionError` for YAML that cannot be read, at its line and column.
-    """
-    try:
-        return read_yaml(text)
-    except YamlError as error:
-        position = None if error.position is None else (error.position.line, error.position.column)
-        raise source_error(None, f"invalid YAML: {error.message}", position) from None
 
 
 def read_command_line(text: str) -> dict[str, Setting]:
@@ -258,29 +193,3 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
 
     walk(document.data, ())
     return found
-
-
-def integer_setting(draft: Draft, setting: Setting) -> int | None:
-    """A setting's integer as Megatron's argument parser reads it, or None with the problem
-    reported at the setting's key."""
-    value = setting.value
-    if isinstance(value, str):
-        digits = _DIGITS.fullmatch(value.strip())
-        if digits is None:
-            left = unexpanded(value)
-            why = "" if left is None else f": {left}; write the number"
-            draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{why}")
-            return None
-        if len(digits[1]) > len(str(MAX_WORLD_SIZE)):
-            draft.fail(
-                setting.key,
-                f"an integer of {len(digits[1])} digits is larger than {MAX_WORLD_SIZE}, the "
-                "most ranks torch can number",
-            )
-            return None
-        value = int(digits[1])
-    problem = integer_problem(value, auto=False)
-    if problem is not None:
-        draft.fail(setting.key, problem)
-        return None
-    return int(value)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from meshconf.core.errors import describe_value
+from meshconf.core.schedules import megatron_schedule
+from meshconf.features.convert.arguments import Setting, integer_setting
 from meshconf.features.convert.common import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
     EP_OVERLAP_SWITCH,
@@ -22,8 +24,6 @@ from meshconf.features.convert.megatron_input import (
     SPLIT_WEIGHT_SETTINGS,
     TRAINING_SETTINGS,
     VIRTUAL_STAGE_SETTINGS,
-    Setting,
-    integer_setting,
 )
 
 
@@ -159,7 +159,7 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
         setting, chunks = chunks_setting
         draft.training["virtual_stages"] = chunks
         draft.origins[("training", "virtual_stages")] = setting.key
-        draft.training["pp_schedule"] = "interleaved"
+        draft.training["pp_schedule"] = megatron_schedule(interleaved=True).name
     if group_setting is None:
         return
     setting, group = group_setting

@@ -9,8 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshconf.core.errors import describe_value
+from meshconf.core.messages import spoken_list
+from meshconf.core.schedules import SCHEDULES, PipelineSchedule
 from meshconf.core.training import TRAINING_BOUNDS
 from meshconf.features.convert.common import Draft, boolean_problem, integers, unknown_keys
+from meshconf.trainers.torchtitan import TORCHTITAN_DEGREES
 
 #: Every field of torchtitan 0.2.1's ``Parallelism`` dataclass, in its order.
 TORCHTITAN_FIELDS = (
@@ -35,16 +38,6 @@ TORCHTITAN_FIELDS = (
     "expert_tensor_parallel_degree",
     "expert_parallel_comm_backend",
 )
-#: The fields that are mesh settings, and the meshconf degree each one is.
-TORCHTITAN_DEGREES = {
-    "pipeline_parallel_degree": "pp",
-    "data_parallel_replicate_degree": "dp_replicate",
-    "data_parallel_shard_degree": "dp_shard",
-    "context_parallel_degree": "cp",
-    "tensor_parallel_degree": "tp",
-    "expert_parallel_degree": "ep",
-    "expert_tensor_parallel_degree": "etp",
-}
 
 
 def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
@@ -69,16 +62,18 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
     overlap = table.get("pipeline_parallel_expert_parallel_overlap", True)
     degrees = draft.degrees
     if (
-        schedule == "DualPipeV"
+        schedule is not None
+        and schedule.order == "overlapped"
         and overlap is True
         and degrees.get("pp", 1) > 1
         and degrees.get("ep", 1) > 1
     ):
-        # torchtitan overlaps expert and pipeline traffic only under DualPipeV, and by default
+        # torchtitan overlaps expert and pipeline traffic only under the schedule that
+        # overlaps a forward and a backward pass (DualPipeV), and by default
         draft.training["ep_overlap"] = True
         draft.notes.append(
-            'pipeline_parallel_schedule = "DualPipeV" with expert parallelism overlaps the '
-            "experts' dispatch and combine with compute: training.ep_overlap: true."
+            f'pipeline_parallel_schedule = "{schedule.torch}" with expert parallelism overlaps '
+            "the experts' dispatch and combine with compute: training.ep_overlap: true."
         )
     if draft.document is not None:
         _checkpointing(draft, draft.document)
@@ -94,9 +89,8 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
 
 
 #: The pipeline schedules ``torch.distributed.pipelining`` knows (torchtitan passes the name to
-#: its ``get_schedule_class``, which ignores case), and the estimate's name for those it
-#: models: 1F1B, the interleaved 1F1B, LoopedBFS, GPipe, and the two in a V, ZBV and DualPipeV.
-_SCHEDULES = (
+#: its ``get_schedule_class``, which ignores case).
+_TORCH_SCHEDULES = (
     "1F1B",
     "Interleaved1F1B",
     "GPipe",
@@ -107,13 +101,9 @@ _SCHEDULES = (
     "ZBVZeroBubble",
     "DualPipeV",
 )
-_ESTIMATED_SCHEDULES = {
-    "1F1B": "1f1b",
-    "Interleaved1F1B": "interleaved",
-    "LoopedBFS": "loopedbfs",
-    "GPipe": "gpipe",
-    "ZBVZeroBubble": "zbv",
-    "DualPipeV": "dualpipev",
+#: The schedules the estimate models, by torch's name.
+_MODELLED: Mapping[str, PipelineSchedule] = {
+    row.torch: row for row in SCHEDULES if row.torch is not None
 }
 #: torchtitan's weights of the embedding and the output in the pipeline split (1 each by
 #: default), and the key of the ``training`` block each one is.
@@ -128,21 +118,22 @@ _PIPELINE_CONVERTED = (
 )
 
 
-def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
+def _pipeline(draft: Draft, table: Mapping[str, Any]) -> PipelineSchedule | None:
     """With pp above 1, ``training.pp_schedule`` (and its model chunks per rank) where the
     estimate models torchtitan's schedule, and the embedding's and output's weights in the
-    split, which torchtitan always applies; the schedule's name as torch spells it, or None
-    when it is not one."""
+    split, which torchtitan always applies; the schedule the estimate models, or None when
+    torch's is not one (or no schedule)."""
     written = table.get("pipeline_parallel_schedule", "1F1B")
-    names = {name.lower(): name for name in _SCHEDULES}
-    schedule = names.get(written.lower()) if isinstance(written, str) else None
-    if schedule is None:
+    names = {name.lower(): name for name in _TORCH_SCHEDULES}
+    torch_name = names.get(written.lower()) if isinstance(written, str) else None
+    if torch_name is None:
         draft.fail(
             "pipeline_parallel_schedule",
-            f"expected one of torch's pipeline schedules ({', '.join(_SCHEDULES)}), got "
+            f"expected one of torch's pipeline schedules ({', '.join(_TORCH_SCHEDULES)}), got "
             f"{describe_value(written)}",
         )
         return None
+    schedule = _MODELLED.get(torch_name)
     if draft.degrees.get("pp", 1) == 1:
         return schedule
     if "module_fqns_per_model_part" in table:
@@ -160,24 +151,23 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> str | None:
             draft.origins[("training", name)] = key
         else:
             draft.comments[f"training.{name}"] = f"torchtitan's default {key}"
-    if schedule not in _ESTIMATED_SCHEDULES:
+    if schedule is None:
         draft.notes.append(
-            f'pipeline_parallel_schedule = "{schedule}" is not converted: the estimate models '
-            "1F1B, Interleaved1F1B, LoopedBFS, GPipe, ZBVZeroBubble and DualPipeV; give "
-            "--pp-schedule and "
-            "--virtual-stages to plan and show."
+            f'pipeline_parallel_schedule = "{torch_name}" is not converted: the estimate models '
+            f"{spoken_list(list(_MODELLED))}; give --pp-schedule and --virtual-stages to plan "
+            "and show."
         )
-        return schedule
-    draft.training["pp_schedule"] = _ESTIMATED_SCHEDULES[schedule]
+        return None
+    draft.training["pp_schedule"] = schedule.name
     if "pipeline_parallel_schedule" in table:
         draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
     if "pipeline_parallel_layers_per_stage" in table:
         # validated with the config, and a problem reported at torchtitan's key
         draft.training["layers_per_stage"] = table["pipeline_parallel_layers_per_stage"]
         draft.origins[("training", "layers_per_stage")] = "pipeline_parallel_layers_per_stage"
-    elif schedule in ("Interleaved1F1B", "LoopedBFS"):
+    elif schedule.looped:
         draft.training["virtual_stages"] = 2
-        draft.comments["training.virtual_stages"] = f"torchtitan's default for {schedule}"
+        draft.comments["training.virtual_stages"] = f"torchtitan's default for {torch_name}"
     return schedule
 
 

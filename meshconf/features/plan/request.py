@@ -34,7 +34,8 @@ MAX_INSIDE_ASSIGNMENTS = 2_000
 
 
 class PlanError(MeshconfError, ValueError):
-    """Pins that no assignment satisfies, or values out of range; the message says which."""
+    """A request that cannot be planned: no world size, pins that no assignment satisfies,
+    or values out of range; the message says which."""
 
 
 @dataclass(frozen=True)

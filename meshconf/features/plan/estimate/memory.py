@@ -43,6 +43,21 @@ MASTER_BYTES = 4
 #: loss's backward pass, when FSDP gathers the final norm and the output again for the norm's
 #: backward pass, or in the embedding's backward pass (docs/plan.md, "Gathers").
 Phase = Literal["block", "loss", "output", "embedding"]
+#: What FSDP holds gathered at the peak (``Memory.gathered``): nothing, as ZeRO 0 and 1 keep
+#: the weights whole or no dim shards them; ZeRO 2's one block's gradient; in a block's
+#: backward pass, one block resharded after its forward pass, or every block kept, its
+#: gradients accumulated unsharded under a pipeline; or a phase's end weights (``Phase``).
+Gathered = Literal[
+    "whole",
+    "unsharded",
+    "gradient",
+    "resharded",
+    "kept",
+    "accumulated",
+    "loss",
+    "output",
+    "embedding",
+]
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,8 @@ class Memory:
     phase: Phase = "block"
     #: The CUDA context, NCCL's buffers and the allocator's reserve (:mod:`~.runtime`).
     runtime: int = 0
+    #: What ``gathers`` holds.
+    gathered: Gathered = "whole"
 
     @property
     def training_state(self) -> int:
@@ -115,15 +132,17 @@ def rank_memory(
         params = _parameter_bytes(_stage(arch, par, stage, unsharded), training)
     grads = whole if training.zero_stage <= 1 else shard.elements
     held = _activations(arch, par, training, stage)
+    gathers, gathered_kind = _gathers(arch, par, training, stage)
     block = Memory(
         params=params,
         grads=grads * training.grad_bytes,
         optimizer=optimizer,
-        gathers=_gathers(arch, par, training, stage),
+        gathers=gathers,
         activations=held.stored + held.block_backward,
         pp_rank=stage.rank,
         block_backward=held.block_backward,
         in_flight=held.in_flight,
+        gathered=gathered_kind,
     )
     return max(_phases(arch, par, training, stage, held, block), key=lambda phase: phase.total)
 
@@ -155,6 +174,7 @@ def _phases(
                 output_head=held.output_head,
                 block_backward=0,
                 phase="loss",
+                gathered="loss" if grouped else block.gathered,
             )
         )
         if grouped:
@@ -165,6 +185,7 @@ def _phases(
                     activations=held.stored,
                     block_backward=0,
                     phase="output",
+                    gathered="output",
                 )
             )
     if grouped and stage.first:
@@ -176,6 +197,7 @@ def _phases(
                 block_backward=0,
                 in_flight=0,
                 phase="embedding",
+                gathered="embedding",
             )
         )
     return phases
@@ -201,27 +223,32 @@ def _block_shard(arch: Architecture, kind: LayerKind, par: Parallelism) -> Shard
     return local_shard(arch.layer_weights(kind), par)
 
 
-def _gathers(arch: Architecture, par: Parallelism, training: Training, stage: RankStage) -> int:
-    if training.zero_stage <= 1 or (par.fsdp == 1 and (arch.experts is None or par.efsdp == 1)):
-        return 0
+def _gathers(
+    arch: Architecture, par: Parallelism, training: Training, stage: RankStage
+) -> tuple[int, Gathered]:
+    """FSDP's working set in a block's backward pass, and what it holds."""
+    if training.zero_stage <= 1:
+        return 0, "whole"
+    if par.fsdp == 1 and (arch.experts is None or par.efsdp == 1):
+        return 0, "unsharded"
     splits = [
         linear_split(arch, kind, par, gathered) for kind, count in stage.layers.items() if count
     ]
     largest = max((sum(split) for split in splits), default=0)
     if training.zero_stage == 2:
         # whole parameters; one block's gradient before its reduce-scatter
-        return largest * training.grad_bytes
+        return largest * training.grad_bytes, "gradient"
     if training.reshards(par.pp):
         block = max((_parameter_bytes(split, training) for split in splits), default=0)
-        return 2 * block + largest * training.grad_bytes
+        return 2 * block + largest * training.grad_bytes, "resharded"
     # Parameters stay gathered from a block's forward pass to its backward pass. Under a
     # pipeline schedule, torch.distributed.pipelining also turns off gradient sync and
     # resharding until the last micro-batch (stage.backward_maybe_with_nosync), so the
     # rank's gradients accumulate unsharded, in the reduction dtype.
     held = _stage(arch, par, stage, gathered)
-    accumulated = par.pp > 1 and microbatches(par, training) > 1
-    grads = sum(held) if accumulated else largest
-    return _parameter_bytes(held, training) + grads * training.grad_bytes
+    if par.pp > 1 and microbatches(par, training) > 1:
+        return _parameter_bytes(held, training) + sum(held) * training.grad_bytes, "accumulated"
+    return _parameter_bytes(held, training) + largest * training.grad_bytes, "kept"
 
 
 def _stage(arch: Architecture, par: Parallelism, stage: RankStage, size: Sizing) -> tuple[int, int]:

@@ -12,16 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Literal
 
-from meshconf.core.training import LOOPED_SCHEDULES, TRAINING_BOUNDS, V_SCHEDULES, Ends
+from meshconf.core.schedules import SCHEDULE_BY_NAME, Placement
+from meshconf.core.training import TRAINING_BOUNDS, Ends
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.
 KINDS: tuple[LayerKind, ...] = ("dense", "moe")
-#: Where a schedule places the model chunks (:func:`chunk_ids`): in rounds, in a V, or each
-#: rank's chunk with a copy of its mirror rank's (DualPipe).
-Placement = Literal["rounds", "v", "mirror"]
 
 
 def stage_layers(
@@ -144,7 +141,11 @@ def chunks_from_layers(
     ``layers`` plus the ends' ``weights``, as torchtitan's ``pipeline_parallel_layers_per_stage``
     sets them (the chunk count rounded up); with why the schedule cannot run them (torchtitan
     refuses the same, and more than ``virtual_stages`` may give), or None. The count returned
-    is at least 1 and at most that bound."""
+    is at least 1 and at most that bound.
+
+    Raises:
+        KeyError: ``schedule`` is not a schedule's name.
+    """
     weighted = layers + sum(weights)
     chunks = -(-weighted // layers_per_stage)
     per_rank = max(1, chunks // pp)
@@ -152,18 +153,23 @@ def chunks_from_layers(
     made = f"{layers_per_stage} layer{plural} a chunk make {chunks} chunks of {weighted} layers"
     # the bound of virtual_stages, so that no estimate holds more chunks a rank
     most = int(TRAINING_BOUNDS["virtual_stages"].maximum)
+    # a looped schedule runs any count from 2, the others the count they place
+    row = SCHEDULE_BY_NAME[schedule]
+    runs = row.chunks_per_rank(per_rank)
     problem = None
     if chunks % pp:
         problem = f"{made}: not a multiple of pp {pp}"
-    elif schedule in V_SCHEDULES and per_rank != 2:
-        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs two"
-    elif schedule in LOOPED_SCHEDULES and per_rank < 2:
+    elif row.looped and per_rank < 2:
         problem = f"{made}, {per_rank} a pipeline rank: {schedule} needs at least 2"
-    elif schedule not in (*V_SCHEDULES, *LOOPED_SCHEDULES) and per_rank != 1:
-        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs one"
+    elif per_rank != runs:
+        problem = f"{made}, {per_rank} a pipeline rank: {schedule} runs {_WORDS[runs]}"
     elif per_rank > most:
         problem = f"{made}, {per_rank} a pipeline rank: more than {most}"
     return min(per_rank, most), problem
+
+
+#: The chunk counts a schedule that does not loop places on a rank, in words.
+_WORDS = {1: "one", 2: "two"}
 
 
 def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:

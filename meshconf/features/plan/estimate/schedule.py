@@ -1,14 +1,17 @@
 """What a pipeline schedule costs a rank: the chunk-micro-batches whose activations it holds
 at its peak, the time it waits in a step, and the micro-batch counts a schedule cannot run.
+Each order of ``meshconf.core.schedules`` has its formulas here (:data:`ORDERS`); a schedule's
+row says which order it runs, where it places its chunks and how it groups micro-batches.
 
 Pure Python. Formulas and sources in docs/plan.md ("Micro-batches in flight", "Step time").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from meshconf.core.training import GROUPED_SCHEDULES
+from meshconf.core.schedules import Order, PipelineSchedule
 from meshconf.features.plan.estimate.training import Training
 
 
@@ -29,52 +32,6 @@ class PassFlops:
         return self.forward + self.backward_input + self.backward_weight
 
 
-def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
-    """Chunk-micro-batches whose activations a pipeline rank holds at its peak, from their
-    forward pass until their backward pass for the weights ends:
-
-    - 1F1B starts ``pp - rank`` before its first backward (Narayanan et al. 2021, section
-      2.2);
-    - the interleaved schedule warms up ``2 (pp - rank - 1) + (v - 1) g`` chunk-micro-batches,
-      then holds one more, where ``g`` is the micro-batches each chunk runs before the next
-      chunk's: ``microbatch_group`` where given (Megatron-LM's
-      ``--microbatch-group-size-per-virtual-pipeline-stage``), else torch's round
-      (:func:`round_size`: ``pp`` when ``m`` is a multiple of ``pp``, Megatron-LM's default);
-      Llama 3's schedule (The Llama 3 Herd of Models, section 3.3.2) runs the same order with
-      ``g`` its ``N``, which may be below ``pp``: its warm-up is the same count;
-    - GPipe runs every forward pass before the first backward (Huang et al. 2019), and
-      LoopedBFS every forward pass of every chunk (Lamy-Poirier, "Breadth-First Pipeline
-      Parallelism", arXiv:2211.05953; torch's ``ScheduleLoopedBFS``);
-    - ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
-      chunk before the first backward of its second chunk's first forward pass (torch's
-      ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak);
-    - DualPipeV holds ``2 pp + 1`` (the DeepSeek-V3 report, table 2: ``PP + 1`` of ``PP``
-      stages);
-    - DualPipe holds ``pp + 1`` on every rank, of its two chunks together (the same table;
-      the order of DeepSeek's ``DualPipe.step``).
-
-    Without a pipeline (``pp`` 1) no schedule runs: the micro-batches accumulate one after
-    the other."""
-    v = training.chunks_per_stage
-    m = microbatches
-    if pp == 1:
-        return v
-    if training.schedule == "gpipe":
-        return m
-    if training.schedule == "loopedbfs":
-        return m * v
-    if training.schedule == "zbv":
-        return min(m, 2 * pp - rank - 1) + min(m, rank + 1)
-    if training.schedule == "dualpipev":
-        return min(2 * m, 2 * pp + 1)
-    if training.schedule == "dualpipe":
-        return min(m, pp + 1)
-    if v == 1:
-        return min(m, pp - rank)
-    group = training.microbatch_group or round_size(pp, m)
-    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * group + 1)
-
-
 def round_size(pp: int, microbatches: int) -> int:
     """The micro-batches the interleaved schedule runs through every chunk before the next
     ones, as torch's ``ScheduleInterleaved1F1B`` groups them: ``m`` cut into ``m // pp``
@@ -86,43 +43,62 @@ def _rounds(pp: int, microbatches: int) -> int:
     return max(1, microbatches // pp)
 
 
-def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
-    """The time a rank waits in a step, as a fraction of the time it computes:
+def _depth_first_in_flight(pp: int, rank: int, v: int, m: int, group: int | None) -> int:
+    """1F1B starts ``pp - rank`` before its first backward (Narayanan et al. 2021, section
+    2.2); over ``v`` looped chunks it warms up ``2 (pp - rank - 1) + (v - 1) g``
+    chunk-micro-batches, then holds one more, where ``g`` is the micro-batches each chunk runs
+    before the next chunk's: ``microbatch_group`` where given (Megatron-LM's
+    ``--microbatch-group-size-per-virtual-pipeline-stage``), else torch's round
+    (:func:`round_size`: ``pp`` when ``m`` is a multiple of ``pp``, Megatron-LM's default);
+    Llama 3's schedule (The Llama 3 Herd of Models, section 3.3.2) runs the same order with
+    ``g`` its ``N``, which may be below ``pp``: its warm-up is the same count."""
+    if v == 1:
+        return min(m, pp - rank)
+    return min(m * v, 2 * (pp - rank - 1) + (v - 1) * (group or round_size(pp, m)) + 1)
 
-    - 1F1B and GPipe: ``(pp - 1) / m``; interleaved over ``v`` chunks: ``(pp - 1) / (v m)``
-      (Narayanan et al. 2021, section 2.2), as Llama 3's schedule states for any ``N`` (The
-      Llama 3 Herd of Models, section 3.3.2), and with fewer micro-batches than ``pp``, which
-      come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
-      micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
-      LoopedBFS's is the same, for every count (the makespan of torch's
-      ``ScheduleLoopedBFS``);
-    - ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
-      inputs and the weights (``w <= f <= b``: the backward pass for the inputs takes the
-      attention's twice and what is recomputed): the makespan of torch's
-      ``ScheduleZBVZeroBubble``, :func:`_zbv_wait` over ``2 m (f + b + w)``; from
-      ``2 pp - 1`` micro-batches on, ``(pp - 1) max(b, 2 (b - w))``;
-    - DualPipeV: ``(pp - 1) (F&B + B - 3 W) / (2 m (f + b + w))`` (the DeepSeek-V3 report,
-      table 2), with ``F&B``, a forward and a backward pass overlapped, as long as both:
-      ``f + 2 b - w``;
-    - DualPipe: ``(pp / 2 - 1) (F&B + B - 3 W) / (m (f + b + w))`` (the same table), with
-      ``f``, ``b`` and ``w`` a pass through one of the rank's chunks, which each micro-batch
-      passes once.
 
-    Without a pipeline (``pp`` 1) no rank waits, whatever the schedule: 0."""
-    if pp == 1:
-        return 0.0
-    m = microbatches
-    f, b, w = flops.forward, flops.backward_input, flops.backward_weight
-    if training.schedule == "zbv":
-        return _zbv_wait(pp, m, f, b, w) / (2 * m * flops.total)
-    if training.schedule == "dualpipev":
-        return (pp - 1) * (f + 2 * b - w) / (2 * m * flops.total)
-    if training.schedule == "dualpipe":
-        return (pp / 2 - 1) * (f + 2 * b - w) / (m * flops.total)
-    v = training.chunks_per_stage
+def _breadth_first_in_flight(pp: int, rank: int, v: int, m: int, group: int | None) -> int:
+    """GPipe runs every forward pass before the first backward (Huang et al. 2019), and
+    LoopedBFS every forward pass of every chunk (Lamy-Poirier, "Breadth-First Pipeline
+    Parallelism", arXiv:2211.05953; torch's ``ScheduleLoopedBFS``)."""
+    return m * v
+
+
+def _zero_bubble_v_in_flight(pp: int, rank: int, v: int, m: int, group: int | None) -> int:
+    """ZBV runs ``2 (pp - rank) - 1`` forward passes of its first chunk and ``rank`` of each
+    chunk before the first backward of its second chunk's first forward pass (torch's
+    ``ScheduleZBVZeroBubble``; Qi et al. 2024, section 6: 1F1B's peak)."""
+    return min(m, 2 * pp - rank - 1) + min(m, rank + 1)
+
+
+def _overlapped_in_flight(pp: int, rank: int, v: int, m: int, group: int | None) -> int:
+    """DualPipe holds ``S + 1`` of its ``S`` stages (the DeepSeek-V3 report, table 2: ``PP +
+    1``), on every rank, of its chunks together: ``pp + 1`` mirrored (the order of DeepSeek's
+    ``DualPipe.step``), ``2 pp + 1`` in a V (DualPipeV, ``2 pp`` stages)."""
+    return min(v * m, v * pp + 1)
+
+
+def _flush_bubble(pp: int, m: int, v: int, flops: PassFlops) -> float:
+    """1F1B and GPipe: ``(pp - 1) / m``; over ``v`` looped chunks: ``(pp - 1) / (v m)``
+    (Narayanan et al. 2021, section 2.2), as Llama 3's schedule states for any ``N`` (The
+    Llama 3 Herd of Models, section 3.3.2), and with fewer micro-batches than ``pp``, which
+    come back to the first rank before a round ends, ``(v (pp - m) + m - 1) / (v m)``: a
+    micro-batch's ``v pp`` chunks one after the other, and one chunk for each other;
+    LoopedBFS's is the same, for every count (the makespan of torch's
+    ``ScheduleLoopedBFS``)."""
     if v > 1 and m < pp:
         return (v * (pp - m) + m - 1) / (v * m)
     return (pp - 1) / (v * m)
+
+
+def _zero_bubble_v_bubble(pp: int, m: int, v: int, flops: PassFlops) -> float:
+    """ZBV, with ``f``, ``b`` and ``w`` a chunk's forward pass and backward passes for the
+    inputs and the weights (``w <= f <= b``: the backward pass for the inputs takes the
+    attention's twice and what is recomputed): the makespan of torch's
+    ``ScheduleZBVZeroBubble``, :func:`_zbv_wait` over ``2 m (f + b + w)``; from ``2 pp - 1``
+    micro-batches on, ``(pp - 1) max(b, 2 (b - w))``."""
+    f, b, w = flops.forward, flops.backward_input, flops.backward_weight
+    return _zbv_wait(pp, m, f, b, w) / (2 * m * flops.total)
 
 
 def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
@@ -139,59 +115,126 @@ def _zbv_wait(pp: int, m: int, f: float, b: float, w: float) -> float:
     return max((pp - 1) * b + late, (pp - 1) * 2 * (b - w) + filled)
 
 
+def _overlapped_bubble(pp: int, m: int, v: int, flops: PassFlops) -> float:
+    """DualPipe over ``S`` stages: ``(S / 2 - 1) (F&B + B - 3 W)`` (the DeepSeek-V3 report,
+    table 2), with ``F&B``, a forward and a backward pass overlapped, as long as both:
+    ``f + 2 b - w``, over the ``v m (f + b + w)`` a rank computes: mirrored, ``S`` is ``pp``
+    and each micro-batch passes one of the rank's two chunks (``v`` 1); in a V (DualPipeV),
+    ``S`` is ``2 pp`` and each passes both."""
+    f, b, w = flops.forward, flops.backward_input, flops.backward_weight
+    return (pp * v / 2 - 1) * (f + 2 * b - w) / (v * m * flops.total)
+
+
+def _no_problem(pp: int, m: int, schedule: PipelineSchedule) -> str | None:
+    return None
+
+
+def _overlapped_problem(pp: int, m: int, schedule: PipelineSchedule) -> str | None:
+    """DualPipe sends half the micro-batches from each end, an even count of at least
+    ``2 pp``; torch's ``ScheduleDualPipeV`` refuses fewer than ``2 pp``."""
+    name = schedule.name
+    if schedule.chunks == "mirror" and (m < 2 * pp or m % 2):
+        return (
+            f"{m} micro-batches a step for {name} over pp {pp}: it sends half of them "
+            f"from each end, and needs an even count of at least {2 * pp}"
+        )
+    if schedule.chunks != "mirror" and m < 2 * pp:
+        return (
+            f"{m} micro-batches a step for {name} over pp {pp}: it needs at least {2 * pp}; "
+            f"torch's {schedule.torch} runs no fewer"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class OrderCosts:
+    """The formulas of one order, over ``pp`` ranks, ``m`` micro-batches a step and ``v``
+    model chunks a rank (:meth:`~meshconf.core.schedules.PipelineSchedule.chunks_per_rank`)."""
+
+    #: Chunk-micro-batches a rank holds at its peak: ``(pp, rank, v, m, microbatch_group)``.
+    in_flight: Callable[[int, int, int, int, int | None], int]
+    #: The time a rank waits in a step over the time it computes: ``(pp, m, v, flops)``.
+    bubble: Callable[[int, int, int, PassFlops], float]
+    #: Why the order cannot run ``m`` micro-batches over ``pp`` ranks, or None.
+    problem: Callable[[int, int, PipelineSchedule], str | None] = _no_problem
+
+
+ORDERS: Mapping[Order, OrderCosts] = {
+    "depth_first": OrderCosts(_depth_first_in_flight, _flush_bubble),
+    "breadth_first": OrderCosts(_breadth_first_in_flight, _flush_bubble),
+    "zero_bubble_v": OrderCosts(_zero_bubble_v_in_flight, _zero_bubble_v_bubble),
+    "overlapped": OrderCosts(_overlapped_in_flight, _overlapped_bubble, _overlapped_problem),
+}
+
+
+def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
+    """Chunk-micro-batches whose activations a pipeline rank holds at its peak, from their
+    forward pass until their backward pass for the weights ends, as the schedule's order
+    says (:data:`ORDERS`). Without a pipeline (``pp`` 1) no schedule runs: the micro-batches
+    accumulate one after the other."""
+    v = training.chunks_per_stage
+    if pp == 1:
+        return v
+    costs = ORDERS[training.pipeline_schedule.order]
+    return costs.in_flight(pp, rank, v, microbatches, training.microbatch_group)
+
+
+def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
+    """The time a rank waits in a step, as a fraction of the time it computes, as the
+    schedule's order says (:data:`ORDERS`). Without a pipeline (``pp`` 1) no rank waits,
+    whatever the schedule: 0."""
+    if pp == 1:
+        return 0.0
+    costs = ORDERS[training.pipeline_schedule.order]
+    return costs.bubble(pp, microbatches, training.chunks_per_stage, flops)
+
+
 def pipeline_ranks_problem(pp: int, training: Training) -> str | None:
     """Why the schedule cannot run over ``pp`` pipeline ranks, whatever the micro-batches, or
-    None: DeepSeek's ``DualPipe`` asserts an even number of ranks (``num_ranks % 2 == 0``
-    in ``DualPipe.step``), as its two halves mirror each other. Without a pipeline (``pp``
-    1) no schedule runs."""
-    if training.schedule == "dualpipe" and pp % 2 and pp > 1:
+    None: mirrored, the two halves of the pipeline mirror each other, so DeepSeek's
+    ``DualPipe`` asserts an even number of ranks (``num_ranks % 2 == 0`` in
+    ``DualPipe.step``). Without a pipeline (``pp`` 1) no schedule runs."""
+    schedule = training.pipeline_schedule
+    if schedule.chunks == "mirror" and pp % 2 and pp > 1:
         return (
-            f"dualpipe over pp {pp}: its two halves of the pipeline mirror each other, so pp "
-            "must be even"
+            f"{schedule.name} over pp {pp}: its two halves of the pipeline mirror each other, "
+            "so pp must be even"
         )
     return None
 
 
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
-    """Why the schedule cannot run (or the estimate cannot tell its step) with this many
-    micro-batches a step, or None: torch's ``ScheduleDualPipeV`` refuses fewer than
-    ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`),
-    Megatron-LM's interleaved schedule a group of micro-batches (``microbatch_group``)
-    outside ``pp`` to ``m``, or a last group of fewer than ``pp``, Llama 3's a group of more
-    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe`` an odd count or
-    fewer than ``2 pp`` (an odd ``pp`` is :func:`pipeline_ranks_problem`'s). Without a
-    pipeline (``pp`` 1) no schedule runs."""
+    """Why the schedule cannot run (or the estimate cannot tell its step) over ``pp`` ranks
+    with this many micro-batches a step, or None: the ranks it cannot run over
+    (:func:`pipeline_ranks_problem`); with micro-batch groups (``microbatch_group``),
+    Megatron-LM's interleaved schedule a group outside ``pp`` to ``m``, or a last group of
+    fewer than ``pp``, Llama 3's a group of more than ``m``; without them, torch's
+    ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`); and the counts
+    its order refuses (:data:`ORDERS`). Without a pipeline (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
-    m = microbatches
-    rounds = _rounds(pp, m)
-    group = training.microbatch_group
-    if training.schedule == "interleaved" and group is not None:
+    schedule = training.pipeline_schedule
+    m, group = microbatches, training.microbatch_group
+    ranks = pipeline_ranks_problem(pp, training)
+    if ranks is not None:
+        return ranks
+    if schedule.grouping == "pp_to_m" and group is not None:
         return _group_problem(pp, m, group)
-    if training.schedule == "llama3" and group is not None:
+    if schedule.grouping == "up_to_m" and group is not None:
         if group > m:
             return (
                 f"microbatch_group {group} with {m} micro-batches a step: Llama 3's schedule "
                 f"runs each model chunk on at most the step's {m} before the next"
             )
         return None
-    if training.schedule in GROUPED_SCHEDULES and m % rounds:
+    rounds = _rounds(pp, m)
+    if schedule.grouping is not None and m % rounds:
         return (
-            f"{m} micro-batches a step for {training.schedule} over pp {pp}: torch's "
+            f"{m} micro-batches a step for {schedule.name} over pp {pp}: torch's "
             f"Interleaved1F1B runs them in {rounds} rounds of equal size, which {m} is not a "
             "multiple of"
         )
-    if training.schedule == "dualpipev" and m < 2 * pp:
-        return (
-            f"{m} micro-batches a step for dualpipev over pp {pp}: it needs at least {2 * pp}; "
-            "torch's DualPipeV runs no fewer"
-        )
-    if training.schedule == "dualpipe" and (m < 2 * pp or m % 2):
-        return (
-            f"{m} micro-batches a step for dualpipe over pp {pp}: it sends half of them "
-            f"from each end, and needs an even count of at least {2 * pp}"
-        )
-    return None
+    return ORDERS[schedule.order].problem(pp, m, schedule)
 
 
 def _group_problem(pp: int, microbatches: int, group: int) -> str | None:

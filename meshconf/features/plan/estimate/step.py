@@ -14,11 +14,7 @@ from meshconf.features.plan.estimate.communication import DimTraffic, overlapped
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.runtime import Runtime, runtime_memory
-from meshconf.features.plan.estimate.schedule import (
-    bubble_fraction,
-    pipeline_ranks_problem,
-    schedule_problem,
-)
+from meshconf.features.plan.estimate.schedule import bubble_fraction, schedule_problem
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
 from meshconf.features.plan.estimate.work import busiest_stage, pass_flops, step_flops
 
@@ -96,7 +92,6 @@ def estimate(
     problem = (
         chunking
         or split_problem(arch.layers, chunks, training.stage_ends)
-        or pipeline_ranks_problem(par.pp, training)
         or schedule_problem(par.pp, m, training)
     )
     headroom = training.gpu_memory_gib * GIB - memory.total

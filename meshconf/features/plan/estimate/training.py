@@ -9,12 +9,17 @@ from functools import lru_cache
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_SIZE_OF
+from meshconf.core.schedules import (
+    DEFAULT_SCHEDULE,
+    SCHEDULE_BY_NAME,
+    PipelineSchedule,
+    Placement,
+    Schedule,
+)
 from meshconf.core.training import (
     DTYPE_BYTES,
     FP8_BYTES,
     FP8_OR_WIDER_BYTES,
-    LOOPED_SCHEDULES,
-    V_SCHEDULES,
     ActivationDtype,
     Checkpointing,
     DispatchDtype,
@@ -24,13 +29,11 @@ from meshconf.core.training import (
     NormKernel,
     OptimizerDtype,
     Resharding,
-    Schedule,
     SequenceParallel,
     ZeroStage,
 )
 from meshconf.features.plan.estimate.gpus import DEFAULT_GPU, GPUS
 from meshconf.features.plan.estimate.pipeline import (
-    Placement,
     chunks_from_layers,
     weighted_ends,
     weights_problem,
@@ -59,7 +62,7 @@ class Training:
     #: this many, each keeping only its input (Megatron-LM's ``--recompute-method uniform``);
     #: None, each block alone.
     checkpoint_group: int | None = None
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = DEFAULT_SCHEDULE
     virtual_stages: int = 1
     #: Under the interleaved and Llama 3 schedules, the micro-batches each model chunk runs
     #: before the next chunk's (Megatron-LM's
@@ -165,7 +168,7 @@ class Training:
             per_rank, problem = chunks_from_layers(
                 layers, pp, self.layers_per_stage, self.split_weights or (0, 0), self.schedule
             )
-            virtual = per_rank if self.schedule in LOOPED_SCHEDULES else 1
+            virtual = per_rank if self.pipeline_schedule.looped else 1
             resolved = replace(self, layers_per_stage=None, virtual_stages=virtual)
         chunks = pp * resolved.chunks_per_stage
         weights = self.split_weights
@@ -193,20 +196,19 @@ class Training:
         return self.reshard_after_forward == "always"
 
     @property
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The schedule's row of ``meshconf.core.schedules.SCHEDULES``."""
+        return SCHEDULE_BY_NAME[self.schedule]
+
+    @property
     def chunks_per_stage(self) -> int:
-        """Model chunks each pipeline rank holds: 1, the virtual stages in rounds
-        (:data:`LOOPED_SCHEDULES`), 2 in a V."""
-        if self.placement == "v":
-            return 2
-        return self.virtual_stages if self.schedule in LOOPED_SCHEDULES else 1
+        """Model chunks each pipeline rank holds: 1, the virtual stages looped, 2 in a V."""
+        return self.pipeline_schedule.chunks_per_rank(self.virtual_stages)
 
     @property
     def placement(self) -> Placement:
-        """Where the schedule places the chunks: in a V (:data:`V_SCHEDULES`), mirrored
-        (``dualpipe``), or in rounds."""
-        if self.schedule in V_SCHEDULES:
-            return "v"
-        return "mirror" if self.schedule == "dualpipe" else "rounds"
+        """Where the schedule places the chunks: in rounds, in a V or mirrored."""
+        return self.pipeline_schedule.placement
 
     def chunk_share(self, pp: int) -> float:
         """The share of a rank's chunks each micro-batch passes through: all of them, but

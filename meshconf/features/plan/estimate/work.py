@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from meshconf.core.schedules import Placement
 from meshconf.core.training import Checkpointing, Ends
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
@@ -24,7 +25,6 @@ from meshconf.features.plan.estimate.architecture import (
 )
 from meshconf.features.plan.estimate.pipeline import (
     KINDS,
-    Placement,
     RankStage,
     rank_stage,
     rank_stages,

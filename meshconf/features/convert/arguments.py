@@ -1,0 +1,121 @@
+"""A tool's settings as its own parser reads them, each kept with where it was written: ``--name
+value`` words of a command line, YAML with positions, and integers as an argument parser
+reads them; shared by the readers of Megatron-LM's and accelerate's settings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from meshconf.core.degrees import MAX_WORLD_SIZE
+from meshconf.core.errors import describe_value
+from meshconf.core.messages import shorten
+from meshconf.features.convert.common import Draft, integer_problem
+from meshconf.features.convert.shell import Word, source_error, unexpanded
+from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
+
+#: A size as an argument parser reads it: ASCII digits, with an optional plus.
+_DIGITS = re.compile(r"\+?([0-9]+)")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its canonical name, the key as written, its value and its position."""
+
+    name: str
+    key: str
+    value: Any
+    position: tuple[int, int] | None
+
+
+def _destination(flag: str) -> str:
+    """The name argparse stores an option under: ``--tp-size`` is ``tp_size``."""
+    return flag[2:].replace("-", "_")
+
+
+def settings_from_words(
+    words: list[Word],
+    valued: tuple[str, ...],
+    switches: tuple[str, ...],
+    *,
+    tool: str,
+    name_of: Callable[[str], str] = _destination,
+) -> dict[str, Setting]:
+    """``--name value``, ``--name=value`` and switches among ``words``, each named by
+    ``name_of(flag)``; the last one wins, as with ``tool``'s argument parser (argparse's),
+    which refuses a value given to a switch (``store_true``).
+
+    Raises :class:`ConversionError` when a switch is given a value or an option lacks one.
+    """
+    found: dict[str, Setting] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.text.startswith("--"):
+            continue
+        flag, equals, inline = word.text.partition("=")
+        name = name_of(flag)
+        if name in switches:
+            if equals:
+                raise source_error(
+                    flag,
+                    f"is a switch and takes no value, as {tool}'s parser refuses "
+                    f"{shorten(word.text)!r}: give {flag} to turn it on, leave it out to keep it "
+                    "off",
+                    (word.line, word.column),
+                )
+            found[name] = Setting(name, flag, True, (word.line, word.column))
+            continue
+        if name not in valued:
+            continue
+        if equals:
+            found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
+            continue
+        if index >= len(words) or words[index].text.startswith("--"):
+            raise source_error(flag, "needs a value", (word.line, word.column))
+        value = words[index]
+        index += 1
+        found[name] = Setting(name, flag, value.text, (value.line, value.column))
+    return found
+
+
+def yaml_document(text: str) -> YamlDocument:
+    """``text`` read as YAML, with its positions.
+
+    Raises :class:`ConversionError` for YAML that cannot be read, at its line and column.
+    """
+    try:
+        return read_yaml(text)
+    except YamlError as error:
+        position = None if error.position is None else (error.position.line, error.position.column)
+        raise source_error(None, f"invalid YAML: {error.message}", position) from None
+
+
+def integer_setting(draft: Draft, setting: Setting) -> int | None:
+    """A setting's integer as an argument parser reads it (Megatron-LM's, accelerate's), or
+    None with the problem reported at the setting's key."""
+    value = setting.value
+    if isinstance(value, str):
+        digits = _DIGITS.fullmatch(value.strip())
+        if digits is None:
+            left = unexpanded(value)
+            why = "" if left is None else f": {left}; write the number"
+            draft.fail(setting.key, f"expected an integer >= 1, got {describe_value(value)}{why}")
+            return None
+        if len(digits[1]) > len(str(MAX_WORLD_SIZE)):
+            draft.fail(
+                setting.key,
+                f"an integer of {len(digits[1])} digits is larger than {MAX_WORLD_SIZE}, the "
+                "most ranks torch can number",
+            )
+            return None
+        value = int(digits[1])
+    problem = integer_problem(value, auto=False)
+    if problem is not None:
+        draft.fail(setting.key, problem)
+        return None
+    return int(value)
