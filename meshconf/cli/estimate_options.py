@@ -368,7 +368,7 @@ def show_estimate(
             return usage_error("--explain needs --model or --model-file")
         return [] if found is None else found
     model, training, result = found
-    problems = unrunnable(model, config.resolved_degrees, training)
+    problems = unrunnable(model, config.resolved_degrees, training, config.resolved_world_size)
     if problems:
         _, located = load_located(args.path, args.overrides, args.key, world_size=args.world_size)
         lines = [diagnostic.render() for diagnostic in runnable_diagnostics(located, problems)]

@@ -202,7 +202,7 @@ class ValidAssignments:
         if key not in self._problems:
             model = self._request.model
             assert model is not None
-            found = unrunnable(model, degrees, self._request.training)
+            found = unrunnable(model, degrees, self._request.training, self._request.world_size)
             self._problems[key] = found[0] if found else None
         return self._problems[key]
 
@@ -275,7 +275,7 @@ def _pinned_problem(request: Request) -> Unrunnable | None:
     own degree, but etp's reads tp too, so etp counts only beside a pinned tp."""
     assert request.model is not None
     pins = dict(request.pins)
-    found = unrunnable(request.model, pins, request.training)
+    found = unrunnable(request.model, pins, request.training, request.world_size)
     return next(
         (
             problem
