@@ -158,11 +158,14 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
     ``2 pp``, ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`),
     Megatron-LM's interleaved schedule a group of micro-batches (``microbatch_group``)
     outside ``pp`` to ``m``, or a last group of fewer than ``pp``, Llama 3's a group of more
-    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe`` an odd count or
-    fewer than ``2 pp`` (an odd ``pp`` is :func:`pipeline_ranks_problem`'s). Without a
-    pipeline (``pp`` 1) no schedule runs."""
+    than ``m`` (torch's rounds without a group), and DeepSeek's ``DualPipe`` an odd ``pp``
+    (:func:`pipeline_ranks_problem`), an odd count or fewer than ``2 pp``. Without a pipeline
+    (``pp`` 1) no schedule runs."""
     if pp == 1:
         return None
+    ranks = pipeline_ranks_problem(pp, training)
+    if ranks is not None:
+        return ranks
     m = microbatches
     rounds = _rounds(pp, m)
     group = training.microbatch_group

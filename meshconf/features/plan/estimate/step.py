@@ -16,7 +16,6 @@ from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.runtime import Runtime, runtime_memory
 from meshconf.features.plan.estimate.schedule import (
     bubble_fraction,
-    pipeline_ranks_problem,
     schedule_problem,
 )
 from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
@@ -96,7 +95,6 @@ def estimate(
     problem = (
         chunking
         or split_problem(arch.layers, chunks, training.stage_ends)
-        or pipeline_ranks_problem(par.pp, training)
         or schedule_problem(par.pp, m, training)
     )
     headroom = training.gpu_memory_gib * GIB - memory.total
