@@ -161,7 +161,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "checkpointing",
         **one_of(CHECKPOINTING),
         help="what the backward pass recomputes: nothing, what torchtitan's per-op selective "
-        f"policy does not keep, or every block ({DEFAULTS.checkpointing})",
+        "policy does not keep, every block, or the norms, latent attention's up-projections "
+        "and the experts' SwiGLU outputs (DeepSeek-V3's report, sections 3.2.3 and 3.3.3) "
+        f"({DEFAULTS.checkpointing})",
     )
     option(
         "checkpoint_every",

@@ -8,7 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Checkpointing = Literal["none", "selective", "full"]
+#: What the backward pass recomputes (docs/plan.md): nothing; what torchtitan's per-op
+#: policy does not keep; every block from its input; or the norms, latent attention's
+#: up-projections and the mixture of experts' SwiGLU outputs, keeping the SwiGLU's inputs, as
+#: DeepSeek-V3 trains (its report, sections 3.2.3 and 3.3.3).
+Checkpointing = Literal["none", "selective", "full", "norms-latent-swiglu"]
 Schedule = Literal[
     "1f1b", "interleaved", "llama3", "loopedbfs", "gpipe", "zbv", "dualpipev", "dualpipe"
 ]
@@ -25,7 +29,7 @@ MfuOver = Literal["compute", "step"]
 MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
-CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
+CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full", "norms-latent-swiglu")
 SCHEDULES: tuple[Schedule, ...] = (
     "1f1b",
     "interleaved",

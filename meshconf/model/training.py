@@ -180,7 +180,9 @@ class TrainingOptions(BaseModel):
     activation_checkpointing: Checkpointing | None = Field(
         None,
         description="What the backward pass recomputes: none, selective (what torchtitan's "
-        "per-op policy does not keep) or full (every block); full by default.",
+        "per-op policy does not keep), full (every block) or norms-latent-swiglu (the norms, "
+        "latent attention's up-projections and the experts' SwiGLU outputs, keeping the "
+        "SwiGLU's inputs: DeepSeek-V3's report, sections 3.2.3 and 3.3.3); full by default.",
         examples=["selective"],
     )
     checkpoint_every: Annotated[int, _bounded("checkpoint_every")] | None = Field(

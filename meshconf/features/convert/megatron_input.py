@@ -65,6 +65,14 @@ NUM_LAYERS = "num_layers"
 #: Megatron's activation recomputation: which tensors (``full`` or ``selective``), and for
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+#: Megatron's modules recomputed under ``selective`` granularity, any number of names
+#: (Megatron-LM's ``--recompute-modules``, argparse's ``nargs='*'``; ``core_attn`` when not
+#: given).
+RECOMPUTE_MODULES = "recompute_modules"
+#: The modules whose recomputation is DeepSeek-V3's, meshconf's ``norms-latent-swiglu``: the
+#: norms, latent attention's up-projections and the experts' SwiGLU (Megatron-Core's
+#: ``TransformerConfig.recompute_modules``).
+NORMS_LATENT_SWIGLU_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 #: Megatron-LM's switch that splits the norms' and dropouts' activations over tp.
 SEQUENCE_PARALLEL_SWITCH = "sequence_parallel"
 #: Megatron-LM's dtypes of AdamW's two moments (its precision-aware optimizer).
@@ -110,6 +118,8 @@ _VALUED = (
     *MOMENT_DTYPE_SETTINGS,
     ORDER_SETTING,
 )
+#: Options that take any number of values.
+_LISTED = (RECOMPUTE_MODULES,)
 MEGATRON_LM = "Megatron-LM"
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
@@ -136,10 +146,13 @@ def settings_from_words(
     *,
     tool: str,
     name_of: Callable[[str], str] = _megatron_name,
+    listed: tuple[str, ...] = (),
 ) -> dict[str, Setting]:
     """``--name value``, ``--name=value`` and switches among ``words``, each named by
     ``name_of(flag)``; the last one wins, as with ``tool``'s argument parser (argparse's),
-    which refuses a value given to a switch (``store_true``).
+    which refuses a value given to a switch (``store_true``). An option of ``listed`` takes
+    every word up to the next option, none or more, as argparse's ``nargs='*'`` does: its
+    value is their tuple.
 
     Raises :class:`ConversionError` when a switch is given a value or an option lacks one.
     """
@@ -162,6 +175,17 @@ def settings_from_words(
                     (word.line, word.column),
                 )
             found[name] = Setting(name, flag, True, (word.line, word.column))
+            continue
+        if name in listed:
+            if equals:
+                at = (word.line, word.column + len(flag) + 1)
+                found[name] = Setting(name, flag, (inline,), at)
+                continue
+            start = index
+            while index < len(words) and not words[index].text.startswith("--"):
+                index += 1
+            values = tuple(value.text for value in words[start:index])
+            found[name] = Setting(name, flag, values, (word.line, word.column))
             continue
         if name not in valued:
             continue
@@ -217,7 +241,9 @@ def read_command_line(text: str) -> dict[str, Setting]:
             )
         launch = commands[0] if commands else []
     script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
-    settings = settings_from_words(launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM)
+    settings = settings_from_words(
+        launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM, listed=_LISTED
+    )
     launcher = launch[: max(script, 0)]
     return {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
 
@@ -232,7 +258,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
     """
     document = yaml_document(text)
     found: dict[str, Setting] = {}
-    wanted = (*_VALUED, *FLAG_SETTINGS)
+    wanted = (*_VALUED, *FLAG_SETTINGS, *_LISTED)
 
     def walk(node: Any, path: tuple[str | int, ...]) -> None:
         if not isinstance(node, Mapping):

@@ -189,10 +189,9 @@ def _split_problem(arch: Architecture, pp: int, training: Training) -> str | Non
 
 @lru_cache(maxsize=256)
 def pp_choices(arch: Architecture, training: Training) -> tuple[int, ...]:
-    """Every pp that splits the model's layers under ``training``: at most the layers, the
-    ends' weights and two empty end chunks."""
-    weights = training.split_weights or (0, 0)
-    most = arch.layers + sum(weights) + 2
+    """Every pp that splits the model's layers under ``training``: every chunk but the two
+    at the ends holds a layer, so there are at most the layers and two chunks."""
+    most = arch.layers + 2
     return tuple(pp for pp in range(1, most + 1) if pipeline_problem(arch, pp, training) is None)
 
 
