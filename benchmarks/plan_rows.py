@@ -18,7 +18,7 @@ configurations (``features/plan/estimate/presets.py`` holds the same numbers):
   (largest / smallest) within each pipeline degree;
 - delivered: the most tokens per second per GPU of any fitting row / row 1's.
 
-The results go into docs/plan.md ("Every row runs"). Nothing here is asserted.
+The results go into docs/plan.md ("Layouts a model cannot run"). Nothing here is asserted.
 """
 
 from __future__ import annotations

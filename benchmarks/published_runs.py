@@ -49,12 +49,15 @@ LLAMA3_405B = (
 WITHOUT_RECOMPUTATION = ("--activation-checkpointing", "none")
 
 
-#: DeepSeek-V3's settings, as its report states them (the sources of its run below).
+#: DeepSeek-V3's settings, as its report states them (the sources of its run below); its
+#: recomputation: "We recompute all RMSNorm operations and MLA up-projections during
+#: back-propagation" (section 3.2.3), "we cache the inputs of the SwiGLU operator and
+#: recompute its output in the backward pass" (section 3.3.3): norms-latent-swiglu.
 DEEPSEEK_V3 = (
     "--model", "deepseek-v3", "--seq-len", "4096", "--global-batch-tokens", "62914560",
     "--zero-stage", "1", "--moe-max-nodes", "4", "--dispatch-dtype", "fp8",
     "--pp-schedule", "dualpipe", "--ep-overlap", "--activation-dtype", "fp8",
-    "--optimizer-dtype", "bf16", "--activation-checkpointing", "selective",
+    "--optimizer-dtype", "bf16", "--activation-checkpointing", "norms-latent-swiglu",
 )  # fmt: skip
 #: torchtitan's benchmark H100s: 96 GB of HBM2e, 95 GiB as torchtitan's memory percentages
 #: give it (71.99 GiB is 75.75%, pytorch/pytorch PR #129721), at a 500 W power limit.
@@ -152,10 +155,11 @@ RUNS = (
         "DeepSeek-V3 technical report (2024), sections 3.2 and 4.2: PP 16, EP 64, ZeRO-1 data "
         "parallelism, no TP, seq 4,096, 15,360 sequences a step, routing to at most 4 nodes, "
         "fp8 dispatch, DualPipe (section 3.2.1) hiding the experts' all-to-all under compute; "
-        "section 3.3.3: the linear layers' inputs cached in fp8, AdamW's moments in bf16; "
-        "section 3.2.3: the norms and latent attention's up-projections recomputed, no whole "
-        "block (meshconf's nearest: selective); 180K H800 GPU hours per trillion tokens (no MFU "
-        "published)",
+        "section 3.3.3: the linear layers' inputs cached in fp8 (the one after attention in "
+        "E5M6), the experts' SwiGLU inputs cached in fp8 and its output recomputed, AdamW's "
+        "moments in bf16; section 3.2.3: the norms and latent attention's up-projections "
+        "recomputed, no whole block (norms-latent-swiglu); 180K H800 GPU hours per trillion "
+        "tokens (no MFU published)",
         2048,
         {"pp": 16, "dp_replicate": 1, "dp_shard": 128, "cp": 1, "tp": 1, "ep": 64},
         PINNED,

@@ -58,6 +58,7 @@ SLOW_MODULES = frozenset(
         "test_plan_dualpipe",
         "test_plan_fsdp_memory",
         "test_plan_memory_gloo",
+        "test_plan_norms_latent_swiglu",
         "test_plan_pipeline_gloo",
         "test_plan_precision",
         "test_plan_schedule",

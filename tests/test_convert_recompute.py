@@ -59,6 +59,43 @@ def _converted(run_cli, tmp_path: Path, arguments: str):  # type: ignore[no-unty
         ("--recompute-granularity selective", "none", None, None),
         # Megatron-LM's switch for selective recomputation
         ("--recompute-activations", "none", None, None),
+        # DeepSeek-V3's recomputation, as Megatron-Core's modules name it, in any order
+        (
+            "--recompute-granularity selective --recompute-modules layernorm mla_up_proj moe_act",
+            "norms-latent-swiglu",
+            None,
+            None,
+        ),
+        (
+            "--recompute-modules moe_act layernorm mla_up_proj --recompute-activations",
+            "norms-latent-swiglu",
+            None,
+            None,
+        ),
+        # other modules: as Megatron-LM's selective recomputation of the core attention
+        (
+            "--recompute-granularity selective --recompute-modules layernorm mla_up_proj",
+            "none",
+            None,
+            None,
+        ),
+        (
+            "--recompute-granularity selective --recompute-modules core_attn layernorm "
+            "mla_up_proj moe_act",
+            "none",
+            None,
+            None,
+        ),
+        ("--recompute-granularity selective --recompute-modules=moe_act", "none", None, None),
+        ("--recompute-granularity selective --recompute-modules", "none", None, None),
+        # Megatron-LM reads the modules only under selective granularity
+        (
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+            "--recompute-modules layernorm mla_up_proj moe_act",
+            "full",
+            None,
+            None,
+        ),
     ],
 )
 def test_recomputation_the_estimate_can_say_is_converted(
@@ -69,6 +106,40 @@ def test_recomputation_the_estimate_can_say_is_converted(
     assert config.training.activation_checkpointing == mode
     assert config.training.checkpoint_first == first
     assert config.training.checkpoint_group == group
+
+
+def test_deepseek_v3_s_modules_convert_without_the_core_attention_note(
+    run_cli, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    arguments = (
+        "--recompute-granularity selective --recompute-modules layernorm mla_up_proj moe_act "
+        "--sequence-parallel"
+    )
+    config, text = _converted(run_cli, tmp_path, arguments)
+    assert config.training is not None
+    assert config.training.activation_checkpointing == "norms-latent-swiglu"
+    # the modules end at the next option, which is read as itself
+    assert config.training.sequence_parallel == "megatron"
+    assert "core attention" not in text
+
+
+@pytest.mark.parametrize(
+    ("modules", "mode"),
+    [
+        ("[layernorm, mla_up_proj, moe_act]", "norms-latent-swiglu"),
+        ("[mla_up_proj, moe_act]", "none"),
+        ("moe_act", "none"),
+    ],
+)
+def test_nemo_s_recompute_modules_are_read_as_a_list(modules: str, mode: str) -> None:
+    nemo = (
+        "trainer: {devices: 8, num_nodes: 1}\n"
+        "model:\n"
+        "  recompute_granularity: selective\n"
+        f"  recompute_modules: {modules}\n"
+    )
+    converted = BY_NAME[MEGATRON].convert(read_nemo_yaml(nemo), world_size=8)
+    assert converted.data["training"]["activation_checkpointing"] == mode
 
 
 def test_the_recomputation_switch_overrides_the_granularity_with_a_note(
@@ -385,13 +456,27 @@ def test_any_torchtitan_training_tables_convert_or_are_refused_at_their_key(
 WORDS = st.sampled_from(["full", "selective", "uniform", "block", "1", "2", "0", "x", "-1", "1e3"])
 
 
-@given(granularity=WORDS, method=st.none() | WORDS, layers=st.none() | WORDS, switch=st.booleans())
+MODULES = st.lists(st.sampled_from(["layernorm", "mla_up_proj", "moe_act", "core_attn", "moe"]))
+
+
+@given(
+    granularity=WORDS,
+    method=st.none() | WORDS,
+    layers=st.none() | WORDS,
+    switch=st.booleans(),
+    modules=st.none() | MODULES,
+)
 @settings(max_examples=200, deadline=None)
 def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
-    granularity: str, method: str | None, layers: str | None, switch: bool
+    granularity: str,
+    method: str | None,
+    layers: str | None,
+    switch: bool,
+    modules: list[str] | None,
 ) -> None:
     line = f"{ARGS}--recompute-granularity {granularity}"
     line += "" if method is None else f" --recompute-method {method}"
+    line += "" if modules is None else " --recompute-modules " + " ".join(modules)
     line += "" if layers is None else f" --recompute-num-layers {layers}"
     line += " --recompute-activations" if switch else ""
     if switch:  # Megatron-LM's switch sets the granularity, over the one given
@@ -406,6 +491,8 @@ def test_any_megatron_recomputation_converts_or_is_refused_at_its_argument(
         return
     training = conversion.data.get("training") or {}
     expected = {"selective": "none"}.get(granularity)
+    if granularity == "selective" and set(modules or ()) == {"layernorm", "mla_up_proj", "moe_act"}:
+        expected = "norms-latent-swiglu"
     first = None
     if (granularity, method, layers) == ("full", "uniform", "1"):
         expected = "full"

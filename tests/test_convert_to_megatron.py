@@ -289,3 +289,21 @@ def test_the_estimate_s_megatron_settings_are_written_and_read_back() -> None:
     )
     back = convert_megatron(read_command_line(arguments.command_line()), world_size=16)
     assert back.data["training"] == training
+
+
+def test_deepseek_v3_s_recomputation_is_written_as_megatron_core_s_modules_and_read_back() -> None:
+    """``norms-latent-swiglu`` is Megatron-LM's selective recomputation of the norms, latent
+    attention's up-projections and the experts' SwiGLU, one argument a module."""
+    training = {"zero_stage": 1, "activation_checkpointing": "norms-latent-swiglu"}
+    config = load_config({"world_size": 16, "degrees": {"pp": 2}, "training": training})
+    arguments = megatron_arguments(config)
+    start = arguments.arguments.index(("--recompute-granularity", "selective"))
+    assert arguments.arguments[start + 1] == (
+        "--recompute-modules",
+        "layernorm mla_up_proj moe_act",
+    )
+    assert arguments.command_line().endswith(
+        "--recompute-granularity selective \\\n--recompute-modules layernorm mla_up_proj moe_act\n"
+    )
+    back = convert_megatron(read_command_line(arguments.command_line()), world_size=16)
+    assert back.data["training"] == training

@@ -239,7 +239,7 @@ def test_plan_with_a_model_estimates_a_bounded_number_of_rows(run_cli) -> None: 
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (
         "meshconf: error: --world-size 720720 with a model has 89600 assignments to estimate, "
-        "more than the 20000 a plan estimates; pin a degree (such as --tp 8) to narrow them\n"
+        "more than the 5000 a plan estimates; pin a degree (such as --tp 8) to narrow them\n"
     )
     pinned = run_cli(*args, "--tp", "8", "--limit", "1")
     assert pinned.returncode == 0, pinned.stderr

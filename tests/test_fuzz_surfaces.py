@@ -169,6 +169,22 @@ def accelerate(rng: random.Random) -> Iterator[Case]:
         yield accelerate_file(
             f"X={construct}\naccelerate launch --num_processes $X train.py\n", "job.sh"
         )
+    launch = "accelerate launch --num_processes 8 --parallelism_config_tp_size 8 train.py\n"
+    for _ in range(4 * SCALE):  # here-documents, env and redirections, as bash reads them
+        operators = rng.choice([1, 3, 5_000, 50_000])
+        body = rng.choice(["", launch * rng.choice([1, 20_000]), "EOF\n" * operators])
+        texts = [
+            "cat" + " <<EOF" * operators + "\n" + body + launch,
+            rng.choice(["<<", "<<-", "2>&1 >", "env -u", "env -S", "env"])
+            + rng.choice(["", " 'EOF", ' "', " $((", " `"])
+            + "\n"
+            + launch,
+            "env " + "PARALLELISM_CONFIG_TP_SIZE=2 " * rng.choice([1, 30_000]) + launch,
+        ]
+        for text in texts:
+            case = accelerate_file(text, "job.sh")
+            case.may_pass = True  # bash runs some of them: closed here-documents, env alone
+            yield case
     for text in (  # shapes that are not accelerate's config
         "- 1\n- 2\n",
         "parallelism_config: 4\n",
@@ -294,18 +310,21 @@ def models(rng: random.Random) -> Iterator[Case]:
             args = ["plan", "--world-size", "64", "--model", "llama3-8b", option, value]
             yield Case("numbers", args, may_pass=_runtime_gib(value))
     # each pipeline and recomputation setting at the largest value it accepts, over 2**20
-    # GPUs: an estimate that looked at every pipeline rank would not end in time; past it,
-    # refused
+    # GPUs (tp and ep pinned, which a plan of so many layouts asks for): an estimate that
+    # looked at every pipeline rank would not end in time; past it, refused. End chunks of
+    # more layers than the model has leave no layout it can run, which is said.
     for option in PIPELINE_OPTIONS:
-        args = ["plan", "--world-size", str(2**20), "--model", "deepseek-v3", option]
-        yield Case("numbers", [*args, "100000"], valid=True)
+        args = ["plan", "--world-size", str(2**20), "--model", "deepseek-v3", "--tp", "8"]
+        args += ["--ep", "8", option]
+        ends = option in ("--first-stage-layers", "--last-stage-layers")
+        yield Case("numbers", [*args, "100000"], valid=not ends, code=2 if ends else None)
         for value in HUGE_NUMBERS:
             # 0 is a size some of them take
             yield Case("numbers", [*args, value], may_pass=value == "0")
     # the interleaved schedule's micro-batch groups, at the largest accepted and past it
     grouped = [
-        "plan", "--world-size", str(2**20), "--model", "deepseek-v3", "--pp-schedule",
-        "interleaved", "--virtual-stages", "1024", "--microbatch-group",
+        "plan", "--world-size", str(2**20), "--model", "deepseek-v3", "--tp", "8", "--ep", "8",
+        "--pp-schedule", "interleaved", "--virtual-stages", "2", "--microbatch-group",
     ]  # fmt: skip
     yield Case("numbers", [*grouped, str(2**30)], valid=True)
     for value in HUGE_NUMBERS:
@@ -315,14 +334,15 @@ def models(rng: random.Random) -> Iterator[Case]:
     yield Case("numbers", [*llama3, str(2**30)], valid=True)
     for value in HUGE_NUMBERS:
         yield Case("numbers", [*llama3, value])
-    # nor one that made a chunk for each layer the embedding counts as
+    # nor one that made a chunk for each layer the embedding counts as: no pipeline of 4096
+    # GPUs at most holds those chunks, which is said
     yield Case(
         "numbers",
         [
             "plan", "--world-size", "4096", "--model", "deepseek-v3", "--embedding-as-layers",
             "100000", "--pp-schedule", "interleaved", "--layers-per-stage", "1",
         ],
-        valid=True,
+        code=2,
     )  # fmt: skip
     yield Case(
         "numbers",

@@ -451,8 +451,8 @@ def test_more_pipeline_chunks_than_layers_do_not_fit_and_are_no_row() -> None:
         make_plan(Request(64, 8, {"pp": 64}, arch, Training()), 1)
     assert str(raised.value) == (
         "--pp 64 leaves no layout llama3-8b can run at --world-size 64: pp 64 cannot split "
-        "llama3-8b's 32 layers: 64 pipeline chunks for 32 layers: some chunk holds none; use 1 "
-        "to 32; pp may be 1, 2, 4, 8, 16 or 32"
+        "llama3-8b's 32 layers: 64 pipeline chunks for 32 layers: some chunk holds none; use 1, "
+        "2, 4, 8, 16 or 32"
     )
 
 

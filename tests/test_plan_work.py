@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from meshconf.core.degrees import divisors
 from meshconf.core.schedules import Schedule
-from meshconf.core.training import Checkpointing, MfuCounts
+from meshconf.core.training import CHECKPOINTING, Checkpointing, MfuCounts
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
@@ -84,9 +84,13 @@ def recomputed_flops_per_token(
     arch: Architecture, par: Parallelism, training: Training
 ) -> Fraction:
     """What the backward passes run again per token of the step, over the whole pipeline:
-    every block's recomputed forward pass, or the products ``selective`` runs again. Each
-    pipeline rank recomputes its own blocks (every N-th counted across its chunks, the first
-    N of each chunk); mirrored, a micro-batch passes one of a rank's two chunks."""
+    every block's recomputed forward pass, the products ``selective`` runs again, or
+    latent attention's up-projections under ``norms-latent-swiglu`` (counted here from the
+    attention's widths). Each pipeline rank recomputes its own blocks (every N-th counted
+    across its chunks, the first N of each chunk); mirrored, a micro-batch passes one of a
+    rank's two chunks."""
+    if training.checkpointing == "norms-latent-swiglu":
+        return Fraction(2 * arch.layers * _up_projections(arch))
     if training.checkpointing == "selective":
         return Fraction(
             sum(
@@ -116,6 +120,17 @@ def recomputed_flops_per_token(
                     forward = 2 * _active(arch, arch.kind(layer)) + _scores(arch, training.seq_len)
                     total += share * forward
     return total
+
+
+def _up_projections(arch: Architecture) -> int:
+    """Weight elements of latent attention's up-projections in one block: the query's from
+    its low rank (none without one), the key's and value's from theirs; none for
+    grouped-query attention."""
+    a = arch.attention
+    if not isinstance(a, LatentAttention):
+        return 0
+    query = a.q_lora_rank * a.heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    return query + a.kv_lora_rank * a.heads * (a.qk_nope_head_dim + a.v_head_dim)
 
 
 # --- generated models and layouts ---------------------------------------------------------
@@ -163,7 +178,7 @@ def model_files(draw: st.DrawFn) -> str:
 def trainings(draw: st.DrawFn, arch: Architecture) -> Training:
     """Training settings: every checkpointing mode and its options, every schedule, the
     ends given or not, model or hardware FLOPs."""
-    checkpointing: Checkpointing = draw(st.sampled_from(["none", "full", "selective"]))
+    checkpointing: Checkpointing = draw(st.sampled_from(CHECKPOINTING))
     options: dict[str, int | None] = {}
     if checkpointing == "full":
         option = draw(st.sampled_from(["checkpoint_every", "checkpoint_first", "checkpoint_group"]))

@@ -306,3 +306,90 @@ def test_any_dims_of_one_picture_take_different_colours() -> None:
     colours = dim_colours(names)
     assert len(set(colours.values())) == len(names)
     assert colours["tp"] == _DIM_COLOURS["tp"] and colours["fsdp"] == _DIM_COLOURS["fsdp"]
+
+
+# --- levels whose units are already drawn --------------------------------------------------
+
+
+def svg_text(config: MeshConfig, domain: str) -> str:
+    from meshconf.render import draw_domain, to_svg
+
+    above = tuple(level for level in config.topology if level.name != NODE)
+    return to_svg(draw_domain(config.layouts[domain], 0, config.node_size, above))
+
+
+def shapes_of(root: ET.Element) -> list[ET.Element]:
+    return [
+        element for element in root.iter() if element.tag[len(SVG) :] in ("rect", "path", "text")
+    ]
+
+
+@st.composite
+def with_repeated_levels(
+    draw_: st.DrawFn,
+) -> tuple[dict[str, object], dict[str, object], dict[str, str]]:
+    """A config of :func:`level_configs`, the same with levels whose units are one GPU, one
+    node or an inner level's mixed in, and what each added level's unit is."""
+    data = draw_(level_configs())
+    levels: list[dict[str, object]] = list(data["levels"])  # type: ignore[call-overload]
+    node = levels[0]["size"]
+    added: dict[str, str] = {}
+    mixed: list[dict[str, object]] = []
+    for index in range(draw_(st.integers(0, 3))):
+        mixed.append({"name": f"gpu{index}", "size": 1})
+        added[f"gpu{index}"] = "one GPU"
+    for level in levels:
+        mixed.append(level)
+        for index in range(draw_(st.integers(0, 2))):
+            name = f"{level['name']}_again{index}"
+            mixed.append({"name": name, "size": level["size"]})
+            added[name] = "one node" if level["name"] == NODE else f"one {level['name']} domain"
+    if node == 1:
+        added = {name: "one GPU" for name in added}
+    return data, {**data, "levels": mixed}, added
+
+
+@settings(max_examples=30, deadline=None)
+@given(with_repeated_levels(), st.sampled_from(["dense", "sparse"]))
+def test_levels_whose_units_are_drawn_add_one_legend_line_and_no_outline(
+    configs: tuple[dict[str, object], dict[str, object], dict[str, str]], domain: str
+) -> None:
+    plain, mixed, added = configs
+    without, with_ = load_config(plain), load_config(mixed)
+    if domain not in without.layouts:
+        domain = "dense"
+    text_without, text_with = svg_text(without, domain), svg_text(with_, domain)
+    root_without, root_with = ET.fromstring(text_without), ET.fromstring(text_with)
+
+    def outlines(root: ET.Element) -> list[tuple[str | None, str | None, str | None]]:
+        return [(p.get("class"), p.get("stroke"), p.get("d")) for p in root.iter(f"{SVG}path")]
+
+    assert outlines(root_with) == outlines(root_without)
+    assert len(shapes_of(root_with)) == len(shapes_of(root_without)) + len(added)
+    # the legend line and the title's mention of each added level, and no more
+    assert len(text_with) - len(text_without) <= 260 * len(added)
+    legend = [t.text or "" for t in root_with.iter(f"{SVG}text") if t.get("class") == "legend"]
+    world = with_.resolved_world_size
+    assert world is not None
+    for level in with_.topology:
+        if level.name in added:
+            units = world // level.size
+            domains = f"{units} {level.name} domain{'s' if units > 1 else ''}"
+            gpus = f"{level.size} GPU{'s' if level.size > 1 else ''}"
+            line = f"{domains} of {gpus}; not outlined: each is {added[level.name]}"
+            assert line in legend
+
+
+def test_sixteen_levels_of_one_gpu_draw_no_outline() -> None:
+    levels = [{"name": NODE, "size": 1}, *({"name": f"l{i}", "size": 1} for i in range(15))]
+    degrees = {"tp": 8, "dp_shard": 512}
+    config = load_config({"world_size": 4096, "levels": levels, "degrees": degrees})
+    bare = load_config({"world_size": 4096, "degrees": degrees})
+    text, bare_text = svg_text(config, "dense"), svg_text(bare, "dense")
+    root = ET.fromstring(text)
+    assert list(root.iter(f"{SVG}path")) == []
+    assert len(shapes_of(root)) == len(shapes_of(ET.fromstring(bare_text))) + 15
+    legend = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "legend"]
+    assert "4096 nodes of 1 GPU; not outlined: each is one GPU" in legend
+    assert "4096 l14 domains of 1 GPU; not outlined: each is one GPU" in legend
+    assert len(text) < len(bare_text) + 16 * 260

@@ -393,7 +393,7 @@ def show_estimate(
             raise UsageError("--explain needs --model or --model-file")
         return []
     model, training, result = found
-    problems = unrunnable(model, config.resolved_degrees, training)
+    problems = unrunnable(model, config.resolved_degrees, training, config.resolved_world_size)
     if problems:
         _, located = load_located(args.path, args.overrides, args.key, world_size=args.world_size)
         raise ConfigError(runnable_diagnostics(located, problems))

@@ -108,7 +108,8 @@ def _model_problems(
             for name in written.explicit
             if getattr(written, name) != AUTO
         }
-    return runnable_diagnostics(located, unrunnable(model, degrees, training))
+    problems = unrunnable(model, degrees, training, config.resolved_world_size)
+    return runnable_diagnostics(located, problems)
 
 
 def _world_size_note(result: FileResult) -> str:

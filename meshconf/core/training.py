@@ -17,7 +17,11 @@ from meshconf.core.schedules import (
     megatron_schedule,
 )
 
-Checkpointing = Literal["none", "selective", "full"]
+#: What the backward pass recomputes (docs/plan.md): nothing; what torchtitan's per-op
+#: policy does not keep; every block from its input; or the norms, latent attention's
+#: up-projections and the mixture of experts' SwiGLU outputs, keeping the SwiGLU's inputs, as
+#: DeepSeek-V3 trains (its report, sections 3.2.3 and 3.3.3).
+Checkpointing = Literal["none", "selective", "full", "norms-latent-swiglu"]
 Resharding = Literal["default", "always", "never"]
 ZeroStage = Literal[0, 1, 2, 3]
 #: What --mfu is a fraction of: the model's FLOPs (6 N plus attention per token, as published
@@ -31,7 +35,7 @@ MfuOver = Literal["compute", "step"]
 MFU_OVER: tuple[MfuOver, ...] = ("compute", "step")
 #: Layers of the first and the last pipeline chunk, None where the split decides.
 Ends = tuple[int | None, int | None]
-CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full")
+CHECKPOINTING: tuple[Checkpointing, ...] = ("none", "selective", "full", "norms-latent-swiglu")
 #: FSDP's reshard_after_forward as torchtitan's policy names it: ``default`` is ``never``
 #: with pipeline parallelism and ``always`` without.
 RESHARDING: tuple[Resharding, ...] = ("default", "always", "never")
@@ -290,9 +294,13 @@ TRAINING_SETTINGS: tuple[TrainingSetting, ...] = (
         "activation_checkpointing",
         "choice",
         "What the backward pass recomputes: none, selective (what torchtitan's per-op policy "
-        "does not keep) or full (every block); full by default.",
+        "does not keep), full (every block) or norms-latent-swiglu (the norms, latent "
+        "attention's up-projections and the experts' SwiGLU outputs, keeping the SwiGLU's "
+        "inputs: DeepSeek-V3's report, sections 3.2.3 and 3.3.3); full by default.",
         "what the backward pass recomputes: nothing, what torchtitan's per-op selective "
-        "policy does not keep, or every block ({default})",
+        "policy does not keep, every block, or the norms, latent attention's up-projections "
+        "and the experts' SwiGLU outputs (DeepSeek-V3's report, sections 3.2.3 and 3.3.3) "
+        "({default})",
         ("selective",),
         default="full",
         choices=get_args(Checkpointing),

@@ -43,10 +43,13 @@ def settings_from_words(
     *,
     tool: str,
     name_of: Callable[[str], str] = _destination,
+    listed: tuple[str, ...] = (),
 ) -> dict[str, Setting]:
     """``--name value``, ``--name=value`` and switches among ``words``, each named by
     ``name_of(flag)``; the last one wins, as with ``tool``'s argument parser (argparse's),
-    which refuses a value given to a switch (``store_true``).
+    which refuses a value given to a switch (``store_true``). An option of ``listed`` takes
+    every word up to the next option, none or more, as argparse's ``nargs='*'`` does: its
+    value is their tuple.
 
     Raises :class:`ConversionError` when a switch is given a value or an option lacks one.
     """
@@ -69,6 +72,17 @@ def settings_from_words(
                     (word.line, word.column),
                 )
             found[name] = Setting(name, flag, True, (word.line, word.column))
+            continue
+        if name in listed:
+            if equals:
+                at = (word.line, word.column + len(flag) + 1)
+                found[name] = Setting(name, flag, (inline,), at)
+                continue
+            start = index
+            while index < len(words) and not words[index].text.startswith("--"):
+                index += 1
+            values = tuple(value.text for value in words[start:index])
+            found[name] = Setting(name, flag, values, (word.line, word.column))
             continue
         if name not in valued:
             continue

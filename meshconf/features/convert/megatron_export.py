@@ -23,7 +23,7 @@ from meshconf.core.training import SETTINGS, Spelling
 from meshconf.features.convert.common import ConversionError
 from meshconf.features.convert.megatron import SIZE_DEGREES, convert_megatron
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
-from meshconf.features.convert.megatron_input import read_command_line
+from meshconf.features.convert.megatron_input import NORMS_LATENT_SWIGLU_MODULES, read_command_line
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -42,7 +42,9 @@ class MegatronExportError(ConfigError):
 class MegatronArguments:
     """A config as Megatron sees it."""
 
-    #: Megatron-LM's arguments, in order: (flag, value), the value None for a switch.
+    #: Megatron-LM's arguments, in order: (flag, value), the value None for a switch; the
+    #: value of an option that takes several (``--recompute-modules``) is its words joined by
+    #: spaces, each an argument.
     arguments: tuple[tuple[str, str | None], ...]
     #: Megatron's order string, inner to outer.
     order: str
@@ -174,6 +176,11 @@ def _training_arguments(
                 ("--recompute-granularity", "full"),
                 ("--recompute-method", how[0]),
                 ("--recompute-num-layers", how[1]),
+            ]
+        elif key == "activation_checkpointing" and value == "norms-latent-swiglu":
+            arguments += [
+                ("--recompute-granularity", "selective"),
+                ("--recompute-modules", " ".join(NORMS_LATENT_SWIGLU_MODULES)),
             ]
         elif (
             key in ("checkpoint_first", "checkpoint_group")

@@ -79,6 +79,14 @@ RECOMPUTE_SETTINGS = (
     megatron_name(SETTINGS["checkpoint_group"].megatron.beside[0]),  # type: ignore[union-attr]
     *_names("checkpoint_group"),
 )
+#: Megatron's modules recomputed under ``selective`` granularity, any number of names
+#: (Megatron-LM's ``--recompute-modules``, argparse's ``nargs='*'``; ``core_attn`` when not
+#: given).
+RECOMPUTE_MODULES = "recompute_modules"
+#: The modules whose recomputation is DeepSeek-V3's, meshconf's ``norms-latent-swiglu``: the
+#: norms, latent attention's up-projections and the experts' SwiGLU (Megatron-Core's
+#: ``TransformerConfig.recompute_modules``).
+NORMS_LATENT_SWIGLU_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 #: Megatron-LM's switch that splits the norms' and dropouts' activations over tp.
 (SEQUENCE_PARALLEL_SWITCH,) = _names("sequence_parallel")
 #: Megatron-LM's dtypes of AdamW's two moments (its precision-aware optimizer).
@@ -118,6 +126,8 @@ _VALUED = (
     *MOMENT_DTYPE_SETTINGS,
     ORDER_SETTING,
 )
+#: Options that take any number of values.
+_LISTED = (RECOMPUTE_MODULES,)
 MEGATRON_LM = "Megatron-LM"
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
@@ -152,7 +162,9 @@ def read_command_line(text: str) -> dict[str, Setting]:
             )
         launch = commands[0] if commands else []
     script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
-    settings = settings_from_words(launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM)
+    settings = settings_from_words(
+        launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM, listed=_LISTED
+    )
     launcher = launch[: max(script, 0)]
     return {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
 
@@ -167,7 +179,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
     """
     document = yaml_document(text)
     found: dict[str, Setting] = {}
-    wanted = (*_VALUED, *FLAG_SETTINGS)
+    wanted = (*_VALUED, *FLAG_SETTINGS, *_LISTED)
 
     def walk(node: Any, path: tuple[str | int, ...]) -> None:
         if not isinstance(node, Mapping):

@@ -18,7 +18,9 @@ from meshconf.features.convert.megatron_input import (
     GROUP_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
     MOMENT_DTYPE_SETTINGS,
+    NORMS_LATENT_SWIGLU_MODULES,
     NUM_LAYERS,
+    RECOMPUTE_MODULES,
     RECOMPUTE_SWITCH,
     SEQUENCE_PARALLEL_SWITCH,
     SPLIT_WEIGHT_SETTINGS,
@@ -284,9 +286,22 @@ def _granularity(draft: Draft, settings: Mapping[str, Setting]) -> Setting | Non
 def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: Setting) -> None:
     """``training.activation_checkpointing`` from Megatron's recomputation, where the
     estimate's modes say the same: each block recomputed whole, the first blocks of each
-    chunk (``block``, with ``checkpoint_first``), or Megatron's selective recomputation, which
-    keeps what no recomputation keeps under flash attention."""
+    chunk (``block``, with ``checkpoint_first``), Megatron's selective recomputation of the
+    norms, latent attention's up-projections and the experts' SwiGLU
+    (:data:`NORMS_LATENT_SWIGLU_MODULES`), which is ``norms-latent-swiglu``, or its selective
+    recomputation of other modules, which keeps what no recomputation keeps under flash
+    attention."""
     key = ("training", "activation_checkpointing")
+    modules = settings.get(RECOMPUTE_MODULES)
+    if (
+        granularity.value == "selective"
+        and modules is not None
+        and isinstance(modules.value, (list, tuple))
+        and set(modules.value) == set(NORMS_LATENT_SWIGLU_MODULES)
+    ):
+        draft.training["activation_checkpointing"] = "norms-latent-swiglu"
+        draft.origins[key] = modules.key
+        return
     if granularity.value == "selective":
         draft.training["activation_checkpointing"] = "none"
         draft.origins[key] = granularity.key

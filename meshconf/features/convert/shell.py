@@ -1,12 +1,22 @@
-"""A launch script's words as a shell would expand them, within bounds; the script is read,
+"""A launch script's words as bash would run them, within bounds; the script is read,
 never run.
 
 What is expanded: assignments (``TP=8``, ``export TP=8``, arrays ``ARGS=(--a 1 --b 2)``),
 ``$NAME``, ``${NAME}``, ``${NAME:-default}``, ``${NAME[@]}`` and ``$(( ... ))`` over
 integers of at most 18 digits with ``+ - * / %`` and parentheses. Quotes, backslashes,
-comments, line continuations and the separators ``; | & ( )`` are understood. Anything else
-(command substitution, positional parameters, other parameter expansions, arithmetic past
-the bounds) stays as written, and :func:`unexpanded` names it if a setting needs its value.
+comments, line continuations and the separators ``; | & ( )`` are understood. As bash does,
+an assignment before a command (``TP=8 cmd``, ``env TP=8 cmd``) is that command's alone: its
+words are expanded without it and later lines do not see it. Redirections (``> log 2>&1``)
+are not words of the command, and a here-document's body (``<<EOF`` to the line ``EOF``,
+``<<-``, quoted or not) is data, never a command. Anything else (command substitution,
+positional parameters, other parameter expansions, arithmetic past the bounds) stays as
+written, and :func:`unexpanded` names it if a setting needs its value.
+
+A script bash would not run is refused at the line bash names: a quote, a backtick or a
+``$(`` never closed, a redirection without its word, a here-document no line ends. So is
+what the reader does not model where it would change what it reports: ``env``'s options
+that it does not know (``-S`` splits a string into words), and, for a caller that reads the
+environment, those that clear it or take a variable out (``-i``, ``-u``).
 
 Every bound is checked as the text is read, so that no script can make the reader take
 more than a few seconds or grow past a few MiB: the script's size, the text its expansions
@@ -41,7 +51,7 @@ ARITHMETIC_RANGE = 2**63
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Characters that stand for themselves: outside quotes, in double quotes, in single quotes.
 _RUNS = {
-    None: re.compile(r"[^'\"\\$`\s;|&()]+"),
+    None: re.compile(r"[^'\"\\$`\s;|&()<>]+"),
     '"': re.compile(r'[^"\\$`]+'),
     "'": re.compile(r"[^']+"),
 }
@@ -49,6 +59,22 @@ _BRACED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\]|:-([^}]*))?\}")
 _PLAIN = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#?])")
 #: Words that may precede an assignment without making it a command.
 _DECLARATIONS = ("export", "readonly", "declare", "local")
+#: The start of a word that assigns, when it comes before the command.
+_ASSIGNING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+#: A redirection operator, with the file descriptor written before it.
+_REDIRECTION = re.compile(r"[0-9]*(?:<<<|<<-|<<|<>|<&|>&|>>|>\||<|>)|&>>|&>")
+#: Characters that end an unquoted word.
+_WORD_END = " \t\r\n;|&()<>"
+#: env's options that change nothing meshconf reads: their number of arguments.
+_ENV_HARMLESS = {"--": 0, "-C": 1, "--chdir": 1, "-0": 0, "--null": 0, "-v": 0, "--debug": 0}
+#: env's options that change the environment: what each does, for the refusal.
+_ENV_CHANGING = {
+    "-": "starts the command with an empty environment",
+    "-i": "starts the command with an empty environment",
+    "--ignore-environment": "starts the command with an empty environment",
+    "-u": "takes a variable out of the environment",
+    "--unset": "takes a variable out of the environment",
+}
 _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -120,9 +146,19 @@ class _Tokenizer:
                 None,
             )
         self.text, self.variables = text, variables
+        #: Assignments before a command not yet known to follow: seen only by later
+        #: assignments of the same command (bash expands the command's words without them).
+        self.pending: dict[str, str | list[Word]] = {}
+        #: Set by :func:`commands` once the command's first word is read.
+        self.command_started = False
+        self._assigning = False
         self.index, self.line, self.column = 0, 1, 1
         self.expanded_chars = self.expanded_words = 0
         self._closing = (-1, -1)  # (searched from, found at) of the last search for "))"
+        self._last = {closing: text.rfind(closing) for closing in ")`"}
+        #: Here-documents whose body starts after the current line: delimiter, whether
+        #: leading tabs are stripped (``<<-``), and where the operator is.
+        self._heredocs: list[tuple[str, bool, tuple[int, int]]] = []
 
     def _advance(self, count: int = 1) -> None:
         end = self.index + count
@@ -163,6 +199,11 @@ class _Tokenizer:
                 at,
             )
 
+    def _value(self, name: str) -> str | list[Word] | None:
+        if self._assigning and name in self.pending:
+            return self.pending[name]
+        return self.variables.get(name)
+
     def _expand(self) -> tuple[str, list[Word] | None]:
         """The expansion at a ``$``: its text, or the words of a whole array."""
         at = (self.line, self.column)
@@ -171,14 +212,17 @@ class _Tokenizer:
             if end > 0:
                 inner = self.text[self.index + 3 : end]
                 self._advance(end + 2 - self.index)
-                result = _arithmetic(inner, self.variables)
+                scope = self.variables
+                if self._assigning and self.pending:
+                    scope = {**self.variables, **self.pending}
+                result = _arithmetic(inner, scope)
                 return (f"$(({inner}))" if result is None else result), None
         match = _BRACED.match(self.text, self.index) or _PLAIN.match(self.text, self.index)
         if match is None:
             self._advance()
             return "$", None
         self._advance(len(match[0]))
-        value = self.variables.get(match[1])
+        value = self._value(match[1])
         if isinstance(value, list):
             self._charge(sum(len(word.text) + 1 for word in value), len(value), at)
             return " ".join(word.text for word in value), value
@@ -199,15 +243,107 @@ class _Tokenizer:
             elif char == "#":
                 end = text.find("\n", self.index)
                 self._advance((len(text) if end < 0 else end) - self.index)
+            elif (substituted := self._process_substitution()) > 0:
+                yield Word(text[self.index : substituted], self.line, self.column)
+                self._advance(substituted - self.index)
+            elif (redirection := _REDIRECTION.match(text, self.index)) is not None:
+                self._redirection(redirection[0])
             elif char in "\n;|&()":
                 yield Word("\n" if char in ";|&" else char, self.line, self.column, True)
                 self._advance()
+                if char == "\n":
+                    self._heredoc_bodies()
             else:
                 yield from self._word()
+        if self._heredocs:
+            self._unended_heredoc()
+
+    def _process_substitution(self) -> int:
+        """The end of ``<(...)`` or ``>(...)`` starting here (its first ``)``, on the same
+        line), or -1: a word bash replaces with a file name, kept as written."""
+        if self.text[self.index : self.index + 2] not in ("<(", ">("):
+            return -1
+        end = self.text.find(")", self.index, self._line_end())
+        return -1 if end < 0 else end + 1
+
+    def _redirection(self, operator: str) -> None:
+        """Read a redirection and its word, which are no words of the command; a
+        here-document's delimiter is kept for the body after this line."""
+        at = (self.line, self.column)
+        self._advance(len(operator))
+        while self.index < len(self.text) and self.text[self.index] in " \t":
+            self._advance()
+        rest = self.text[self.index : self.index + 2]
+        if not rest or rest[0] in _WORD_END or rest == "\\\n":
+            following = "newline" if not rest or rest[0] in "\r\n" else rest[0]
+            raise source_error(
+                None,
+                f"syntax error near unexpected token `{following}': the redirection "
+                f"`{operator}` needs a word after it; write the file (or here-document "
+                "delimiter) after it, or remove it",
+                at,
+            )
+        kind = operator.lstrip("0123456789")
+        if kind in ("<<", "<<-"):
+            self._heredocs.append((self._delimiter(), kind == "<<-", at))
+        else:
+            for _ in self._word():
+                pass
+
+    def _delimiter(self) -> str:
+        """A here-document's delimiter, its quotes removed; its text is never expanded."""
+        text, parts, quote, quote_at = self.text, [], None, (self.line, self.column)
+        while self.index < len(text):
+            char = text[self.index]
+            if quote is None and char in _WORD_END:
+                break
+            if char in "'\"" and quote in (None, char):
+                quote, quote_at = (None if quote else char), (self.line, self.column)
+                self._advance()
+            elif char == "\\" and quote != "'" and self.index + 1 < len(text):
+                parts.append(text[self.index + 1])
+                self._advance(2)
+            else:
+                parts.append(char)
+                self._advance()
+        if quote is not None:
+            raise _unclosed(quote, quote_at)
+        return "".join(parts)
+
+    def _heredoc_bodies(self) -> None:
+        """Skip the bodies of the here-documents of the line just ended, in order: bash
+        reads them as data for their commands, never as commands."""
+        text = self.text
+        for delimiter, strip_tabs, at in self._heredocs:
+            while True:
+                if self.index >= len(text):
+                    self._heredocs = [(delimiter, strip_tabs, at)]
+                    self._unended_heredoc()
+                end = text.find("\n", self.index)
+                end = len(text) if end < 0 else end
+                line = text[self.index : end]
+                self._advance(min(end + 1, len(text)) - self.index)
+                if (line.lstrip("\t") if strip_tabs else line) == delimiter:
+                    break
+        self._heredocs = []
+
+    def _unended_heredoc(self) -> None:
+        delimiter, _, at = self._heredocs[0]
+        raise source_error(
+            None,
+            f"here-document at line {at[0]} delimited by end-of-file (wanted `{delimiter}'): "
+            "bash would read the rest of the script as its text; end it with a line that is "
+            f"exactly {delimiter}",
+            at,
+        )
 
     def _word(self) -> Iterator[Word]:
         line, column, parts, quote = self.line, self.column, [], None
+        quote_at = (line, column)
         text = self.text
+        self._assigning = (
+            not self.command_started and _ASSIGNING.match(text, self.index) is not None
+        )
         while self.index < len(text):
             char = text[self.index]
             if quote is None and self._at_word_end():
@@ -217,7 +353,7 @@ class _Tokenizer:
                 parts.append(run[0])
                 self._advance(len(run[0]))
             elif char in "'\"" and quote in (None, char):
-                quote = None if quote else char
+                quote, quote_at = (None if quote else char), (self.line, self.column)
                 self._advance()
             elif char == "\\" and quote != "'" and self.index + 1 < len(text):
                 parts.append(text[self.index + 1])
@@ -239,6 +375,8 @@ class _Tokenizer:
             else:
                 parts.append(char)
                 self._advance()
+        if quote is not None:
+            raise _unclosed(quote, quote_at)
         yield Word("".join(parts), line, column)
 
     def _substitution(self) -> int:
@@ -253,6 +391,8 @@ class _Tokenizer:
             closing = "`"
         else:
             return -1
+        if self._last[closing] <= start:
+            raise _unclosed("$(" if closing == ")" else "`", (self.line, self.column))
         end = text.find(closing, start + 1, self._line_end())
         return -1 if end < 0 else end + 1
 
@@ -262,38 +402,71 @@ class _Tokenizer:
 
     def _at_word_end(self) -> bool:
         rest = self.text[self.index : self.index + 2]
-        return not rest or rest[0] in " \t\r\n;|&()" or rest == "\\\n"
+        return not rest or rest[0] in _WORD_END or rest == "\\\n"
+
+
+def _unclosed(opening: str, at: tuple[int, int]) -> ConversionError:
+    closing = ")" if opening == "$(" else opening
+    return source_error(
+        None,
+        f"unexpected EOF while looking for matching `{closing}': the {opening} here is never "
+        f"closed, so bash would not run the script; close it",
+        at,
+    )
 
 
 def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[Word]]:
     """The script's commands, each after the assignments before it took effect; each
     assignment's word (``NAME=value``, expanded) is added to ``assignments`` when given, for
-    a source that reads the environment a script sets.
+    a source that reads the environment a script sets: those of a line of assignments, and
+    those a command starts with (``NAME=value cmd``, ``env NAME=value cmd``).
 
     Raises:
-        ConversionError: the script or its expansions pass a bound of this module.
+        ConversionError: the script or its expansions pass a bound of this module, bash
+            would not run it, or ``env`` is given an option that changes what is reported.
     """
     variables: dict[str, str | list[Word]] = {}
-    tokens = _Tokenizer(text, variables).words()
+    tokenizer = _Tokenizer(text, variables)
+    tokens = tokenizer.words()
+    pending = tokenizer.pending
     # the word read after an assignment, to be read again: another assignment, or the command
     pushed: list[Word] = []
     command: list[Word] = []
+    declaring = False  # after export, declare, ...: names and options, not a command
+    env_options: bool | None = None  # after env: True while its options may follow
     while (word := pushed.pop() if pushed else next(tokens, None)) is not None:
         if word.operator and word.text == "\n":
             if command:
                 yield command
-            command = []
-        elif not word.operator and not command and word.text in _DECLARATIONS:
+            elif env_options is None:
+                variables.update(pending)  # a line of assignments: the shell's from now on
+            command, declaring, env_options = [], False, None
+            pending.clear()
+            tokenizer.command_started = False
+        elif word.operator:
             continue
-        elif not word.operator and not command and _assignment(word):
+        elif env_options is not None and not command:
+            if _assignment(word):
+                if assignments is not None:
+                    assignments.append(word)
+            elif env_options and word.text.startswith("-"):
+                env_options = _env_option(word, tokens, reads_environment=assignments is not None)
+            else:
+                command.append(word)
+        elif command:
+            command.append(word)
+        elif word.text in _DECLARATIONS:
+            declaring = True
+        elif _assignment(word):
             name, value = word.text.split("=", 1)
-            if name not in variables and len(variables) >= MAX_VARIABLES:
+            if name not in variables and len(variables) + len(pending) >= MAX_VARIABLES:
                 raise source_error(
                     None,
                     f"more than {MAX_VARIABLES:,} variables assigned; meshconf reads scripts "
                     "with fewer",
                     (word.line, word.column),
                 )
+            pending[name] = value  # before the next word is read: it may use it
             following = next(tokens, None)
             if value == "" and following is not None and following.text == "(":
                 elements: list[Word] = []
@@ -302,17 +475,57 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
                         break
                     if not element.operator:
                         elements.append(element)
-                variables[name] = elements
+                pending[name] = elements
                 continue
-            variables[name] = value
             if assignments is not None:
                 assignments.append(word)
             if following is not None:
                 pushed.append(following)
-        elif not word.operator:
+        elif declaring:
+            continue  # an option of export or declare, or a name it marks
+        elif word.text == "env" or word.text.endswith("/env"):
+            env_options = True
+            tokenizer.command_started = True
+        else:
             command.append(word)
+            tokenizer.command_started = True
     if command:
         yield command
+
+
+def _env_option(word: Word, tokens: Iterator[Word], *, reads_environment: bool) -> bool:
+    """Read one of env's options (and its argument); whether options may still follow.
+
+    Raises:
+        ConversionError: an option the reader does not know, or, when the caller reads
+            the environment, one that clears it or takes a variable out.
+    """
+    option = word.text.split("=", 1)[0]
+    if option in _ENV_HARMLESS:
+        if _ENV_HARMLESS[option] and "=" not in word.text:
+            next(tokens, None)
+        return option != "--"
+    short_unset = option.startswith("-u") and option != "-u" and not option.startswith("--")
+    effect = _ENV_CHANGING.get("-u" if short_unset else option)
+    if effect is None:
+        raise source_error(
+            None,
+            f"env's option {word.text} is one meshconf does not read: it may change the "
+            "command's words or its environment; write the command and its NAME=value "
+            "assignments without env",
+            (word.line, word.column),
+        )
+    if reads_environment:
+        raise source_error(
+            None,
+            f"env {word.text} {effect}, which meshconf does not follow when it reads the "
+            "environment a script sets; set the variables the command needs with NAME=value "
+            "before it instead",
+            (word.line, word.column),
+        )
+    if effect.startswith("takes") and not short_unset and "=" not in word.text:
+        next(tokens, None)
+    return True
 
 
 def _assignment(word: Word) -> bool:

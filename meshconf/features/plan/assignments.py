@@ -107,8 +107,9 @@ class ValidAssignments:
     or tp, where not pinned; meshconf's rules then keep those whose expert dims borrow
     their ranks evenly. Iterating counts the assignments yielded (:attr:`seen`), those the
     order alone leaves out (:attr:`left_out`, the first kept in :attr:`uneven` for the
-    message), those the model cannot run by reason (:attr:`unrunnable`, the first of each
-    reason kept in :attr:`examples`), and the ep and etp values of those yielded
+    message), those the model cannot run by reason (:attr:`unrunnable`, one of each reason
+    kept in :attr:`examples`: that of the smallest degree at fault, such as pp 1 rather than
+    pp 4096), and the ep and etp values of those yielded
     (:attr:`tried`). The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read
     only the factors experts borrow (dp_shard, cp and tp); the even split under an order
     also reads whether each other factor is 1 (a factor of one rank between two others lets
@@ -138,6 +139,7 @@ class ValidAssignments:
         self.uneven: UnevenSplit | None = None
         self.unrunnable: Counter[str] = Counter()
         self.examples: dict[str, Unrunnable] = {}
+        self._example_values: dict[str, int] = {}
         self.tried: dict[str, set[int]] = {name: set() for name in EXPERT_DEGREES}
 
     def __iter__(self) -> Iterator[dict[str, int]]:
@@ -151,12 +153,18 @@ class ValidAssignments:
                     problem = self._problem(degrees)
                     if problem is not None:
                         self.unrunnable[problem.reason] += 1
-                        self.examples.setdefault(problem.reason, problem)
+                        self._keep_example(problem, degrees[problem.degree])
                         continue
                 self.seen += 1
                 self.tried["ep"].add(experts[0])
                 self.tried["etp"].add(experts[1])
                 yield degrees
+
+    def _keep_example(self, problem: Unrunnable, value: int) -> None:
+        kept = self.examples.get(problem.reason)
+        if kept is None or value < self._example_values[problem.reason]:
+            self.examples[problem.reason] = problem
+            self._example_values[problem.reason] = value
 
     def count(self) -> int:
         """How many assignments iterating yields; the answers it finds are kept for the
@@ -202,7 +210,7 @@ class ValidAssignments:
         if key not in self._problems:
             model = self._request.model
             assert model is not None
-            found = unrunnable(model, degrees, self._request.training)
+            found = unrunnable(model, degrees, self._request.training, self._request.world_size)
             self._problems[key] = found[0] if found else None
         return self._problems[key]
 
@@ -275,7 +283,7 @@ def _pinned_problem(request: Request) -> Unrunnable | None:
     own degree, but etp's reads tp too, so etp counts only beside a pinned tp."""
     assert request.model is not None
     pins = dict(request.pins)
-    found = unrunnable(request.model, pins, request.training)
+    found = unrunnable(request.model, pins, request.training, request.world_size)
     return next(
         (
             problem

@@ -26,8 +26,9 @@ from meshconf.model.numbering import check_order
 
 #: A plan ranks at most this many assignments; past it, a degree must be pinned.
 MAX_ASSIGNMENTS = 1_000_000
-#: With a model, each assignment is estimated (about 0.1 ms each): at most this many.
-MAX_ESTIMATED_ASSIGNMENTS = 20_000
+#: With a model, each assignment is estimated (about 0.6 ms each, docs/plan.md "Speed"): at
+#: most this many, so that a plan takes a few seconds at most.
+MAX_ESTIMATED_ASSIGNMENTS = 5_000
 #: With ``inside``, each assignment is numbered and checked as a whole config (about 2.5 ms
 #: each): at most this many.
 MAX_INSIDE_ASSIGNMENTS = 2_000

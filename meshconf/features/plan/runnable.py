@@ -60,24 +60,34 @@ class Unrunnable:
 
 
 def unrunnable(
-    arch: Architecture, degrees: Mapping[str, int], training: Training
+    arch: Architecture,
+    degrees: Mapping[str, int],
+    training: Training,
+    world_size: int | None = None,
 ) -> list[Unrunnable]:
     """Why ``arch`` cannot run with ``degrees`` under ``training``: at most one problem per
     degree (the first rule it breaks, its message offering the values that pass every rule
-    of that degree), in :data:`RULED_DEGREES` order; empty when it can. A degree missing
-    from ``degrees`` is 1. Raises nothing."""
+    of that degree, and divide ``world_size`` when it is given), in :data:`RULED_DEGREES`
+    order; empty when it can. A degree missing from ``degrees`` is 1. Raises nothing."""
+    tp = degrees.get("tp", 1)
     found = [
         problem
         for problem in (
-            _tp_problem(arch, degrees.get("tp", 1)),
-            _ep_problem(arch, degrees.get("ep", 1)),
-            _etp_problem(arch, degrees.get("tp", 1), degrees.get("etp", 1)),
-            _pp_problem(arch, degrees.get("pp", 1), training),
-            _cp_problem(training.seq_len, degrees.get("cp", 1)),
+            _tp_problem(arch, tp, world_size),
+            _ep_problem(arch, degrees.get("ep", 1), world_size),
+            _etp_problem(arch, tp, degrees.get("etp", 1), world_size),
+            _pp_problem(arch, degrees.get("pp", 1), training, world_size),
+            _cp_problem(training.seq_len, degrees.get("cp", 1), world_size),
         )
         if problem is not None
     ]
     return found
+
+
+def _use(choices: tuple[int, ...], world_size: int | None) -> str:
+    """The values to offer: the rule's choices that also divide the world, where known."""
+    fitting = [value for value in choices if world_size is None or world_size % value == 0]
+    return either(fitting)
 
 
 @lru_cache(maxsize=256)
@@ -112,12 +122,12 @@ def _tp_rule(arch: Architecture, tp: int) -> tuple[str, str] | None:
     return None
 
 
-def _tp_problem(arch: Architecture, tp: int) -> Unrunnable | None:
+def _tp_problem(arch: Architecture, tp: int, world_size: int | None) -> Unrunnable | None:
     broken = _tp_rule(arch, tp)
     if broken is None:
         return None
     reason, start = broken
-    return Unrunnable("tp", reason, f"{start}; use {either(tp_choices(arch))}")
+    return Unrunnable("tp", reason, f"{start}; use {_use(tp_choices(arch), world_size)}")
 
 
 def ep_choices(arch: Architecture) -> tuple[int, ...]:
@@ -127,7 +137,7 @@ def ep_choices(arch: Architecture) -> tuple[int, ...]:
     return (1,) if experts is None else tuple(divisors(experts.routed))
 
 
-def _ep_problem(arch: Architecture, ep: int) -> Unrunnable | None:
+def _ep_problem(arch: Architecture, ep: int, world_size: int | None) -> Unrunnable | None:
     experts = arch.experts
     if ep == 1:
         return None
@@ -136,7 +146,8 @@ def _ep_problem(arch: Architecture, ep: int) -> Unrunnable | None:
         return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use 1")
     if experts.routed % ep:
         what = f"does not divide {arch.name}'s {experts.routed} routed experts"
-        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use {either(ep_choices(arch))}")
+        use = _use(ep_choices(arch), world_size)
+        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use {use}")
     return None
 
 
@@ -147,10 +158,12 @@ def etp_choices(arch: Architecture, tp: int) -> tuple[int, ...]:
     return tuple(etp for etp in sorted({1, tp}) if width is None or width % etp == 0)
 
 
-def _etp_problem(arch: Architecture, tp: int, etp: int) -> Unrunnable | None:
+def _etp_problem(
+    arch: Architecture, tp: int, etp: int, world_size: int | None
+) -> Unrunnable | None:
     if etp == 1:
         return None
-    use = either(etp_choices(arch, tp))
+    use = _use(etp_choices(arch, tp), world_size)
     if etp != tp:
         what = "is neither 1 nor tp"
         return Unrunnable("etp", f"etp {what}", f"{etp} {what} ({tp}); use {use}")
@@ -176,14 +189,15 @@ def _split_problem(arch: Architecture, pp: int, training: Training) -> str | Non
 
 @lru_cache(maxsize=256)
 def pp_choices(arch: Architecture, training: Training) -> tuple[int, ...]:
-    """Every pp that splits the model's layers under ``training``: at most the layers, the
-    ends' weights and two empty end chunks."""
-    weights = training.split_weights or (0, 0)
-    most = arch.layers + sum(weights) + 2
+    """Every pp that splits the model's layers under ``training``: every chunk but the two
+    at the ends holds a layer, so there are at most the layers and two chunks."""
+    most = arch.layers + 2
     return tuple(pp for pp in range(1, most + 1) if pipeline_problem(arch, pp, training) is None)
 
 
-def _pp_problem(arch: Architecture, pp: int, training: Training) -> Unrunnable | None:
+def _pp_problem(
+    arch: Architecture, pp: int, training: Training, world_size: int | None
+) -> Unrunnable | None:
     split = _split_problem(arch, pp, training)
     problem = split or pipeline_ranks_problem(pp, training)
     if problem is None:
@@ -192,7 +206,7 @@ def _pp_problem(arch: Architecture, pp: int, training: Training) -> Unrunnable |
         what = f"cannot split {arch.name}'s {arch.layers} layers"
     else:
         what = f"is a pipeline the {training.schedule} schedule cannot run"
-    use = either(pp_choices(arch, training)) or "none: change the pipeline options"
+    use = _use(pp_choices(arch, training), world_size) or "none: change the pipeline options"
     return Unrunnable("pp", f"pp {what}", f"{pp} {what}: {problem}; use {use}")
 
 
@@ -204,7 +218,7 @@ def cp_choices(seq_len: int) -> tuple[int, ...]:
     return tuple(sorted({1, *halves}))
 
 
-def _cp_problem(seq_len: int, cp: int) -> Unrunnable | None:
+def _cp_problem(seq_len: int, cp: int, world_size: int | None) -> Unrunnable | None:
     if cp == 1 or seq_len % (2 * cp) == 0:
         return None
     what = f"does not split the {seq_len}-token sequence into 2 * cp equal chunks"
@@ -212,5 +226,6 @@ def _cp_problem(seq_len: int, cp: int) -> Unrunnable | None:
         "cp",
         f"cp {what}",
         f"{cp} does not split the {seq_len}-token sequence into 2 * {cp} = {2 * cp} equal "
-        f"chunks, as load-balanced causal attention needs; use {either(cp_choices(seq_len))}",
+        f"chunks, as load-balanced causal attention needs; use "
+        f"{_use(cp_choices(seq_len), world_size)}",
     )

@@ -22,7 +22,7 @@ from functools import cached_property
 
 from meshconf.core.degrees import divisors
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Level
+from meshconf.core.levels import NODE, Level
 
 FULL_LIMIT = 4096
 SUMMARY_CELLS = 512
@@ -256,6 +256,17 @@ class Grid:
         """Cells in one node, or None when nodes are unknown or do not fall on cell edges."""
         return None if self.gpus_per_node is None else self.cells_per_unit(self.gpus_per_node)
 
+    @cached_property
+    def repeated(self) -> dict[str, str]:
+        """The levels (by name, the node's ``node``) whose units the picture already shows,
+        and what each unit is: an outline of them would add nothing but one line per unit."""
+        return repeated_units(self.gpus_per_node, self.levels)
+
+    @property
+    def outlined_levels(self) -> tuple[Level, ...]:
+        """The levels above the node that are outlined, inner to outer."""
+        return tuple(level for level in self.levels if level.name not in self.repeated)
+
     def cells_per_unit(self, size: int) -> int | None:
         """Cells in a unit of ``size`` GPUs, or None when its edges do not fall on cells'."""
         return None if size % self.per_cell else size // self.per_cell
@@ -269,14 +280,31 @@ class Grid:
         return list(differing) if len(differing) == 1 else []
 
 
+def repeated_units(gpus_per_node: int | None, levels: Sequence[Level]) -> dict[str, str]:
+    """The levels among the node (``NODE``, of ``gpus_per_node``) and ``levels`` whose units
+    are one GPU, one node, or an inner level's unit, each with what its unit is."""
+    repeated: dict[str, str] = {}
+    if gpus_per_node == 1:
+        repeated[NODE] = "one GPU"
+    seen: dict[int, str] = {} if gpus_per_node is None else {gpus_per_node: "one node"}
+    seen[1] = "one GPU"
+    for level in levels:
+        if level.size in seen:
+            repeated[level.name] = seen[level.size]
+        else:
+            seen[level.size] = f"one {level.name} domain"
+    return repeated
+
+
 def make_grid(
     layout: DomainLayout, rank: int, gpus_per_node: int | None, levels: tuple[Level, ...] = ()
 ) -> Grid:
     """The cells of ``layout`` on two axes, sized so the grid fits the picture; ``levels``
     are the levels above the node."""
     per_cell = ranks_per_cell(layout)
-    sizes = [level.size for level in levels]
-    if gpus_per_node is not None:
+    repeated = repeated_units(gpus_per_node, levels)
+    sizes = [level.size for level in levels if level.name not in repeated]
+    if gpus_per_node is not None and NODE not in repeated:
         sizes.append(gpus_per_node)
     units = [size // per_cell for size in sizes if size % per_cell == 0]
     digits = cell_digits(rank_digits(layout), per_cell)

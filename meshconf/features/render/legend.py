@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Level
+from meshconf.core.levels import NODE, Level
 from meshconf.features.render.grid import FULL_LIMIT, Axis, Grid, rank_digits
 from meshconf.features.render.shapes import (
     LINE_PX,
@@ -59,14 +59,18 @@ def _legend_lines(grid: Grid, colours: dict[str, str]) -> list[_LegendLine]:
             text = f"{facts}; coloured: rank {rank}'s group"
             lines.append(_LegendLine(text, colours[dim.name]))
     lines.append(_node_line(grid))
-    for index, level in enumerate(grid.levels):
-        lines.append(_level_line(grid, level, level_stroke(index)))
+    outlined = grid.outlined_levels
+    for level in grid.levels:
+        stroke = level_stroke(outlined.index(level)) if level in outlined else ""
+        lines.append(_level_line(grid, level, stroke))
     return lines
 
 
 def _level_line(grid: Grid, level: Level, stroke: str) -> _LegendLine:
     units = _plural(-(-grid.layout.world_size // level.size), f"{level.name} domain")
-    what = f"{units} of {level.size} GPUs"
+    what = f"{units} of {_plural(level.size, 'GPU')}"
+    if level.name in grid.repeated:
+        return _LegendLine(f"{what}; not outlined: each is {grid.repeated[level.name]}")
     if grid.cells_per_unit(level.size) is not None:
         return _LegendLine(f"outlined: {what}", outline=stroke)
     return _LegendLine(f"{what}; not outlined: cells of {grid.per_cell} ranks cut across them")
@@ -76,7 +80,10 @@ def _node_line(grid: Grid) -> _LegendLine:
     per_node = grid.gpus_per_node
     if per_node is None:
         return _LegendLine("nodes: unknown (set gpus_per_node or pass --gpus-per-node)")
-    nodes = f"{_plural(-(-grid.layout.world_size // per_node), 'node')} of {per_node} GPUs"
+    count = -(-grid.layout.world_size // per_node)
+    nodes = f"{_plural(count, 'node')} of {_plural(per_node, 'GPU')}"
+    if NODE in grid.repeated:
+        return _LegendLine(f"{nodes}; not outlined: each is {grid.repeated[NODE]}")
     if grid.cells_per_node is not None:
         return _LegendLine(f"outlined: {nodes}", outline=NODE_STROKE)
     if grid.per_cell % per_node == 0:

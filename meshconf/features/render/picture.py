@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from meshconf.core.errors import InvalidArgumentError
 from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import Level
+from meshconf.core.levels import NODE, Level
 from meshconf.features.render.grid import Digit, Grid, make_grid
 from meshconf.features.render.legend import arrangement, legend_shapes, summary_note, title_lines
 from meshconf.features.render.shapes import (
@@ -90,11 +90,14 @@ def _cell_tooltip(grid: Grid, first: int) -> str:
 
 def _outline_shapes(grid: Grid, left: float, top: float) -> list[Shape]:
     """The outlines of the nodes, then of each level above them, each wider than the last;
-    each unit of a level above the node carries its name and index."""
+    each unit of a level above the node carries its name and index. A level whose units
+    are already drawn (one GPU, one node, an inner level's) is not outlined again."""
     width = min(2.5, max(1.0, grid.cell * 0.1))
     outlines = _UnitOutlines(grid, left, top)
-    shapes = outlines.shapes(grid.cells_per_node, NODE_STROKE, width, "node", None)
-    for index, level in enumerate(grid.levels):
+    shapes = []
+    if NODE not in grid.repeated:
+        shapes = outlines.shapes(grid.cells_per_node, NODE_STROKE, width, "node", None)
+    for index, level in enumerate(grid.outlined_levels):
         width += 1.5
         cells = grid.cells_per_unit(level.size)
         shapes += outlines.shapes(cells, level_stroke(index), width, f"level-{level.name}", level)

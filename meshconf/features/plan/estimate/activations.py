@@ -15,7 +15,16 @@ split, are not split either.
 torchtitan/distributed/activation_checkpoint.py): a block keeps the outputs of the attention
 kernel, of top-k, of the collectives that carry tokens (reduce-scatter, all-to-all) and of
 every other matrix product, counted in the order the forward pass runs them, and recomputes
-the rest in the backward pass. Every formula is written out in docs/plan.md.
+the rest in the backward pass. ``norms-latent-swiglu`` is what the DeepSeek-V3 report
+(arXiv:2412.19437) states for its training: every RMSNorm and latent attention's
+up-projections recomputed, their outputs not stored (section 3.2.3); the SwiGLU's inputs in a
+mixture of experts kept and its output recomputed; under fp8 activations the linear layers'
+inputs and those SwiGLU inputs in fp8, and the input of the linear after attention, which the
+attention's backward pass reads too, in 12 bits (E5M6; section 3.3.3); everything else as
+``none`` keeps it, but for the experts' gate, which the report does not place: it weights
+the SwiGLU's output inside each expert, as Megatron-Core, the public implementation of these
+recomputations (``--recompute-modules layernorm mla_up_proj moe_act``), does, so no expert's
+output is kept. Every formula is written out in docs/plan.md.
 """
 
 from __future__ import annotations
@@ -31,11 +40,18 @@ from meshconf.features.plan.estimate.architecture import (
     Weight,
 )
 
+#: The recomputation of DeepSeek-V3's report (sections 3.2.3 and 3.3.3).
+REPORTED: Checkpointing = "norms-latent-swiglu"
+
 FP32 = 4
 #: Elements of an activation that share one fp32 scale when kept in fp8: DeepSeek-V3 scales
 #: activations per token and 128 channels (its report, section 3.3.2, "fine-grained
 #: quantization").
 FP8_TILE = 128
+#: Bits of the format fp8 activations keep the input of the linear after attention in:
+#: DeepSeek-V3's E5M6 (a sign, 5 exponent and 6 mantissa bits; its report, section 3.3.3),
+#: scaled per 1 x 128 tile as fp8 is.
+E5M6_BITS = 12
 
 
 @dataclass(frozen=True)
@@ -48,8 +64,11 @@ class PerToken:
     without any, split under Megatron-LM's; ``fp32`` elements kept in fp32 whatever the
     compute dtype, divided by tp, ``outside_fp32`` split as ``outside`` is and
     ``whole_fp32`` not split. Of ``split`` and ``whole``, ``split_linear`` and
-    ``whole_linear`` are inputs of linear layers, which ``fp8`` activations keep in fp8, as
-    they do ``gathered``."""
+    ``whole_linear`` are what ``fp8`` activations keep in fp8, as they do ``gathered``: the
+    inputs of linear layers, and under ``norms-latent-swiglu`` the SwiGLU's inputs in a
+    mixture of experts; ``split_wide_linear``, split by tp and not part of ``split``, is the
+    input of the linear after attention that ``norms-latent-swiglu`` keeps in E5M6 under
+    ``fp8`` activations (:data:`E5M6_BITS`)."""
 
     split: int = 0
     whole: int = 0
@@ -60,6 +79,7 @@ class PerToken:
     split_linear: int = 0
     whole_linear: int = 0
     whole_fp32: int = 0
+    split_wide_linear: int = 0
 
     def __add__(self, other: PerToken) -> PerToken:
         return PerToken(*(a + b for a, b in zip(self._counts(), other._counts(), strict=True)))
@@ -83,17 +103,19 @@ class PerToken:
     ) -> int:
         """Bytes for ``tokens`` tokens on one tensor-parallel rank, with the linear layers'
         inputs in ``linear_bytes`` (``dtype_bytes`` when None); in fp8, each tile of
-        :data:`FP8_TILE` elements adds its fp32 scale."""
+        :data:`FP8_TILE` elements adds its fp32 scale, as it does in E5M6."""
         # in 1/FP8_TILE bytes, so that a tile's scale is whole
         tile = FP8_TILE
         d = dtype_bytes * tile
         linear = d if linear_bytes is None else linear_bytes * tile
+        wide = linear
         if linear_bytes == FP8_BYTES:
             linear += FP32
+            wide = E5M6_BITS * tile // 8 + FP32
         outside = self.outside * d + self.outside_fp32 * FP32 * tile
         gathered = self.gathered * linear
         split = (self.split - self.split_linear) * d + self.split_linear * linear
-        split += self.fp32 * FP32 * tile
+        split += self.fp32 * FP32 * tile + self.split_wide_linear * wide
         whole = (self.whole - self.whole_linear) * d + self.whole_linear * linear
         whole += self.whole_fp32 * FP32 * tile
         if sequence_parallel != "none":
@@ -123,12 +145,15 @@ def block(
     sequence parallelism; no all-reduce without). An ``eager`` norm keeps
     an fp32 copy of its input where a fused one keeps the input, and its normalized input
     besides: 4 bytes more per element whatever the compute dtype
-    (tests/test_plan_precision.py)."""
+    (tests/test_plan_precision.py); the norms ``norms-latent-swiglu`` recomputes keep neither.
+    """
     if mode == "full":
         return PerToken(outside=arch.hidden)
     if mode == "selective":
         scattered = tensor_parallel and sequence_parallel != "none"
         return _kept_by_policy(arch, kind, tensor_parallel, expert_parallel, scattered)
+    if mode == REPORTED:
+        return _kept_by_report(arch, kind)
     stored = _attention(arch) + _feed_forward(arch, kind)
     if norm_kernel == "eager":
         stored += _eager_norms(arch)
@@ -208,11 +233,21 @@ def output_head(arch: Architecture) -> PerToken:
     return PerToken(split=2 * arch.hidden, fp32=LOSS_FP32_COPIES * arch.vocab)
 
 
-def recomputed_weights(arch: Architecture, kind: LayerKind) -> int:
-    """Weight elements per token of one block whose matrix products ``selective`` runs
-    again in the backward pass (twice this in FLOPs): every other counted product, the
-    router, and the routed experts a token goes to. The model's, which a pipeline rank's tp
+def recomputed_weights(
+    arch: Architecture, kind: LayerKind, mode: Checkpointing = "selective"
+) -> int:
+    """Weight elements per token of one block whose matrix products ``mode`` runs again in
+    the backward pass (twice this in FLOPs): under ``selective`` every other counted
+    product, the router, and the routed experts a token goes to; under
+    ``norms-latent-swiglu`` latent attention's up-projections; none under the other modes,
+    whose recomputation is whole blocks or nothing. The model's, which a pipeline rank's tp
     group shares as it shares the forward pass (:func:`~.work.group_passes`)."""
+    if mode == REPORTED:
+        return sum(
+            weight.elements for weight in arch.layer_weights(kind) if weight.name in _UP_PROJECTIONS
+        )
+    if mode != "selective":
+        return 0
     total = sum(
         weight.elements
         for index, weight in enumerate(matmuls(arch, kind), start=1)
@@ -223,6 +258,65 @@ def recomputed_weights(arch: Architecture, kind: LayerKind) -> int:
         total += experts.routed * arch.hidden
         total += experts.top_k * 3 * arch.hidden * experts.ffn
     return total
+
+
+#: Latent attention's up-projections, from its normalized low-rank projections.
+_UP_PROJECTIONS = frozenset({"wq_b", "wkv_b"})
+
+
+def _kept_by_report(arch: Architecture, kind: LayerKind) -> PerToken:
+    """What ``norms-latent-swiglu`` keeps. Every norm keeps its input, not its output or its
+    reciprocal RMS: the block's input and the residual between attention and feed-forward
+    (two hidden widths). Latent attention keeps its down-projections' outputs, the norms'
+    inputs (``q_lora_rank``, and ``kv_lora_rank`` with the rotary key), not the
+    up-projections' outputs nor the q, k and v made from them; grouped-query attention keeps
+    q, k and v as ``none`` does (its projections are not up-projections), and Qwen3's head
+    norms their inputs besides. The kernel's output (the input of the linear after it) and
+    its fp32 log-sum-exp. A dense feed-forward keeps what ``none`` keeps but its norm's
+    output; a mixture of experts keeps the router's fp32 scores and, per routed copy of a
+    token, its dispatched input (the experts' up-projections' input), its two SwiGLU inputs,
+    its score and three int64 indices, as ``none`` does them; the shared experts' two
+    SwiGLU inputs. Not the expert's output: the report's equation 12 weights it by the
+    gate, but does not say where; Megatron-Core, whose ``--recompute-modules layernorm
+    mla_up_proj moe_act`` are these recomputations, applies the gate inside the expert, to
+    the SwiGLU's output before the down-projection (``TEGroupedMLP.forward``'s
+    ``weighted_bias_swiglu_impl`` in megatron/core/transformer/moe/experts.py), so the
+    combine (``unpermute`` without probabilities, moe_utils.py) keeps only indices and the
+    gate's gradient reads the recomputed SwiGLU output."""
+    hidden = arch.hidden
+    attention = arch.attention
+    kept = PerToken(outside=2 * hidden)
+    if isinstance(attention, GroupedQueryAttention):
+        query = attention.heads * attention.head_dim
+        kv = 2 * attention.kv_heads * attention.head_dim
+        kept += PerToken(
+            split=query + kv,
+            split_wide_linear=query,
+            fp32=attention.heads,
+        )
+        if attention.qk_norm:
+            kept += PerToken(split=query + kv // 2)
+    else:
+        heads = attention.heads
+        low_rank = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
+        # without a low-rank query, q is projected from the hidden state: no up-projection
+        qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
+        kept += PerToken(
+            whole=low_rank,
+            split=0 if attention.q_lora_rank else qk,
+            split_wide_linear=heads * attention.v_head_dim,
+            fp32=heads,
+        )
+    experts = arch.experts
+    if kind == "dense" or experts is None:
+        return kept + PerToken(split=4 * arch.ffn, split_linear=arch.ffn)
+    swiglu = 2 * experts.ffn
+    per_copy = hidden + swiglu + 1
+    return kept + PerToken(
+        split=experts.top_k * per_copy + experts.shared * swiglu,
+        split_linear=experts.top_k * (hidden + swiglu) + experts.shared * swiglu,
+        fp32=experts.routed + 6 * experts.top_k,
+    )
 
 
 def _kept_by_policy(

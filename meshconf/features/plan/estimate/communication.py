@@ -134,8 +134,11 @@ def _bytes(
     passes = 2 + (work.recomputed_layers / work.layers if work.layers else 0)
     # torchtitan's selective policy keeps the outputs of the attention kernel, reduce-scatter
     # and all-to-all, so its recomputation repeats only the all-gathers: half of what tp's
-    # and etp's sequence-parallel collectives move in a pass
-    gathering_passes = passes + (0.5 if training.checkpointing == "selective" else 0)
+    # and etp's sequence-parallel collectives move in a pass; norms-latent-swiglu recomputes
+    # the norms, whose outputs the products' backward pass gathers again, as many
+    gathering_passes = passes + (
+        0.5 if training.checkpointing in ("selective", "norms-latent-swiglu") else 0
+    )
     hidden = arch.hidden
     top_k = arch.experts.top_k if arch.experts else 0
     dense, expert = work.dense_elements, work.expert_elements

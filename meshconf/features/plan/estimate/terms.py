@@ -23,7 +23,7 @@ SOURCES: Mapping[str, str] = MappingProxyType(
         "torchtitan's FSDP groups (apply_fsdp); torch.distributed.pipelining",
         "activations": "Korthikanti et al. (MLSys 2023) section 4; Narayanan et al. (SC 2021) "
         "section 2.2; the loss measured with torch's MemTracker; selective: torchtitan's "
-        "SelectiveAC",
+        "SelectiveAC; norms-latent-swiglu: the DeepSeek-V3 report, sections 3.2.3 and 3.3.3",
         "runtime": "; ".join(runtime_terms.SOURCES.values()),
     }
 )

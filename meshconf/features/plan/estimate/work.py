@@ -215,8 +215,9 @@ def group_passes(arch: Architecture, training: Training, work: StageWork) -> Gro
     weights; not the embedding, a look-up) and ``2 s`` per attention dim for the scores and
     their use, twice that backward (PaLM, Chowdhery et al. 2022, appendix B). The backward
     pass for the inputs also runs what is recomputed: full recomputation's forward pass of
-    its blocks, and the products ``selective`` runs again
-    (:func:`activations.recomputed_weights`).
+    its blocks, and the products ``selective`` or ``norms-latent-swiglu`` runs again
+    (:func:`activations.recomputed_weights`; the norms and the SwiGLU that
+    ``norms-latent-swiglu`` recomputes besides are element-wise, no products).
 
     The group's ranks share every term evenly (docs/plan.md, "Step time"): weights tp splits
     over all the group's tokens, the ones it does not (norms, the router, latent attention's
@@ -239,8 +240,9 @@ def group_passes(arch: Architecture, training: Training, work: StageWork) -> Gro
         weights += layers[kind] * block
         # the blocks' forward pass, which the final norm and the output are not part of
         recomputed += recomputed_layers[kind] * (block + scores)
-        if training.checkpointing == "selective":
-            recomputed += 2 * layers[kind] * activations.recomputed_weights(arch, kind)
+        recomputed += (
+            2 * layers[kind] * activations.recomputed_weights(arch, kind, training.checkpointing)
+        )
     attention = work.layers * scores
     return GroupPasses(
         weights + attention, weights + 2 * attention + recomputed, weights, recomputed
