@@ -16,6 +16,7 @@ from matplotlib import font_manager, ft2font
 
 from meshconf import load_config
 from meshconf.core.levels import NODE
+from meshconf.features.render.grid import repeated_units
 from meshconf.features.render.shapes import (
     _DIM_COLOURS,
     CELL_FILL,
@@ -134,7 +135,12 @@ def test_every_unit_of_every_level_is_one_outline_around_its_cells(
     root = draw(config, domain)
     world_size = config.resolved_world_size
     assert world_size is not None
+    # a level whose units are single GPUs, or another level's units, is not outlined
+    above = tuple(level for level in config.topology if level.name != NODE)
+    repeated = repeated_units(config.gpus_per_node, above)
     for level in config.topology:
+        if level.name in repeated:
+            continue
         css_class = NODE if level.name == NODE else f"level-{level.name}"
         check_outlines(root, css_class, level.size, world_size)
 
@@ -332,7 +338,6 @@ def with_repeated_levels(
     node or an inner level's mixed in, and what each added level's unit is."""
     data = draw_(level_configs())
     levels: list[dict[str, object]] = list(data["levels"])  # type: ignore[call-overload]
-    node = levels[0]["size"]
     added: dict[str, str] = {}
     mixed: list[dict[str, object]] = []
     for index in range(draw_(st.integers(0, 3))):
@@ -343,9 +348,12 @@ def with_repeated_levels(
         for index in range(draw_(st.integers(0, 2))):
             name = f"{level['name']}_again{index}"
             mixed.append({"name": name, "size": level["size"]})
-            added[name] = "one node" if level["name"] == NODE else f"one {level['name']} domain"
-    if node == 1:
-        added = {name: "one GPU" for name in added}
+            if level["size"] == 1:
+                added[name] = "one GPU"  # a unit of one GPU, whatever the level
+            elif level["name"] == NODE:
+                added[name] = "one node"
+            else:
+                added[name] = f"one {level['name']} domain"
     return data, {**data, "levels": mixed}, added
 
 
