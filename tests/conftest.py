@@ -230,13 +230,17 @@ def run_in_subprocess(
     return result
 
 
+#: The verbs ``run_cli`` runs in a process of their own.
+OWN_PROCESS_VERBS = ("simulate", "measure")
+
+
 @pytest.fixture
 def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run ``meshconf ARGS``: in this process, except ``simulate`` and ``measure``, which
     start torch's (fake) default process group, and a process holds only one."""
 
     def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-        if args and args[0] in ("simulate", "measure"):
+        if args and args[0] in OWN_PROCESS_VERBS:
             return run_in_subprocess(*args, cwd=cwd)
         return run_in_process(*args, cwd=cwd)
 

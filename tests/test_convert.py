@@ -573,7 +573,7 @@ def test_invalid_input_exits_1(  # type: ignore[no-untyped-def]
 ) -> None:
     write(tmp_path, text)
     result = run_cli("convert", "job.toml", *args, cwd=tmp_path)
-    assert (result.returncode, result.stdout, result.stderr) == (1, expected, "")
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", expected)
 
 
 @pytest.mark.parametrize(
@@ -590,16 +590,17 @@ def test_toml_syntax_errors_are_located(  # type: ignore[no-untyped-def]
     # After the prefix, the words are the TOML parser's (tomli, or tomllib from Python 3.14).
     write(tmp_path, text)
     result = run_cli("convert", "job.toml", cwd=tmp_path)
-    assert (result.returncode, result.stderr) == (1, "")
-    assert result.stdout.startswith(f"job.toml:{position}: invalid TOML: ")
-    assert result.stdout.count("\n") == 1
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"job.toml:{position}: invalid TOML: ")
+    assert result.stderr.count("\n") == 1
 
 
 def test_text_that_is_not_utf_8_exits_1(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "job.toml").write_bytes(b"[parallelism]\ntensor_parallel_degree = 2 # \xff\n")
     result = run_cli("convert", "job.toml", cwd=tmp_path)
-    assert (result.returncode, result.stdout) == (
+    assert (result.returncode, result.stdout, result.stderr) == (
         1,
+        "",
         "job.toml:2:30: invalid TOML: not UTF-8\n",
     )
 
@@ -620,7 +621,7 @@ USAGE = [
         ("missing.toml",),
         "meshconf: error: missing.toml: cannot read: No such file or directory",
     ),
-    ("", (".",), "meshconf: error: .: is a directory, not a TOML file"),
+    ("", (".",), "meshconf: error: .: is a directory, not a file to convert"),
     (
         "[parallelism]\n",
         ("job.toml", "--out", "job.toml/out.yaml"),
@@ -642,6 +643,89 @@ USAGE = [
         "meshconf: error: --gpus-per-node: 5000 is larger than 4096, more than any node holds",
     ),
 ]
+
+
+FROM_CHOICES = "--from torchtitan or --from kempnerforge or --from megatron or --from accelerate"
+#: Files ``convert`` without --from cannot tell the source of: name, text, message.
+UNRECOGNISED = [
+    (
+        "job.sh",
+        "echo start\n",
+        "meshconf: error: job.sh: cannot tell which tool's settings it holds: it looks like a "
+        "script or text with no `accelerate launch` line, no torchrun or Megatron-LM training "
+        f"script line, and no [parallelism] or [distributed] TOML table; pass {FROM_CHOICES}",
+    ),
+    (
+        "mesh.yaml",
+        "world_size: 8\ndegrees: {tp: 2}\n",
+        "meshconf: error: mesh.yaml: cannot tell which tool's settings it holds: it looks like "
+        "a meshconf config already (`meshconf validate` checks it; `--to megatron` writes it as "
+        f"Megatron-LM's arguments); pass {FROM_CHOICES}",
+    ),
+    (
+        "run.yaml",
+        "name: run\nsteps: 10\n",
+        "meshconf: error: run.yaml: cannot tell which tool's settings it holds: it looks like "
+        f"YAML with neither accelerate's config keys nor NeMo's parallelism settings; pass "
+        f"{FROM_CHOICES}",
+    ),
+    (
+        "job.sh",
+        "accelerate launch train.py\ntorchrun --nproc-per-node 8 pretrain_gpt.py\n",
+        "meshconf: error: job.sh: holds both Megatron-LM's and accelerate's settings; pass "
+        "--from megatron or --from accelerate",
+    ),
+]
+
+#: A file of each source, and the source ``convert`` without --from recognises.
+RECOGNISED = [
+    ("examples/migration/accelerate/fsdp2_hsdp_tp_cp_16gpu.yaml", None, "accelerate"),
+    ("examples/migration/torchtitan_llama3_70b.toml", None, "torchtitan"),
+    ("examples/migration/kempnerforge_moe_32gpu.toml", None, "kempnerforge"),
+    (
+        "job.sh",
+        "export X=1\naccelerate launch --num_processes 8 train.py\n",
+        "accelerate",
+    ),
+    ("job", "accelerate launch --num_processes 8 train.py\n", "accelerate"),
+    (
+        "job.sh",
+        "torchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2\n",
+        "megatron",
+    ),
+    ("args.txt", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2\n", "megatron"),
+    (
+        "nemo.yaml",
+        "trainer:\n  devices: 8\nmodel:\n  tensor_model_parallel_size: 2\n",
+        "megatron",
+    ),
+    ("acc.yml", "distributed_type: MULTI_GPU\nnum_processes: 8\n", "accelerate"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), UNRECOGNISED)
+def test_convert_without_from_says_what_a_file_looks_like(  # type: ignore[no-untyped-def]
+    run_cli, tmp_path: Path, name: str, text: str, expected: str
+) -> None:
+    (tmp_path / name).write_text(text)
+    result = run_cli("convert", name, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == expected
+
+
+@pytest.mark.parametrize(("name", "text", "source"), RECOGNISED)
+def test_convert_without_from_recognises_its_source(  # type: ignore[no-untyped-def]
+    run_cli, tmp_path: Path, name: str, text: str | None, source: str
+) -> None:
+    path = Path(name) if text is None else tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    else:
+        path = Path.cwd() / path
+    found = run_cli("convert", str(path), cwd=tmp_path)
+    given = run_cli("convert", "--from", source, str(path), cwd=tmp_path)
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert found.stdout == given.stdout
 
 
 @pytest.mark.parametrize(("text", "args", "expected"), USAGE)

@@ -52,8 +52,8 @@ def test_the_example_converts_to_accelerate_s_layout(run_cli, tmp_path: Path) ->
 def test_a_launch_line_and_the_variables_it_sets() -> None:
     script = (
         "export PARALLELISM_CONFIG_TP_SIZE=2\n"
-        "PARALLELISM_CONFIG_CP_SIZE=2 accelerate launch --use_fsdp --fsdp_version 2 \\\n"
-        "    --num_processes 16 --num_machines 2 --parallelism_config_dp_shard_size=4 \\\n"
+        "PARALLELISM_CONFIG_CP_SIZE=2 PARALLELISM_CONFIG_DP_SHARD_SIZE=4 \\\n"
+        "    accelerate launch --use_fsdp --fsdp_version 2 --num_processes 16 --num_machines 2 \\\n"
         "    train.py --parallelism_config_tp_size 8\n"
     )
     data = _convert(script, ".sh")
@@ -87,10 +87,10 @@ def test_without_sizes_fsdp_shards_and_ddp_replicates_over_every_process() -> No
             "a ParallelismConfig whose total_size is not num_processes",
         ),
         (
-            "accelerate launch --num_processes 8 --parallelism_config_dp_replicate_size 4 "
-            "--parallelism_config_tp_size 2 train.py",
+            "PARALLELISM_CONFIG_DP_REPLICATE_SIZE=4 PARALLELISM_CONFIG_TP_SIZE=2 "
+            "accelerate launch --num_processes 8 train.py",
             "",
-            "f:1:76: --parallelism_config_dp_replicate_size: accelerate refuses tp beside "
+            "f:1:38: PARALLELISM_CONFIG_DP_REPLICATE_SIZE: accelerate refuses tp beside "
             "replication that does not shard (https://github.com/huggingface/accelerate/issues/"
             "3876): set dp_shard_size to 4 and dp_replicate_size to 1 (FSDP), or dp_shard_size "
             "above 1 as well (HSDP)",
@@ -165,8 +165,12 @@ def test_generated_launch_lines_convert_or_are_refused_as_accelerate_rules_say(
         sizes = dict(zip(names, values, strict=True))
         world = values[0] * values[1] * values[2] * values[3]
         options = " ".join(f"--parallelism_config_{n}_size {v}" for n, v in sizes.items())
-        fsdp = "--use_fsdp --fsdp_version 2 " if fsdp2 else ""
+        fsdp = "--use_fsdp --fsdp_version 2 --use_parallelism_config " if fsdp2 else ""
         line = f"accelerate launch {fsdp}--num_processes {world} {options} train.py"
+        if not fsdp2:  # without --use_parallelism_config the launcher applies no size
+            (problem,) = _problems(line)
+            assert problem.startswith("f:1:") and "hands the script no" in problem, problem
+            continue
         if _rules_refuse(sizes, fsdp2):
             problems = _problems(line)
             assert problems and all(p.startswith("f:1:") for p in problems), (line, problems)
@@ -174,3 +178,112 @@ def test_generated_launch_lines_convert_or_are_refused_as_accelerate_rules_say(
         data = _convert(line)
         assert {n: data["degrees"][n] for n in names} == sizes, line
         assert data["world_size"] == world
+
+
+LAUNCH_CODE = "accelerate/utils/launch.py, prepare_multi_gpu_env"
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "expected"),
+    [
+        (
+            "accelerate launch --num_processes 4 --parallelism_config_tp_size 4 train.py",
+            "",
+            "f:1:66: --parallelism_config_tp_size: accelerate launch hands the script no "
+            f"PARALLELISM_CONFIG_TP_SIZE without --use_parallelism_config ({LAUNCH_CODE}), so "
+            "this setting is never applied; add --use_parallelism_config (with --use_fsdp "
+            "--fsdp_version 2), or set PARALLELISM_CONFIG_TP_SIZE in the launch's environment",
+        ),
+        (
+            "accelerate launch --num_processes 4 --use_parallelism_config train.py",
+            "",
+            "f:1:37: --use_parallelism_config: accelerate launch refuses it without --use_fsdp "
+            'and --fsdp_version 2 on the same line ("You cannot use `--use_parallelism_config` '
+            'without `--use_fsdp` and `--fsdp_version=2`", accelerate/commands/launch.py, '
+            "_validate_launch_command): add --use_fsdp --fsdp_version 2, or leave "
+            "--use_parallelism_config out",
+        ),
+        (
+            "accelerate launch --use_fsdp --fsdp_version 2 --use_parallelism_config=false t.py",
+            "",
+            "f:1:47: --use_parallelism_config: is a switch and takes no value, as accelerate "
+            "launch's parser refuses '--use_parallelism_config=false': give "
+            "--use_parallelism_config to turn it on, leave it out to keep it off",
+        ),
+        (
+            "export PARALLELISM_CONFIG_DP_SHARD_SIZE=4\naccelerate launch --use_fsdp "
+            "--fsdp_version 2 --use_parallelism_config --num_processes 4 train.py\n",
+            "",
+            "f:1:41: PARALLELISM_CONFIG_DP_SHARD_SIZE: is replaced by "
+            "--parallelism_config_dp_shard_size's value (its default when not given): with "
+            "--use_parallelism_config accelerate launch sets every PARALLELISM_CONFIG_ size "
+            f"from its options ({LAUNCH_CODE}); give it as --parallelism_config_dp_shard_size 4",
+        ),
+    ],
+)
+def test_sizes_the_launcher_does_not_apply_are_refused(
+    text: str, suffix: str, expected: str
+) -> None:
+    assert _problems(text, suffix) == [expected]
+
+
+def test_only_the_launch_command_s_own_environment_counts() -> None:
+    script = (
+        "PARALLELISM_CONFIG_TP_SIZE=8\n"  # the shell's, never exported
+        "PARALLELISM_CONFIG_CP_SIZE=2 true\n"  # another command's
+        "export PARALLELISM_CONFIG_DP_SHARD_SIZE=2\n"
+        "env PARALLELISM_CONFIG_TP_SIZE=2 accelerate launch --num_processes 4 train.py\n"
+    )
+    degrees = _convert(script, ".sh")["degrees"]
+    assert (degrees["dp_shard"], degrees["cp"], degrees["tp"]) == (2, 1, 2)
+
+
+NOTHING = (
+    "f: no accelerate config or launch line found: expected the YAML `accelerate config` "
+    "writes (num_processes, distributed_type, parallelism_config, ...) or a script or command "
+    "line that runs `accelerate launch`"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix"),
+    [
+        ("world_size: 8\ndegrees: {tp: 2}\n", ".bak"),
+        ("world_size: 8\ndegrees: {tp: 2}\n", ".yaml"),
+        (
+            "#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2\n",
+            ".sh",
+        ),
+        ("[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 2\n", ".toml"),
+        ("", ""),
+    ],
+)
+def test_a_file_with_nothing_of_accelerate_in_it_is_refused(text: str, suffix: str) -> None:
+    assert _problems(text, suffix) == [NOTHING]
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "expected"),
+    [
+        (
+            "parallelism_config:\n  parallelism_config_tp_size: 65536\n"
+            "  parallelism_config_dp_shard_size: 65536\n  parallelism_config_cp_size: 65536\n",
+            ".yaml",
+            "f:4:3: parallelism_config.parallelism_config_cp_size: the parallelism sizes multiply "
+            "to 281474976710656 (dp_replicate_size 1 * dp_shard_size 65536 * cp_size 65536 * "
+            "tp_size 65536), more ranks than torch can number (2147483647)",
+        ),
+        ("- 1\n- 2\n", ".yaml", "f:1:1: expected accelerate's config, a mapping, got a list"),
+    ],
+)
+def test_refusals_of_the_whole_file_are_located(text: str, suffix: str, expected: str) -> None:
+    assert _problems(text, suffix) == [expected]
+
+
+def test_gpus_per_node_disagreeing_with_num_machines() -> None:
+    text = "num_processes: 16\nnum_machines: 2\n"
+    assert _problems(text, ".yaml", gpus_per_node=4) == [
+        "f:2:1: num_machines: runs 8 processes on each machine (num_processes 16 / num_machines "
+        "2), but --gpus-per-node is 4; give one of them"
+    ]
+    assert _convert(text, ".yaml", gpus_per_node=8)["gpus_per_node"] == 8

@@ -190,7 +190,7 @@ def test_nemo_s_split_switch_is_read_by_its_value(
     out = tmp_path / "converted.yaml"
     result = run_cli("convert", "--from", "megatron", str(nemo), "--out", str(out))
     if problem is not None:
-        assert (result.returncode, result.stdout) == (1, f"{nemo}:4:3: {problem}\n")
+        assert (result.returncode, result.stderr) == (1, f"{nemo}:4:3: {problem}\n")
         return
     assert result.returncode == 0, result.stderr
     training = meshconf.load_config(out).training

@@ -63,16 +63,20 @@ def bash_runs(script: str, where: Path) -> tuple[list[str], dict[str, str]] | No
 
 def meshconf_reads(script: str) -> tuple[list[str], dict[str, str]] | None:
     """The same, as meshconf reads the script: the launch command's words after its
-    ``accelerate``, and the variables the script's assignments give it."""
-    assigned: list[Word] = []
-    lines = list(commands(script, assigned))
-    launch = next((line for line in lines if line[:2] and line[0].text == "accelerate"), None)
-    if launch is None:
+    ``accelerate``, and the variables of the environment it is started with."""
+    environments: list[list[Word]] = []
+    lines = list(commands(script, environments=environments))
+    index = next(
+        (i for i, line in enumerate(lines) if line[:2] and line[0].text == "accelerate"), None
+    )
+    if index is None:
         return None
     variables = dict(
-        word.text.split("=", 1) for word in assigned if word.text.startswith("PARALLELISM_CONFIG_")
+        word.text.split("=", 1)
+        for word in environments[index]
+        if word.text.startswith("PARALLELISM_CONFIG_")
     )
-    return [word.text for word in launch[1:]], variables
+    return [word.text for word in lines[index][1:]], variables
 
 
 def heredoc(draw: st.DrawFn) -> str:
@@ -96,7 +100,11 @@ def scripts(draw: st.DrawFn) -> str:
     """A script around a launch line, and the launch line's expected reading is bash's."""
     pieces = []
     for _ in range(draw(st.integers(0, 5))):
-        kind = draw(st.sampled_from(["heredoc", "comment", "assign", "export", "echo"]))
+        kind = draw(
+            st.sampled_from(
+                ["heredoc", "comment", "assign", "export", "echo", "shell", "other", "mark"]
+            )
+        )
         if kind == "heredoc":
             pieces.append(heredoc(draw))
         elif kind == "comment":
@@ -106,6 +114,22 @@ def scripts(draw: st.DrawFn) -> str:
         elif kind == "export":
             name = draw(st.sampled_from(["TP_SIZE", "CP_SIZE", "DP_SHARD_SIZE"]))
             pieces.append(f"export PARALLELISM_CONFIG_{name}={draw(st.integers(1, 8))}\n")
+        elif kind == "shell":  # the shell's own variable, never exported
+            pieces.append(f"PARALLELISM_CONFIG_SP_SIZE={draw(st.integers(1, 8))}\n")
+        elif kind == "other":  # another command's environment
+            pieces.append(f"PARALLELISM_CONFIG_CP_SIZE={draw(st.integers(1, 8))} true\n")
+        elif kind == "mark":  # exported after it was assigned, or assigned once exported
+            pieces.append(
+                draw(
+                    st.sampled_from(
+                        [
+                            "export PARALLELISM_CONFIG_SP_SIZE\n",
+                            "declare -x PARALLELISM_CONFIG_DP_REPLICATE_SIZE=3\n",
+                            "PARALLELISM_CONFIG_TP_SIZE=7\n",
+                        ]
+                    )
+                )
+            )
         else:
             pieces.append("echo 'a; b' \"$TP\" > /dev/null 2>&1\n")
     prefixes = draw(

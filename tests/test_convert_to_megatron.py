@@ -5,8 +5,10 @@ simulates each world in a forked child; one layout runs on 8 real gloo processes
 
 from __future__ import annotations
 
+import itertools
 import random
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,36 @@ def test_what_megatron_cannot_express_is_refused_at_its_key(
     with pytest.raises(MegatronExportError) as raised:
         megatron_arguments(load_config(data))
     assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "world_size: 16\norder: [tp, cp, dp_shard, dp_replicate, pp]\ndegrees:\n  tp: 2\n"
+            "  pp: 2\n",
+            "c.yaml:2:1: order: Megatron numbers the ranks otherwise than order does, so its "
+            "groups would hold other ranks; leave it out, or give an order Megatron has "
+            "(tp-cp-ep-dp-pp inner to outer, or tp-cp-ep-pp-dp)",
+        ),
+        (
+            "world_size: 16\ndegrees:\n  tp: 2\n  pp: 2\ntraining:\n  first_stage_layers: 0\n",
+            "c.yaml:6:3: training.first_stage_layers: expected an integer >= 1, got 0",
+        ),
+        (
+            "world_size: 16\ndegrees:\n  tp: 2\ntraining:\n  ep_overlap: true\n",
+            "c.yaml:5:3: training.ep_overlap: Megatron-LM overlaps the experts' all-to-all only "
+            "with expert parallelism (an expert-model-parallel size above 1)",
+        ),
+    ],
+)
+def test_the_refusals_of_to_megatron_are_located_at_their_key(  # type: ignore[no-untyped-def]
+    run_cli, tmp_path: Path, text: str, expected: str
+) -> None:
+    (tmp_path / "c.yaml").write_text(text)
+    result = run_cli("convert", "--to", "megatron", "c.yaml", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (result.stdout + result.stderr).splitlines() == [expected]
 
 
 def test_megatron_core_takes_an_order_the_command_line_cannot_spell() -> None:
@@ -307,3 +339,123 @@ def test_deepseek_v3_s_recomputation_is_written_as_megatron_core_s_modules_and_r
     )
     back = convert_megatron(read_command_line(arguments.command_line()), world_size=16)
     assert back.data["training"] == training
+
+
+#: Keys of a config that --to megatron refuses, each with a value it refuses.
+_REFUSED_KEYS = [
+    ("training", "first_stage_layers: 0", {"pp": 2}),
+    ("training", "ep_overlap: true", {}),
+    ("training", "zero_stage: 3", {}),
+    ("", "order: [tp, cp, dp_shard, dp_replicate, pp]", {"pp": 2}),
+]
+
+
+def test_generated_refusals_of_to_megatron_are_located(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each refused key, after a random number of comment lines and other keys: reported at
+    its own line and column."""
+    rng = random.Random(47)
+    for index in range(12):
+        block, line, degrees = rng.choice(_REFUSED_KEYS)
+        padding = "# a comment\n" * rng.randrange(4)
+        sizes = "".join(f"  {name}: {size}\n" for name, size in {"tp": 2, **degrees}.items())
+        head = f"{padding}world_size: 16\ndegrees:\n{sizes}"
+        text = head + (f"training:\n  {line}\n" if block else f"{line}\n")
+        expected_line = head.count("\n") + (2 if block else 1)
+        column = 3 if block else 1
+        folder = tmp_path / str(index)
+        folder.mkdir()
+        (folder / "c.yaml").write_text(text)
+        result = run_cli("convert", "--to", "megatron", "c.yaml", cwd=folder)
+        key = line.split(":")[0]
+        shown = f"{block}.{key}" if block else key
+        assert result.returncode == 1, text
+        assert (result.stdout + result.stderr).startswith(
+            f"c.yaml:{expected_line}:{column}: {shown}: "
+        ), (text, result.stdout + result.stderr)
+
+
+#: Megatron-LM's arguments that --to megatron writes, as Megatron-Core's TransformerConfig
+#: (a ModelParallelConfig) names them.
+_CORE_FIELDS = {
+    "--tensor-model-parallel-size": "tensor_model_parallel_size",
+    "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
+    "--context-parallel-size": "context_parallel_size",
+    "--expert-model-parallel-size": "expert_model_parallel_size",
+    "--expert-tensor-parallel-size": "expert_tensor_parallel_size",
+    "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
+    "--microbatch-group-size-per-virtual-pipeline-stage": "microbatch_group_size_per_vp_stage",
+    "--recompute-granularity": "recompute_granularity",
+    "--recompute-method": "recompute_method",
+    "--recompute-num-layers": "recompute_num_layers",
+    "--overlap-moe-expert-parallel-comm": "overlap_moe_expert_parallel_comm",
+}
+
+
+def _training_layouts() -> Iterator[dict[str, Any]]:
+    """Layouts on 16 ranks with the training keys Megatron-Core checks when it starts."""
+    for pp, replicate, ep, zero, chunks, group, overlap, full in itertools.product(
+        (1, 2), (1, 2), (1, 2), (None, 0, 1), (None, 2), (None, 1, 2, 4), (False, True),
+        (False, True),
+    ):  # fmt: skip
+        training: dict[str, Any] = {}
+        if zero is not None:
+            training["zero_stage"] = zero
+        if chunks is not None:
+            training |= {"pp_schedule": "interleaved", "virtual_stages": chunks}
+        if group is not None:
+            training["microbatch_group"] = group
+        if overlap:
+            training["ep_overlap"] = True
+        if full:
+            training |= {"activation_checkpointing": "full", "checkpoint_group": 2}
+        degrees = {"pp": pp, "dp_replicate": replicate, "tp": 2, "ep": ep}
+        yield {"world_size": 16, "degrees": degrees, "training": training}
+
+
+@pytest.mark.timeout(300)
+def test_what_to_megatron_writes_megatron_core_runs(megatron_loaded: Any) -> None:
+    """Every layout --to megatron writes passes Megatron-Core's own checks on CPU: its
+    TransformerConfig's post-init, DistributedDataParallel's assert that distributed-optimizer
+    instances need the distributed optimizer, and the interleaved schedule's bound on the
+    micro-batches per model chunk; the layouts it refuses include every one that would not."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    written = refused = 0
+    for data in _training_layouts():
+        try:
+            arguments = dict(megatron_arguments(load_config(data)).arguments)
+        except ConfigError:
+            refused += 1
+            continue
+        written += 1
+        fields: dict[str, Any] = {
+            _CORE_FIELDS[flag]: True if value is None else value
+            for flag, value in arguments.items()
+            if flag in _CORE_FIELDS
+        }
+        fields = {
+            name: int(value) if isinstance(value, str) and value.isdigit() else value
+            for name, value in fields.items()
+        }
+        config = TransformerConfig(
+            num_layers=16,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_moe_experts=4 if fields["expert_model_parallel_size"] > 1 else None,
+            moe_token_dispatcher_type="alltoall",
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            pipeline_dtype=torch.bfloat16,
+            sequence_parallel=True,
+            **fields,
+        )
+        # DistributedDataParallel: 'Partial DistOpt cannot be used without DistOpt'
+        instances = int(arguments.get("--num-distributed-optimizer-instances", "1"))
+        assert instances == 1 or "--use-distributed-optimizer" in arguments, data
+        # forward_backward_pipelining_with_interleaving: the group is at least pp
+        if config.virtual_pipeline_model_parallel_size is not None:
+            assert (
+                config.microbatch_group_size_per_vp_stage >= config.pipeline_model_parallel_size
+            ), data
+    assert written >= 50 and refused >= 50, (written, refused)

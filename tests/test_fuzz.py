@@ -409,6 +409,7 @@ def test_special_files_through_python_m(tmp_path: Path) -> None:
     result = meshconf("convert", "job.toml", "--world-size", "8", "--out", "link.toml")
     assert result.returncode == 2
     assert (
-        result.stderr == "meshconf: error: --out link.toml is the input TOML; choose another file\n"
+        result.stderr == "meshconf: error: --out link.toml is the same file as the input "
+        "job.toml; choose another file\n"
     )
     assert (tmp_path / "job.toml").read_bytes() == TOML

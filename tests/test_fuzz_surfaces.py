@@ -185,6 +185,42 @@ def accelerate(rng: random.Random) -> Iterator[Case]:
             case = accelerate_file(text, "job.sh")
             case.may_pass = True  # bash runs some of them: closed here-documents, env alone
             yield case
+    for _ in range(4 * SCALE):  # sizes the launcher never applies, lines it refuses
+        key, size = rng.choice(ACCELERATE_KEYS), rng.choice(["2", "4", "8"])
+        paradigm = rng.choice(["", "--use_fsdp ", "--use_fsdp --fsdp_version 1 ", "--multi_gpu "])
+        for line in (
+            f"accelerate launch {paradigm}--num_processes {size} "
+            f"--parallelism_config_{key} {size} train.py",
+            f"accelerate launch {paradigm}--use_parallelism_config --num_processes {size} t.py",
+            "accelerate launch --use_fsdp --fsdp_version 2 --use_parallelism_config="
+            + rng.choice(["false", "true", "0", "", "no"])
+            + " train.py",
+        ):
+            case = Case("accelerate", ["convert", "--from", "accelerate", "--args", line])
+            case.code = 1
+            yield case
+        case = accelerate_file(
+            f"export PARALLELISM_CONFIG_{key.upper()}={size}\naccelerate launch --use_fsdp "
+            f"--fsdp_version 2 --use_parallelism_config --num_processes {size} train.py\n",
+            "job.sh",
+        )
+        case.code = 1
+        yield case
+    others = (  # files of other tools, or of none, given --from accelerate
+        (
+            "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 2\n",
+            "job.toml",
+        ),
+        (f"#!/bin/bash\n{LAUNCH} --tensor-model-parallel-size 2\n", "train.sh"),
+        ("world_size: 8\ndegrees: {tp: 2}\n", "mesh.yaml.bak"),
+        ("world_size: 8\ndegrees: {tp: 2}\n", "mesh.yaml"),
+        ("model:\n  tensor_model_parallel_size: 2\n", "nemo.yaml"),
+        ("", "empty.sh"),
+    )
+    for text, name in rng.sample(others, len(others)):
+        case = accelerate_file(text, name)
+        case.code = 1
+        yield case
     for text in (  # shapes that are not accelerate's config
         "- 1\n- 2\n",
         "parallelism_config: 4\n",
@@ -197,6 +233,57 @@ def accelerate(rng: random.Random) -> Iterator[Case]:
         yield accelerate_file(text)
     yield accelerate_file("x" * (5 * 1024 * 1024))
     yield accelerate_file("accelerate launch " + "--num_processes 8 " * 20_000 + "t.py\n", "job.sh")
+
+
+#: Files of each source and of none, for ``convert`` without --from: text, and whether some
+#: source holds it.
+RECOGNITION_TEXTS = [
+    ("num_processes: 8\ndistributed_type: MULTI_GPU\n", True),
+    ("accelerate launch --num_processes 8 train.py\n", True),
+    (f"{LAUNCH} --tensor-model-parallel-size 2\n", True),
+    ("trainer:\n  devices: 8\nmodel:\n  tensor_model_parallel_size: 2\n", True),
+    ("[parallelism]\ntensor_parallel_degree = 2\n", True),
+    ("[distributed]\ntp = 2\n", True),
+    ("world_size: 8\ndegrees: {tp: 2}\n", False),
+    ("name: run\nsteps: 10\n", False),
+    ("echo start\nsleep 1\n", False),
+    ("- 1\n- 2\n", False),
+    ("[x]\ny = 1\n", False),
+    ("", False),
+    ("'unclosed\n", False),
+    ("cat <<EOF\naccelerate launch train.py\nEOF\n", False),
+]
+RECOGNITION_SUFFIXES = [".yaml", ".yml", ".json", ".sh", ".toml", "", ".bak", ".txt"]
+
+
+def contradictions(rng: random.Random) -> Iterator[Case]:
+    """Values that say two things: each refused (exit 2, or 1 for a file's), never one kept."""
+    for _ in range(4 * SCALE):
+        sizes = [rng.choice([2, 4, 8]) for _ in range(rng.choice([2, 3]))]
+        levels = [word for size in sizes for word in ("--level", f"node={size}")]
+        yield Case("contradictions", ["plan", "--world-size", "64", *levels], code=2)
+        total, part = rng.choice(RUNTIME_OPTIONS[1:]), rng.choice(["0", "1", "3.5"])
+        args = ["plan", "--world-size", "64", "--model", "llama3-8b"]
+        pair = [["--runtime-gib", "2"], [total, part]]
+        rng.shuffle(pair)
+        yield Case("contradictions", [*args, *pair[0], *pair[1]], code=2)
+        per_node = rng.choice([1, 2, 4, 16])
+        processes, machines = rng.choice([(16, 2), (32, 4), (8, 1)])
+        case = accelerate_file(f"num_processes: {processes}\nnum_machines: {machines}\n")
+        case.argv += ["--gpus-per-node", str(per_node)]
+        case.may_pass = per_node == processes // machines
+        if not case.may_pass:
+            case.code = 1
+        yield case
+
+
+def recognition(rng: random.Random) -> Iterator[Case]:
+    for _ in range(8 * SCALE):
+        text, held = rng.choice(RECOGNITION_TEXTS)
+        name = "input" + rng.choice(RECOGNITION_SUFFIXES)
+        case = Case("recognition", ["convert", name], {name: text.encode()})
+        case.may_pass = held  # a source's file under another suffix may still be refused
+        yield case
 
 
 # --- 2. Model files and the numbers of plan and show ---------------------------------------
@@ -504,7 +591,10 @@ def corpora(rng: random.Random) -> Iterator[Case]:
 
 
 @pytest.mark.timeout(600 if LONG else 240, method="thread")
-@pytest.mark.parametrize("surface", [megatron, accelerate, models, resolvers, outputs, corpora])
+@pytest.mark.parametrize(
+    "surface",
+    [megatron, accelerate, recognition, contradictions, models, resolvers, outputs, corpora],
+)
 def test_hostile_input_to_each_surface(tmp_path: Path, surface: object) -> None:
     cases = list(surface(random.Random(f"{surface.__name__}")))  # type: ignore[operator]
     failures = []

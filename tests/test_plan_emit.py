@@ -336,7 +336,6 @@ VALUED: dict[str, st.SearchStrategy[str]] = {
     "--mfu": _number("mfu"),
     "--mfu-counts": st.sampled_from(["model", "hardware"]),
     "--mfu-over": st.sampled_from(["compute", "step"]),
-    "--runtime-gib": _number("runtime_gib"),
     "--cuda-context-gib": _number("cuda_context_gib"),
     "--nccl-communicator-gib": _number("nccl_communicator_gib"),
     "--allocator-gib": _number("allocator_gib"),
@@ -371,10 +370,34 @@ def _two_sources(draw: st.DrawFn) -> tuple[list[str], list[str]]:
     in one of them, since another schedule's would not go with them."""
     pipeline = draw(PIPELINES)
     in_config = draw(st.booleans())
-    return (
+    config, options = (
         draw(_words(pipeline if in_config else [])),
         draw(_words([] if in_config else pipeline)),
     )
+    if draw(st.booleans()):  # the runtime term whole, which excludes its parts
+        config, options = _without(config, RUNTIME_PARTS), _without(options, RUNTIME_PARTS)
+        (config if draw(st.booleans()) else options).extend(
+            ["--runtime-gib", draw(_number("runtime_gib"))]
+        )
+    return config, options
+
+
+#: The options of the runtime term's parts, which --runtime-gib excludes.
+RUNTIME_PARTS = ("--cuda-context-gib", "--nccl-communicator-gib", "--allocator-gib")
+
+
+def _without(words: list[str], options: tuple[str, ...]) -> list[str]:
+    """``words`` without each of ``options`` and its value."""
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in options:
+            skip = True
+        else:
+            kept.append(word)
+    return kept
 
 
 @settings(max_examples=60, deadline=None)

@@ -151,6 +151,10 @@ def test_plan_table_and_emit_with_an_nvlink_level(run_cli) -> None:  # type: ign
             ["--gpus-per-node", "4", "--level", "nvlink=64", "--level", "nvlink=128"],
             "--level nvlink=128: level 'nvlink' appears twice",
         ),
+        (
+            ["--level", "node=8", "--level", "node=4"],
+            "--level node=4: level 'node' appears twice; give each level once",
+        ),
     ],
 )
 def test_bad_levels_are_one_line_and_exit_2(run_cli, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]

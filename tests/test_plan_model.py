@@ -557,3 +557,17 @@ def test_an_oversized_model_file_is_an_invalid_file(run_cli, tmp_path: Path) -> 
         f"{path}: {path.stat().st_size} bytes, more than the 65,536 a model file may have; "
         "this is not a model file\n"
     )
+
+
+@pytest.mark.parametrize(
+    "part", ["--cuda-context-gib", "--nccl-communicator-gib", "--allocator-gib"]
+)
+def test_the_runtime_total_and_one_of_its_parts_are_refused_together(run_cli, part: str) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli(
+        "plan", "--world-size", "64", "--model", "llama3-8b", "--runtime-gib", "2", part, "3"
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"meshconf: error: --runtime-gib and {part} exclude each other: the first is the whole "
+        "runtime term, the second one of its parts; give the total or the parts"
+    )

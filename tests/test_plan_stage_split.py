@@ -118,16 +118,17 @@ def test_megatron_s_training_settings_become_the_config_s_training_block(
     bad = run_cli(
         "convert", "--from", "megatron", "--args", args + "--decoder-first-pipeline-num-layers x"
     )
-    assert bad.returncode == 1
-    assert bad.stdout.splitlines() == [
+    assert (bad.returncode, bad.stdout) == (1, "")
+    assert bad.stderr.splitlines() == [
         "--args:1:102: --decoder-first-pipeline-num-layers: expected an integer >= 1, got the "
         "string 'x'"
     ]
     one_chunk = run_cli(
         "convert", "--from", "megatron", "--args", args + "--virtual-pipeline-model-parallel-size 1"
     )
-    assert (one_chunk.returncode, one_chunk.stdout) == (
+    assert (one_chunk.returncode, one_chunk.stdout, one_chunk.stderr) == (
         1,
+        "",
         "--args:1:105: --virtual-pipeline-model-parallel-size: pp_schedule interleaved needs "
         "virtual_stages >= 2\n",
     )

@@ -137,7 +137,8 @@ def test_every_unit_of_every_level_is_one_outline_around_its_cells(
     assert world_size is not None
     # a level whose units are single GPUs, or another level's units, is not outlined
     above = tuple(level for level in config.topology if level.name != NODE)
-    repeated = repeated_units(config.gpus_per_node, above)
+    node = next((level.size for level in config.topology if level.name == NODE), None)
+    repeated = repeated_units(node, above)
     for level in config.topology:
         if level.name in repeated:
             continue

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 #: Each verb, in the order ``meshconf --help`` lists them, is the module of the same name.
 #: Its ``run`` returns the exit code, or raises what stops it, which ``main`` prints:
-#: ``UsageError`` or ``SourceError`` (exit 2), ``ConfigError`` (the config's problems, one
-#: located line each, exit 1) or ``InvalidInput`` (exit 1).
+#: ``UsageError`` or ``SourceError`` (exit 2, on standard error), ``ConfigError`` (the
+#: config's problems, one located line each, exit 1) or ``InvalidInput`` (exit 1); those two
+#: on standard error where the verb's parser says it ``prints_data``, else on standard output.
+#: ``main`` refuses an ``--out`` that is the verb's input ``path`` before ``run`` starts.
 VERBS = ("validate", "show", "simulate", "measure", "schema", "render", "plan", "convert")
 
 
@@ -54,7 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # of every installed package, which costs more than checking a config.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     # Imported after it, as in build_parser.
-    from meshconf.cli.common import InvalidInput, UsageError, invalid, usage_error
+    from meshconf.cli.common import (
+        InvalidInput,
+        UsageError,
+        invalid,
+        prints_data,
+        refuse_overwrite,
+        usage_error,
+    )
     from meshconf.core.errors import ConfigError, SourceError
     from meshconf.core.messages import not_one_of
 
@@ -68,13 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(VERBS if verb is None else (verb,))
     try:
         args = parser.parse_command_line(arguments)
+    except UsageError as error:
+        return usage_error(str(error))
+    try:
+        refuse_overwrite(args)
         code: int = args.run(args)
     except (UsageError, SourceError) as error:
         return usage_error(str(error))
     except ConfigError as error:
-        return invalid([diagnostic.render() for diagnostic in error.diagnostics])
+        lines = [diagnostic.render() for diagnostic in error.diagnostics]
+        return invalid(lines, to_stderr=prints_data(args))
     except InvalidInput as error:
-        return invalid(error.lines, to_stderr=error.to_stderr)
+        return invalid(error.lines, to_stderr=error.to_stderr or prints_data(args))
     return code
 
 

@@ -31,7 +31,8 @@ class UsageError(Exception):
 class InvalidInput(Exception):
     """Input other than the config that a command read and found invalid (a model file, the
     build a run measures, a file to convert): ``main`` prints ``lines``, on standard error
-    when ``to_stderr``, and exits with :data:`EXIT_INVALID`."""
+    when ``to_stderr`` or when the verb :func:`prints_data`, and exits with
+    :data:`EXIT_INVALID`."""
 
     def __init__(self, lines: Sequence[str], *, to_stderr: bool = False) -> None:
         super().__init__("\n".join(lines))
@@ -201,16 +202,46 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
         )
 
 
-def output_is_input(out: str, inputs: Sequence[str]) -> str | None:
-    """The input that ``out`` names (also through links), or None."""
-    for source in inputs:
-        try:
-            if os.path.samefile(out, source):
-                return source
-        except OSError:
-            if os.path.realpath(out) == os.path.realpath(source):
-                return source
-    return None
+def refuse_overwrite(args: argparse.Namespace) -> None:
+    """Check, before a command reads or writes anything, that its ``--out`` FILE is not its
+    input PATH: the same file however it is spelled (relative or absolute, ``./``, ``../``,
+    through a symbolic link to it or its folder, or a hard link). Writing there would replace
+    the input with what was made from it.
+
+    Raises:
+        UsageError: ``--out`` names the input; the message names both as given.
+    """
+    out: str | None = getattr(args, "out", None)
+    source: str | None = getattr(args, "path", None)
+    if out is None or source is None:
+        return
+    try:
+        same = os.path.samefile(out, source)
+    except (OSError, ValueError):
+        # One of them does not exist yet: the same path once links are resolved.
+        same = os.path.realpath(out) == os.path.realpath(source)
+    if same:
+        raise UsageError(f"--out {out} is the same file as the input {source}; choose another file")
+
+
+def prints_data(args: argparse.Namespace) -> bool:
+    """Whether the command's standard output is data (a config, a schema, JSON) that a
+    program or ``> FILE`` takes: then its problems go to standard error, where they are
+    seen and never mistaken for data. A verb says so with the ``prints_data`` default of its
+    parser, a function of its arguments; ``validate``, whose output is the problems, as a
+    linter's is, says nothing and keeps them on standard output."""
+    says: Callable[[argparse.Namespace], bool] | None = getattr(args, "prints_data", None)
+    return says is not None and says(args)
+
+
+def prints_json(args: argparse.Namespace) -> bool:
+    """The ``prints_data`` of a verb whose standard output is data with ``--format json``."""
+    return bool(args.format == "json")
+
+
+def always_data(args: argparse.Namespace) -> bool:
+    """The ``prints_data`` of a verb whose standard output is always data."""
+    return True
 
 
 def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -> None:

@@ -17,10 +17,10 @@ from meshconf.cli.common import (
     EXIT_OK,
     InvalidInput,
     UsageError,
+    always_data,
     emit,
     gpus_per_node,
     one_of,
-    output_is_input,
     positive_int,
     write_file,
 )
@@ -32,10 +32,12 @@ from meshconf.features.convert import (
     Conversion,
     ConversionError,
     Source,
+    looks_like,
+    recognise,
 )
-from meshconf.features.convert.megatron_export import megatron_arguments
+from meshconf.features.convert.megatron_export import MegatronExportError, megatron_arguments
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
-from meshconf.sources.loading import load_config
+from meshconf.sources.loading import load_located
 from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 from meshconf.sources.yaml_schema import MAX_INT_DIGITS
 
@@ -112,8 +114,14 @@ def _long_integer(text: str) -> tuple[int, int] | None:
     return None
 
 
-def _read_toml(path: str) -> dict[str, Any]:
-    text = _read_text(path, "a TOML file", "invalid TOML: ")
+def _read_toml(path: str, text: str | None = None) -> dict[str, Any]:
+    """The TOML document of ``path`` (whose ``text`` may have been read already).
+
+    Raises:
+        InvalidInput: the file is not TOML, or holds a number past meshconf's bound.
+    """
+    if text is None:
+        text = _read_text(path, "a TOML file", "invalid TOML: ")
     long = _long_integer(text)
     if long is not None:
         raise InvalidInput(
@@ -131,6 +139,48 @@ def _read_toml(path: str) -> dict[str, Any]:
     except RecursionError:
         raise InvalidInput([f"{path}: invalid TOML: nested too deeply"]) from None
     return document
+
+
+#: Suffixes of files that are never TOML: read by the sources that are not.
+_NOT_TOML = (".yaml", ".yml", ".json", ".sh", ".bash")
+
+
+def _recognise(path: str) -> tuple[Source, str, dict[str, Any] | None]:
+    """The source of a file given without ``--from``, with its text and, for a TOML
+    source, its document.
+
+    Raises:
+        UsageError: no source, or more than one, recognises the file: it says what the file
+            looks like.
+        InvalidInput: a ``.toml`` file that is not TOML.
+    """
+    suffix = Path(path).suffix.lower()
+    toml = suffix == ".toml"
+    text = _read_text(path, "a file to convert", "invalid TOML: " if toml else "")
+    document: dict[str, Any] | None = None
+    if toml:
+        document = _read_toml(path, text)
+    elif suffix not in _NOT_TOML:
+        try:
+            document = _read_toml(path, text)
+        except InvalidInput:
+            document = None
+        if document is not None and not recognise(text, suffix, document):
+            document = None  # not the TOML of any source: perhaps a one-line script
+    found = recognise(text, suffix, document)
+    if len(found) == 1:
+        return found[0], text, document
+    if document is not None:
+        _detect(path, document)
+    choices = " or ".join(f"--from {source.name}" for source in SOURCES)
+    if found:
+        tools = spoken_list([f"{source.tool}'s" for source in found])
+        either = " or ".join(f"--from {source.name}" for source in found)
+        raise UsageError(f"{path}: holds both {tools} settings; pass {either}")
+    raise UsageError(
+        f"{path}: cannot tell which tool's settings it holds: it looks like "
+        f"{looks_like(text, suffix)}; pass {choices}"
+    )
 
 
 def _read_arguments(args: argparse.Namespace, source: Source) -> Mapping[str, Any]:
@@ -264,11 +314,16 @@ def _convert(args: argparse.Namespace) -> Conversion:
         users = " or ".join(f"--from {s.name}" for s in SOURCES if s.table is None)
         raise UsageError(f"--args is for {users}")
     if args.path is None:
-        raise UsageError("PATH is required: the TOML file to convert")
-    document = _read_toml(args.path)
-    source = chosen or _detect(args.path, document)
-    table = None if source.table is None else document.get(source.table)
-    return source.convert(table, **sizes, document=document)
+        raise UsageError("PATH is required: the file to convert")
+    if chosen is None:
+        chosen, text, document = _recognise(args.path)
+        if document is None:
+            assert chosen.read is not None, "a source recognised from text reads text"
+            return chosen.convert(chosen.read(text, Path(args.path).suffix), **sizes)
+    else:
+        document = _read_toml(args.path)
+    table = None if chosen.table is None else document.get(chosen.table)
+    return chosen.convert(table, **sizes, document=document)
 
 
 def _to_megatron(args: argparse.Namespace) -> int:
@@ -277,13 +332,19 @@ def _to_megatron(args: argparse.Namespace) -> int:
         raise UsageError("--to megatron reads a meshconf config: leave out --from and --args")
     if args.path is None:
         raise UsageError("--to megatron needs CONFIG, the meshconf config to convert")
-    config = load_config(args.path, world_size=args.world_size)
+    config, source = load_located(args.path, world_size=args.world_size)
     if config.resolved_world_size is None:
         raise UsageError(
             f"{args.path}: the world size is unknown (degrees.{config.degrees.auto} is -1); "
             "set world_size in the file or pass --world-size N"
         )
-    arguments = megatron_arguments(config)
+    try:
+        arguments = megatron_arguments(config)
+    except MegatronExportError as error:
+        # placed at the key the user wrote, as the config's own problems are
+        raise MegatronExportError(
+            [source.diagnostic(problem.path, problem.message) for problem in error.diagnostics]
+        ) from None
     head = (
         f"# Megatron-LM's arguments for {args.path}, on {config.resolved_world_size} ranks; "
         "meshconf convert --from megatron reads them back.\n"
@@ -298,11 +359,6 @@ def _to_megatron(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.target is not None:
         return _to_megatron(args)
-    inputs = [] if args.path is None else [args.path]
-    if args.out is not None and output_is_input(args.out, inputs) is not None:
-        toml = args.source is None or BY_NAME[args.source].table is not None
-        kind = "TOML" if toml else "file"
-        raise UsageError(f"--out {args.out} is the input {kind}; choose another file")
     where = "--args" if args.path is None else args.path
     try:
         conversion = _convert(args)
@@ -339,7 +395,8 @@ def add_parser(subparsers: Any) -> None:
         "--from",
         dest="source",
         **one_of(source.name for source in SOURCES),
-        help="the tool the file is for; default: found from the table it has",
+        help="the tool the file is for; default: recognised from the file (its TOML table, "
+        "accelerate's config or launch line, NeMo's YAML or a Megatron-LM launch line)",
     )
     parser.add_argument(
         "--to",
@@ -369,4 +426,5 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--out", metavar="FILE", help="write the config to FILE; default: standard output"
     )
-    parser.set_defaults(run=run)
+    # Its output is a config, or arguments, that `> FILE` or the next command reads.
+    parser.set_defaults(run=run, prints_data=always_data)

@@ -18,6 +18,7 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
+    prints_json,
 )
 from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.estimate_report import STATE_PARTS, memory_json, settings_line
@@ -181,4 +182,4 @@ def add_parser(subparsers: Any) -> None:
     )
     add_source_options(parser)
     add_model_options(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, prints_data=prints_json)

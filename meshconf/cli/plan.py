@@ -60,12 +60,19 @@ def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]]:
     ``--gpus-per-node N``), if given, and the others.
 
     Raises:
-        UsageError: the first that is not a level, too many levels, or the node not first.
+        UsageError: the first that is not a level, too many levels, the node given twice or
+            not first.
     """
     levels = [_level(text) for text in args.level or ()]
     if len(levels) > MAX_LEVELS:
         raise UsageError(f"--level: {len(levels)} levels are more than {MAX_LEVELS}")
-    node = next((level for level in levels if level.name == NODE), None)
+    nodes = [level for level in levels if level.name == NODE]
+    if len(nodes) > 1:
+        # as a repeated level above the node is refused: which one is meant is not said
+        raise UsageError(
+            f"--level {level_text(nodes[1])}: level {NODE!r} appears twice; give each level once"
+        )
+    node = nodes[0] if nodes else None
     if node is not None and levels[0] is not node:
         raise UsageError(
             f"--level {level_text(node)}: the node is the innermost level; give it first"
@@ -177,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _prints_data(args: argparse.Namespace) -> bool:
+    """Whether standard output is data: the config ``--emit`` prints, or the JSON report."""
+    return args.emit is not None or bool(args.format == "json")
+
+
 def _replay_words(args: argparse.Namespace) -> list[str]:
     """The config and model words that, with the request's own, print the plan again."""
     words = [] if args.path is None else [args.path]
@@ -217,7 +229,7 @@ def add_parser(subparsers: Any) -> None:
     _add_layout_options(parser)
     _add_output_options(parser)
     add_model_options(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, prints_data=_prints_data)
 
 
 def _add_layout_options(parser: argparse.ArgumentParser) -> None:

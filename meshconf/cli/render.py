@@ -14,7 +14,6 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
-    output_is_input,
     write_file,
 )
 from meshconf.core.levels import NODE
@@ -55,8 +54,6 @@ def _domain(config: MeshConfig, asked: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if output_is_input(args.out, [args.path]) is not None:
-        raise UsageError(f"--out {args.out} is the input config; choose another file")
     _check_output(args.out)
     config = load_for_rank(args)
     layouts = config.layouts

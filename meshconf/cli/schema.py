@@ -7,7 +7,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from meshconf.cli.common import EXIT_INVALID, EXIT_OK, UsageError, emit, one_of, write_file
+from meshconf.cli.common import (
+    EXIT_INVALID,
+    EXIT_OK,
+    UsageError,
+    always_data,
+    emit,
+    one_of,
+    write_file,
+)
 from meshconf.model.reference import reference_markdown
 from meshconf.model.schema import FLAVORS, build_schema, render
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
@@ -126,4 +134,5 @@ def add_parser(subparsers: Any) -> None:
         "--out, FILE is the copy in meshconf's repository: "
         + ", ".join(f"{path} ({fmt}, {flavor})" for (fmt, flavor), path in DEFAULT_OUT.items()),
     )
-    parser.set_defaults(run=run)
+    # Its output is the schema; --check's verdict it prints itself, as validate does.
+    parser.set_defaults(run=run, prints_data=always_data)

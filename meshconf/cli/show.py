@@ -16,6 +16,7 @@ from meshconf.cli.common import (
     emit,
     load_for_rank,
     non_negative_int,
+    prints_json,
     warnings_json,
 )
 from meshconf.cli.estimate_options import show_estimate
@@ -328,4 +329,4 @@ def add_parser(subparsers: Any) -> None:
     add_gpus_per_node_option(parser, "to place groups on nodes")
     add_source_options(parser)
     add_model_options(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, prints_data=prints_json)

@@ -7,15 +7,18 @@ used as it is, so :func:`parallelism_config` hands accelerate a mesh meshconf bu
 accelerate creates no process group, and the ranks are numbered as the config numbers them,
 its ``order``, ``levels`` and ``inside`` kept. What accelerate cannot express or refuses is
 refused here first, at the meshconf key responsible (:func:`check_config`), without torch.
-Needs ``pip install "meshconf[accelerate]"`` for :func:`parallelism_config`.
+:func:`parallelism_config` needs accelerate: the ``accelerate`` extra
+(``pip install ".[accelerate]"`` from a clone of meshconf).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from meshconf.core.errors import ConfigError, Diagnostic
+from meshconf.compat.arguments import mesh_config, open_context, refused, switch, world_ranks
+from meshconf.core.errors import ConfigError, Diagnostic, describe_value
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 from meshconf.trainers.accelerate import (
@@ -49,6 +52,18 @@ class AccelerateError(ConfigError):
     """A layout that accelerate cannot express, or would refuse when it starts."""
 
 
+#: What a run on CPUs is told before accelerate refuses it.
+CPU_ONLY = (
+    "this context runs on the CPU over {world} ranks, and accelerate's Accelerator will refuse "
+    "the ParallelismConfig: without a GPU it runs as DistributedType.MULTI_CPU, and accelerate "
+    "takes a ParallelismConfig of more than one rank only under FSDP2, a multi-GPU run or "
+    "DeepSpeed (ParallelismConfig._validate_accelerator); launch on GPUs "
+    "(accelerate launch without --cpu, on a machine with CUDA devices)"
+)
+#: The sizes :func:`from_parallelism_config` reads; ``sp_size`` is newer, and 1 when absent.
+READ_SIZES = tuple(SIZE_DEGREES)
+
+
 def _config_key(degree: str) -> str:
     return f"degrees.{degree}"
 
@@ -58,13 +73,16 @@ def check_config(config: MeshConfig, *, fsdp2: bool | None = None) -> None:
     (:data:`meshconf.trainers.accelerate.REFUSALS`), naming the meshconf key and what to
     change. Needs no torch and no process group.
 
-    ``fsdp2``: whether accelerate runs FSDP2; ``None`` reads it from the environment
-    ``accelerate launch`` sets (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``).
+    ``fsdp2``: whether accelerate runs FSDP2 (True or False); ``None`` reads it from the
+    environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``).
 
     Raises:
-        AccelerateError: (a ConfigError) a layout one of the refusals applies to.
+        AccelerateError: (a ConfigError) a layout one of the refusals applies to; ``config``
+            not a MeshConfig, or ``fsdp2`` not True, False or None.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
+    config = mesh_config(config, AccelerateError)
+    fsdp2 = switch(fsdp2, AccelerateError, "fsdp2")
     if fsdp2 is None:
         launcher = {
             option: os.environ.get(variable) for variable, option in LAUNCH_ENVIRONMENT.items()
@@ -87,12 +105,22 @@ def parallelism_config(
     that ``Accelerator(parallelism_config=...)`` (or ``TrainingArguments``) keeps it and
     creates no group. ``fsdp2`` as :func:`check_config`.
 
+    On ranks without a GPU (the context's device is the CPU) over more than one rank, it
+    warns first: accelerate's ``Accelerator`` then runs as ``MULTI_CPU``, and refuses a
+    ``ParallelismConfig`` of more than one rank outside FSDP2, a multi-GPU run or DeepSpeed
+    (its ``ParallelismConfig._validate_accelerator``); FSDP2 itself needs GPUs. The mesh is
+    built all the same, for code that reads it without an ``Accelerator``.
+
     Raises:
-        AccelerateError: as :func:`check_config`, before any mesh is built.
-        ImportError: accelerate is not installed (``pip install "meshconf[accelerate]"``).
+        AccelerateError: as :func:`check_config`, before any mesh is built; ``context`` not
+            an open DistributedContext (a MeshConfig, or a closed context).
+        ImportError: accelerate is not installed (the ``accelerate`` extra).
     """
+    context = open_context(context, AccelerateError)
     config = context.config
     check_config(config, fsdp2=fsdp2)
+    if context.device.type == "cpu" and context.world_size > 1:
+        warnings.warn(CPU_ONLY.format(world=context.world_size), UserWarning, stacklevel=2)
     from accelerate import ParallelismConfig
 
     degrees = config.resolved_degrees
@@ -117,12 +145,37 @@ def from_parallelism_config(
     whose groups are accelerate's. As accelerate does, sizes that are all 1 replicate the
     model over every rank.
 
+    ``parallelism``: accelerate's ``ParallelismConfig``, or any object with its
+    ``dp_replicate_size``, ``dp_shard_size``, ``cp_size`` and ``tp_size`` (and, optionally,
+    ``sp_size``). A mapping, a string or None is refused rather than read as all ones.
+
     Raises:
-        AccelerateError: sp_size above 1
-            (:func:`~meshconf.trainers.accelerate.sp_size_problem`), or a size that is not a
-            positive integer.
-        ConfigError: the sizes do not multiply to ``world_size``.
+        AccelerateError: ``parallelism`` without those sizes, sp_size above 1
+            (:func:`~meshconf.trainers.accelerate.sp_size_problem`), a size that is not a
+            positive integer, or ``world_size`` that is not one.
+        ConfigError: the sizes do not multiply to ``world_size``, or ``gpus_per_node`` is not
+            a positive integer.
     """
+    if isinstance(parallelism, str | bytes) or not all(
+        hasattr(parallelism, name) for name in READ_SIZES
+    ):
+        hint = (
+            "; for a mapping of sizes, pass ParallelismConfig(**sizes)"
+            if isinstance(parallelism, dict)
+            else ""
+        )
+        raise refused(
+            AccelerateError,
+            "parallelism",
+            "expected accelerate's ParallelismConfig (or an object with its "
+            f"{', '.join(READ_SIZES)}), got {describe_value(parallelism)}{hint}",
+        )
+    world_size = world_ranks(
+        world_size,
+        AccelerateError,
+        "pass world_size=, the number of processes accelerate runs (accelerate launch's "
+        "--num_processes, or Accelerator().num_processes)",
+    )
     sizes = {name: getattr(parallelism, name, 1) for name in (*SIZE_DEGREES, SP_SIZE)}
     problems = [
         Diagnostic((name,), f"expected an integer >= 1, got {value!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshconf.compat.arguments import mesh_config, open_context
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig
 from meshconf.trainers.accelerate import FLATTENED_DIMS
@@ -43,9 +44,10 @@ def check_config(config: MeshConfig) -> None:
     Raises:
         NemoAutomodelError: (a ConfigError) etp above 1 with experts (NeMo AutoModel keeps
             each expert whole on its rank), or dp_replicate above 1 without dp_shard (its
-            FSDP2 strategy refuses plain replication).
+            FSDP2 strategy refuses plain replication); ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
+    config = mesh_config(config, NemoAutomodelError)
     degrees = config.resolved_degrees
     problems = []
     if degrees["ep"] > 1 and degrees["etp"] > 1:
@@ -73,8 +75,10 @@ def meshes(context: DistributedContext) -> tuple[DeviceMesh, DeviceMesh | None]:
     for ``MeshContext.from_meshes(device_mesh, moe_mesh, strategy_config=...)``.
 
     Raises:
-        NemoAutomodelError: as :func:`check_config`, before any mesh is built.
+        NemoAutomodelError: as :func:`check_config`, before any mesh is built; ``context``
+            not an open DistributedContext (a MeshConfig, or a closed context).
     """
+    context = open_context(context, NemoAutomodelError)
     check_config(context.config)
     device_mesh = context.named_mesh({dim: dim for dim in DEVICE_MESH_DIMS}, FLATTENED)
     if context.config.resolved_degrees["ep"] == 1:

@@ -23,7 +23,7 @@ from meshconf.compat.parallel_dims_common import (
 )
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
-from meshconf.core.errors import Diagnostic
+from meshconf.core.errors import Diagnostic, describe_value
 from meshconf.trainers.torchtitan import TORCHTITAN_DEGREES
 
 if TYPE_CHECKING:
@@ -118,8 +118,22 @@ class ParallelDims(ParallelDimsMeshes):
         """From torchtitan's ``ParallelismConfig`` (the job's ``[parallelism]`` table).
 
         Raises:
-            ParallelDimsError: as the constructor.
+            ParallelDimsError: as the constructor, or ``parallelism_config`` without
+                torchtitan's degree fields.
         """
+        fields = [name for name, degree in TORCHTITAN_DEGREES.items() if degree != "etp"]
+        missing = [name for name in fields if not hasattr(parallelism_config, name)]
+        if missing or isinstance(parallelism_config, str | bytes):
+            raise ParallelDimsError(
+                [
+                    Diagnostic(
+                        ("parallelism_config",),
+                        "expected torchtitan's ParallelismConfig (job_config.parallelism), got "
+                        f"{describe_value(parallelism_config)}, which has no "
+                        f"{', '.join(missing or fields)}",
+                    )
+                ]
+            )
         degrees = {
             degree: getattr(parallelism_config, field)
             for field, degree in TORCHTITAN_DEGREES.items()

@@ -7,13 +7,14 @@ domains when the config numbers its ranks in the default order, so :func:`distri
 gives the sizes and refuses, at the meshconf key responsible, what transformers cannot
 build: context parallelism, tensor-parallel experts, a rank order of the config's own, and
 the layouts transformers itself refuses. Needs no torch; ``DistributedConfig`` needs
-``pip install "meshconf[transformers]"``.
+transformers: the ``transformers`` extra (``pip install ".[transformers]"`` from a clone).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshconf.compat.arguments import mesh_config
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig
@@ -44,9 +45,11 @@ def check_config(config: MeshConfig) -> None:
     Raises:
         TransformersError: (a ConfigError) cp or etp above 1; ranks numbered other than in
             the default order; ep that is not a multiple of tp or does not divide
-            dp_shard * tp; data parallelism beside pipeline parallelism.
+            dp_shard * tp; data parallelism beside pipeline parallelism; ``config`` not a
+            MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
+    config = mesh_config(config, TransformersError)
     degrees = config.resolved_degrees
     problems: list[Diagnostic] = []
     if degrees["cp"] > 1:
@@ -105,8 +108,9 @@ def distributed_config(config: MeshConfig) -> DistributedConfig:
 
     Raises:
         TransformersError: as :func:`check_config`.
-        ImportError: transformers is not installed (``pip install "meshconf[transformers]"``).
+        ImportError: transformers is not installed (the ``transformers`` extra).
     """
+    config = mesh_config(config, TransformersError)
     check_config(config)
     from transformers import DistributedConfig
 

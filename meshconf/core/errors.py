@@ -69,7 +69,8 @@ def describe_value(value: object) -> str:
         return "a mapping"
     if isinstance(value, list | tuple):
         return "a list"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,20 @@ class TrainingOptions(_Keys):
                 f"{name('fp8_param_gather')} needs {name('zero_stage')} 1, 2 or 3: "
                 f"{FP8_WITHOUT_GATHERS}",
             )
+        parts = [
+            key
+            for key in ("cuda_context_gib", "nccl_communicator_gib", "allocator_gib")
+            if getattr(self, key) is not None
+        ]
+        if self.runtime_gib is not None and parts:
+            # runtime_gib is the whole term: a part given beside it would be dropped
+            self._refuse(
+                parts[0],
+                "runtime_conflict",
+                f"{name('runtime_gib')} and {name(parts[0])} exclude each other: the first "
+                "is the whole runtime term, the second one of its parts; give the total or the "
+                "parts",
+            )
         recomputation = recomputation_mismatch(
             self.activation_checkpointing,
             self.checkpoint_every,

@@ -53,11 +53,28 @@ def launch_of(environ: Mapping[str, str]) -> Launch:
 def check_launched_world(config: MeshConfig, launch: Launch) -> None:
     """Raises :class:`LaunchError` when the config's world size is not the launcher's (or,
     without a launcher, the default process group's)."""
-    if config.world_size is not None and config.world_size != launch.world_size:
+    wanted = config.world_size
+    if wanted is None or wanted == launch.world_size:
+        return
+    if launch.source != "none":
         raise LaunchError(
-            f"world_size: the config says {config.world_size}, but {launch.source} started "
+            f"world_size: the config says {wanted}, but {launch.source} started "
             f"{launch.world_size} ranks"
         )
+    if launch.world_size > 1:
+        raise LaunchError(
+            f"world_size: the config says {wanted}, but the default process group this "
+            f"script initialized has {launch.world_size} ranks"
+        )
+    # No launcher's variables and no default group: one process alone (``python train.py``,
+    # or ``accelerate launch --cpu``, which starts one process unless told how many).
+    raise LaunchError(
+        f"world_size: the config says {wanted} ranks, but this process was started alone, "
+        "without a launcher's RANK and WORLD_SIZE, so the world is 1 rank; start "
+        f"{wanted} processes: `torchrun --nproc_per_node {wanted} train.py`, or `accelerate "
+        f"launch --num_processes {wanted} train.py` (`accelerate launch --cpu` starts one "
+        "process unless given --num_processes)"
+    )
 
 
 def check_simulated_world(rank: int, world_size: int) -> None:

@@ -20,6 +20,7 @@ from meshconf.runtime.facts import RankFacts, domain_of
 from meshconf.runtime.groups import GroupCounters, GroupRegistry
 from meshconf.runtime.meshes import MeshCache
 from meshconf.runtime.oracle import expected_groups
+from meshconf.runtime.store import RuntimeSetupError
 
 
 class MeshRequests(RankFacts):
@@ -28,6 +29,23 @@ class MeshRequests(RankFacts):
     _registry: GroupRegistry
     _meshes: MeshCache
     _requests: dict[tuple[str, ...], DeviceMesh | None]
+    _closed: bool
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has destroyed this context's process groups."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        """Raises :class:`RuntimeSetupError` once the context is closed: its groups, and the
+        default group it initialized, are gone, and torch would only say that no default
+        process group exists."""
+        if self._closed:
+            raise RuntimeSetupError(
+                f"rank {self.rank}'s DistributedContext is closed: close() (or the end of its "
+                "with block) destroyed its process groups, so it builds no mesh; build a new "
+                "DistributedContext"
+            )
 
     def set_timeout(self, seconds: float) -> None:
         """Change the timeout of the default group and of every process group this context
@@ -57,7 +75,9 @@ class MeshRequests(RankFacts):
 
         Raises:
             UnknownDomainError: (a KeyError and a ValueError) the config has no such domain.
+            RuntimeSetupError: the context is closed.
         """
+        self._check_open()
         if domain not in self.config.layouts:
             raise UnknownDomainError(
                 f"unknown domain {domain!r}; domains are {', '.join(self.config.layouts)}"
@@ -66,11 +86,21 @@ class MeshRequests(RankFacts):
 
     @property
     def world_mesh(self) -> DeviceMesh:
-        """The whole world as a 1-D mesh named ``world``, over the default group."""
+        """The whole world as a 1-D mesh named ``world``, over the default group.
+
+        Raises:
+            RuntimeSetupError: the context is closed.
+        """
+        self._check_open()
         return self._meshes.world()
 
     def build_all(self) -> dict[str, DeviceMesh]:
-        """Every domain's mesh, in config order (the order an eager build creates them in)."""
+        """Every domain's mesh, in config order (the order an eager build creates them in).
+
+        Raises:
+            RuntimeSetupError: the context is closed.
+        """
+        self._check_open()
         return {domain: self._meshes.domain(domain) for domain in self.config.layouts}
 
     def named_mesh(
@@ -95,7 +125,9 @@ class MeshRequests(RankFacts):
             InvalidArgumentError: (a ValueError) a dim the config does not have, dims (with
                 ``outside``) that do not cover the world once, or a flattened dim joining names
                 not in ``dims``.
+            RuntimeSetupError: the context is closed.
         """
+        self._check_open()
         joined = {
             name: (dim,) if isinstance(dim, str) else tuple(dim) for name, dim in dims.items()
         }
@@ -122,7 +154,9 @@ class MeshRequests(RankFacts):
         Raises:
             InvalidArgumentError: (a ValueError) an unknown dim, a repeated one, or dims no
                 domain has in that order.
+            RuntimeSetupError: the context is closed.
         """
+        self._check_open()
         request = (dims,) if isinstance(dims, str) else tuple(dims)
         try:
             return self._requests[request]

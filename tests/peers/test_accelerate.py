@@ -345,7 +345,9 @@ def test_accelerate_s_launch_parser_and_environment_read_what_meshconf_reads(
     sizes = dict(zip(ACCELERATE_DIMS, values, strict=True))
     world = values[0] * values[1] * values[2] * values[3]
     options = [f"--parallelism_config_{name}_size={size}" for name, size in sizes.items()]
-    argv = ["--num_processes", str(world), *options, "train.py"]
+    # without --use_parallelism_config the launcher hands the script none of these sizes
+    fsdp2 = ["--use_fsdp", "--fsdp_version", "2", "--use_parallelism_config"]
+    argv = [*fsdp2, "--num_processes", str(world), *options, "train.py"]
     parsed = launch_command_parser().parse_args(argv)
     theirs = {name: getattr(parsed, f"parallelism_config_{name}_size") for name in sizes}
     line = _converted("accelerate launch " + " ".join(argv), "")

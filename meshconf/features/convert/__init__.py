@@ -18,7 +18,13 @@ from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.accelerate import ACCELERATE, convert_accelerate, read_accelerate
+from meshconf.features.convert.accelerate import (
+    ACCELERATE,
+    convert_accelerate,
+    read_accelerate,
+    recognises_accelerate,
+)
+from meshconf.features.convert.arguments import yaml_document
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
@@ -30,7 +36,11 @@ from meshconf.features.convert.common import (
 )
 from meshconf.features.convert.kempnerforge import from_kempnerforge
 from meshconf.features.convert.megatron import MEGATRON, convert_megatron
-from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
+from meshconf.features.convert.megatron_input import (
+    read_command_line,
+    read_nemo_yaml,
+    recognises_megatron,
+)
 from meshconf.features.convert.torchtitan import from_torchtitan
 
 TORCHTITAN = "torchtitan"
@@ -58,6 +68,9 @@ class Source:
     #: A source not read from TOML: its settings from a file's text and suffix (``.yaml``),
     #: or from ``--args`` (suffix ``""``).
     read: Callable[[str, str], Mapping[str, Any]] | None = None
+    #: A source not read from TOML: whether a file's text and suffix hold its settings, for
+    #: ``meshconf convert`` without ``--from``.
+    recognises: Callable[[str, str], bool] | None = None
 
 
 def _toml_source(
@@ -104,6 +117,7 @@ SOURCES: tuple[Source, ...] = (
         lambda text, suffix: (
             read_nemo_yaml(text) if suffix.lower() in (".yaml", ".yml") else read_command_line(text)
         ),
+        recognises_megatron,
     ),
     Source(
         ACCELERATE,
@@ -113,11 +127,59 @@ SOURCES: tuple[Source, ...] = (
         None,
         convert_accelerate,
         read_accelerate,
+        recognises_accelerate,
     ),
 )
 BY_NAME: Mapping[str, Source] = {source.name: source for source in SOURCES}
 #: The sources read from a TOML table, which a file's tables tell apart.
 TOML_SOURCES = tuple(source for source in SOURCES if source.table is not None)
+
+
+def recognise(text: str, suffix: str, document: Mapping[str, Any] | None) -> list[Source]:
+    """The sources whose settings a file holds: those whose TOML table ``document`` (the
+    file read as TOML, or None when it is not TOML) has, or, when it is not TOML, those that
+    recognise its text."""
+    if document is not None:
+        return [source for source in TOML_SOURCES if source.table in document]
+    if _meshconf_config(text, suffix):
+        return []  # its keys (order, ...) are no other tool's settings
+    return [
+        source
+        for source in SOURCES
+        if source.recognises is not None and source.recognises(text, suffix)
+    ]
+
+
+def _yaml_data(text: str, suffix: str) -> Any:
+    """The data of a YAML file (``suffix`` ``.yaml``, ``.yml`` or ``.json``), or None."""
+    if suffix.lower() not in (".yaml", ".yml", ".json"):
+        return None
+    try:
+        return yaml_document(text).data
+    except ConversionError:
+        return None
+
+
+def _meshconf_config(text: str, suffix: str) -> bool:
+    data = _yaml_data(text, suffix)
+    return isinstance(data, Mapping) and "degrees" in data
+
+
+def looks_like(text: str, suffix: str) -> str:
+    """What a file no source recognises seems to be, for the message that asks for
+    ``--from``."""
+    if suffix.lower() in (".yaml", ".yml", ".json"):
+        if _meshconf_config(text, suffix):
+            return (
+                "a meshconf config already (`meshconf validate` checks it; `--to megatron` "
+                "writes it as Megatron-LM's arguments)"
+            )
+        return "YAML with neither accelerate's config keys nor NeMo's parallelism settings"
+    return (
+        "a script or text with no `accelerate launch` line, no torchrun or Megatron-LM "
+        "training script line, and no [parallelism] or [distributed] TOML table"
+    )
+
 
 __all__ = [
     "ACCELERATE",
@@ -132,6 +194,8 @@ __all__ = [
     "Source",
     "SourceProblem",
     "convert_megatron",
+    "looks_like",
+    "recognise",
 ]
 
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from math import prod
 
-from meshconf.core.degrees import AUTO, DEGREE_NAMES
+from meshconf.core.degrees import AUTO, DEGREE_NAMES, MAX_WORLD_SIZE
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.arguments import (
     Setting,
@@ -27,6 +27,7 @@ from meshconf.features.convert.arguments import (
 from meshconf.features.convert.common import (
     DEFAULT_DEGREES,
     Conversion,
+    ConversionError,
     Draft,
     validate,
     world_size_note,
@@ -57,11 +58,55 @@ def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
     ``.yaml``, ``.yml`` or ``.json``), or of a launch script or command line.
 
     Raises:
-        ConversionError: the file cannot be read, or an option lacks its value.
+        ConversionError: the file cannot be read, has nothing of accelerate's in it, an
+            option lacks its value, or the launch line is one ``accelerate launch`` refuses.
     """
     if suffix.lower() in (".yaml", ".yml", ".json"):
         return _read_config_file(text)
     return _read_launch(text)
+
+
+#: Keys of the file ``accelerate config`` writes, any one of which makes a mapping its config.
+_CONFIG_KEYS = (
+    *LAUNCH,
+    "compute_environment",
+    "fsdp_config",
+    "parallelism_config",
+    "deepspeed_config",
+    "machine_rank",
+    "main_training_function",
+    "mixed_precision",
+    "use_cpu",
+    "gpu_ids",
+)
+
+
+def _is_accelerate_config(data: object) -> bool:
+    """Whether YAML data is a config ``accelerate config`` writes: a mapping with one of its
+    keys."""
+    return isinstance(data, Mapping) and any(key in data for key in _CONFIG_KEYS)
+
+
+def recognises_accelerate(text: str, suffix: str) -> bool:
+    """Whether the text holds accelerate's settings: the YAML ``accelerate config`` writes
+    (``suffix`` ``.yaml``, ``.yml`` or ``.json``), or a script or command line with an
+    ``accelerate launch`` line."""
+    try:
+        if suffix.lower() in (".yaml", ".yml", ".json"):
+            return _is_accelerate_config(yaml_document(text).data)
+        return any(_is_launch(line) for line in commands(text))
+    except ConversionError:
+        return False
+
+
+def _nothing_found() -> ConversionError:
+    return source_error(
+        None,
+        "no accelerate config or launch line found: expected the YAML `accelerate config` "
+        "writes (num_processes, distributed_type, parallelism_config, ...) or a script or "
+        "command line that runs `accelerate launch`",
+        None,
+    )
 
 
 def _read_config_file(text: str) -> dict[str, Setting]:
@@ -69,8 +114,12 @@ def _read_config_file(text: str) -> dict[str, Setting]:
     data = document.data
     if not isinstance(data, Mapping):
         raise source_error(
-            None, f"expected accelerate's config, a mapping, got {describe_value(data)}", None
+            None,
+            f"expected accelerate's config, a mapping, got {describe_value(data)}",
+            (1, 1),
         )
+    if not _is_accelerate_config(data):
+        raise _nothing_found()
     found: dict[str, Setting] = {}
 
     def take(path: tuple[str, ...], name: str, value: object) -> None:
@@ -100,14 +149,32 @@ def _read_config_file(text: str) -> dict[str, Setting]:
 
 def _read_launch(text: str) -> dict[str, Setting]:
     """``accelerate launch``'s options before the training script, and the environment the
-    script sets; a command line without a launch line is read whole."""
-    assigned: list[Word] = []
-    lines = list(commands(text, assigned))
-    launch = next((line for line in lines if _is_launch(line)), None)
-    if launch is None:
-        launch = lines[0] if len(lines) == 1 else []
+    launch command is started with; a single command that is not a launch line is read whole.
+
+    Without ``--use_parallelism_config`` the launcher hands the script none of its
+    ``--parallelism_config_*`` sizes, and with it, it sets every ``PARALLELISM_CONFIG_*``
+    from its options, replacing the environment's (``prepare_multi_gpu_env`` and
+    ``prepare_extend_env_parallelism_config`` in accelerate's ``utils/launch.py``): a size
+    that would not reach the script is refused where it was written.
+    """
+    environments: list[list[Word]] = []
+    lines = list(commands(text, environments=environments))
+    index = next((i for i, line in enumerate(lines) if _is_launch(line)), None)
+    if index is None and len(lines) != 1:
+        raise _nothing_found()
+    at = 0 if index is None else index
+    launch, environment = lines[at], environments[at]
+    launcher = settings_from_words(
+        _launcher_words(launch),
+        (*PARALLELISM, *LAUNCH),
+        ("use_fsdp", _USE_PARALLELISM_CONFIG),
+        tool="accelerate launch",
+        name_of=lambda flag: flag[2:].removeprefix(_PREFIX),
+    )
+    if index is None and not launcher:
+        raise _nothing_found()
     found: dict[str, Setting] = {}
-    for word in assigned:
+    for word in environment:
         variable, _, value = word.text.partition("=")
         name = LAUNCH_ENVIRONMENT.get(variable, "")
         if variable.startswith(_PREFIX.upper()):
@@ -115,16 +182,69 @@ def _read_launch(text: str) -> dict[str, Setting]:
         if name in PARALLELISM or name in LAUNCH_ENVIRONMENT.values():
             column = word.column + len(variable) + 1
             found[name] = Setting(name, variable, value, (word.line, column))
-    found.update(
-        settings_from_words(
-            _launcher_words(launch),
-            (*PARALLELISM, *LAUNCH),
-            ("use_fsdp",),
-            tool="accelerate launch",
-            name_of=lambda flag: flag[2:].removeprefix(_PREFIX),
-        )
-    )
+    switch = launcher.pop(_USE_PARALLELISM_CONFIG, None)
+    if switch is not None:
+        _check_parallelism_switch(switch, launcher)
+        # the launcher sets each size from its options, 1 where none is given
+        for name in PARALLELISM:
+            if name in found and name not in launcher:
+                _replaced(found[name])
+    else:
+        for name in PARALLELISM:
+            if name in launcher:
+                _not_applied(launcher[name])
+    found.update(launcher)
     return found
+
+
+_USE_PARALLELISM_CONFIG = "use_parallelism_config"
+#: Where accelerate's launcher decides what the script's environment holds.
+_LAUNCH_CODE = "accelerate/utils/launch.py, prepare_multi_gpu_env"
+
+
+def _check_parallelism_switch(switch: Setting, launcher: Mapping[str, Setting]) -> None:
+    """``--use_parallelism_config`` as ``accelerate launch`` checks it before it starts.
+
+    Raises:
+        ConversionError: the line lacks ``--use_fsdp`` or ``--fsdp_version 2``.
+    """
+    if "use_fsdp" in launcher and str(_value(launcher, "fsdp_version")).strip() == "2":
+        return
+    raise source_error(
+        switch.key,
+        "accelerate launch refuses it without --use_fsdp and --fsdp_version 2 on the same "
+        'line ("You cannot use `--use_parallelism_config` without `--use_fsdp` and '
+        '`--fsdp_version=2`", accelerate/commands/launch.py, _validate_launch_command): add '
+        "--use_fsdp --fsdp_version 2, or leave --use_parallelism_config out",
+        switch.position,
+    )
+
+
+def _value(settings: Mapping[str, Setting], name: str) -> object:
+    setting = settings.get(name)
+    return None if setting is None else setting.value
+
+
+def _not_applied(setting: Setting) -> None:
+    variable = f"{_PREFIX}{setting.name}".upper()
+    raise source_error(
+        setting.key,
+        f"accelerate launch hands the script no {variable} without --use_parallelism_config "
+        f"({_LAUNCH_CODE}), so this setting is never applied; add --use_parallelism_config "
+        f"(with --use_fsdp --fsdp_version 2), or set {variable} in the launch's environment",
+        setting.position,
+    )
+
+
+def _replaced(setting: Setting) -> None:
+    option = f"--{_PREFIX}{setting.name}"
+    raise source_error(
+        setting.key,
+        f"is replaced by {option}'s value (its default when not given): with "
+        f"--use_parallelism_config accelerate launch sets every PARALLELISM_CONFIG_ size from "
+        f"its options ({_LAUNCH_CODE}); give it as {option} {setting.value}",
+        setting.position,
+    )
 
 
 def _is_launch(line: list[Word]) -> bool:
@@ -178,6 +298,8 @@ def convert_accelerate(
     draft.check()
     degrees = {SIZE_DEGREES[name]: sizes[name] for name in SIZE_DEGREES}
     total = prod(degrees.values())
+    if total > MAX_WORLD_SIZE:
+        _past_the_bound(draft, sizes, keys)
     if total == 1 and (processes is None or processes > 1):
         # Without a parallelism config accelerate's FSDP shards over every process; with one
         # of sizes 1 it replicates. Without num_processes, the -1 is every process.
@@ -220,6 +342,27 @@ def convert_accelerate(
     )
 
 
+def _past_the_bound(draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, str]) -> None:
+    """Sizes whose product is more ranks than torch numbers: reported at the size that
+    takes the product past the bound, in accelerate's order.
+
+    Raises:
+        ConversionError: always.
+    """
+    product = 1
+    for name in SIZE_DEGREES:
+        product *= sizes[name]
+        if product > MAX_WORLD_SIZE:
+            written = " * ".join(f"{size} {sizes[size]}" for size in SIZE_DEGREES)
+            draft.fail(
+                keys[name],
+                f"the parallelism sizes multiply to {prod(sizes[s] for s in SIZE_DEGREES)} "
+                f"({written}), more ranks than torch can number ({MAX_WORLD_SIZE})",
+            )
+            break
+    draft.check()
+
+
 def _world(draft: Draft, settings: Mapping[str, Setting], keys: Mapping[str, str]) -> int | None:
     """num_processes as the world size, num_processes / num_machines as the node size."""
     processes = machines = None
@@ -243,6 +386,13 @@ def _world(draft: Draft, settings: Mapping[str, Setting], keys: Mapping[str, str
                 keys["num_machines"],
                 f"{machines} machines cannot share {processes} processes evenly; accelerate "
                 "runs num_processes / num_machines on each",
+            )
+        elif draft.gpus_per_node not in (None, processes // machines):
+            draft.fail(
+                keys["num_machines"],
+                f"runs {processes // machines} processes on each machine (num_processes "
+                f"{processes} / num_machines {machines}), but --gpus-per-node is "
+                f"{draft.gpus_per_node}; give one of them",
             )
         elif draft.gpus_per_node is None:
             draft.gpus_per_node = processes // machines

@@ -24,6 +24,7 @@ from meshconf.features.convert.common import ConversionError
 from meshconf.features.convert.megatron import SIZE_DEGREES, convert_megatron
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
 from meshconf.features.convert.megatron_input import NORMS_LATENT_SWIGLU_MODULES, read_command_line
+from meshconf.features.convert.megatron_training import partial_distopt_problem
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -150,9 +151,18 @@ def _training_arguments(
     training = config.training
     given = {} if training is None else training.model_dump(exclude_unset=True)
     arguments: list[tuple[str, str | None]] = []
-    if config.resolved_degrees["dp_replicate"] > 1 and given.get("zero_stage", 1) == 1:
+    if config.resolved_degrees["dp_replicate"] > 1:
         # Megatron-LM's distributed-optimizer instances need the distributed optimizer.
-        given["zero_stage"] = 1
+        if given.get("zero_stage", 1) == 0:
+            problems.append(
+                Diagnostic(
+                    ("training", "zero_stage"),
+                    f"is 0, but dp_replicate is {config.resolved_degrees['dp_replicate']}: "
+                    + partial_distopt_problem("set training.zero_stage to 1"),
+                )
+            )
+        elif given.get("zero_stage", 1) == 1:
+            given["zero_stage"] = 1
     for key, value in given.items():
         spelling = SETTINGS[key].megatron
         if spelling is not None and spelling.default == value:
@@ -203,6 +213,24 @@ def _plain_integer(key: str, spelling: Spelling) -> bool:
     return SETTINGS[key].kind == "integer" and spelling.on is None and not spelling.beside
 
 
+def _argument_keys(config: MeshConfig) -> dict[str, KeyPath]:
+    """The ``training`` key each Megatron-LM argument of a training setting comes from, so
+    that Megatron's refusal of an argument is reported where the user wrote the setting."""
+    training = config.training
+    given = () if training is None else training.model_dump(exclude_unset=True)
+    keys: dict[str, KeyPath] = {}
+    for key in given:
+        spelling = SETTINGS[key].megatron
+        if spelling is not None and spelling.name:
+            keys[spelling.name] = ("training", key)
+    if "activation_checkpointing" in given:
+        for flag in ("--recompute-granularity", "--recompute-method", "--recompute-modules"):
+            keys[flag] = ("training", "activation_checkpointing")
+    if "optimizer_dtype" in given:
+        keys["--use-precision-aware-optimizer"] = ("training", "optimizer_dtype")
+    return keys
+
+
 def _round_trip_problem(
     config: MeshConfig, arguments: list[tuple[str, str | None]]
 ) -> Diagnostic | None:
@@ -212,8 +240,10 @@ def _round_trip_problem(
     try:
         back = load_config(convert_megatron(read_command_line(text), world_size=world).data)
     except ConversionError as error:
+        problem = error.problems[0]
         key: KeyPath = ("order",) if config.order is not None else ("degrees",)
-        return Diagnostic(key, error.problems[0].message)
+        key = _argument_keys(config).get(problem.key or "", key)
+        return Diagnostic(key, problem.message)
     ours, theirs = config.resolved_degrees, back.resolved_degrees
     if ours["ep"] == 1:
         ours, theirs = {**ours, "etp": 1}, {**theirs, "etp": 1}

@@ -14,8 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from meshconf.core.errors import describe_value
 from meshconf.core.training import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
 from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
+from meshconf.features.convert.common import ConversionError
 from meshconf.features.convert.shell import commands as shell_commands, source_error
 
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.
@@ -169,6 +171,30 @@ def read_command_line(text: str) -> dict[str, Setting]:
     return {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
 
 
+#: A Megatron-LM training script: ``pretrain_gpt.py``, ``pretrain_mamba.py``, ...
+_MEGATRON_SCRIPT = re.compile(r"(.*/)?pretrain_[A-Za-z0-9_]+\.py$")
+
+
+def recognises_megatron(text: str, suffix: str) -> bool:
+    """Whether the text holds Megatron-LM's settings: NeMo's YAML with one of its
+    parallelism settings (``suffix`` ``.yaml`` or ``.yml``), or a script or command line
+    that runs torchrun or a Megatron-LM training script, or gives one of its size arguments."""
+    try:
+        if suffix.lower() in (".yaml", ".yml"):
+            return bool(read_nemo_yaml(text))
+        lines = list(shell_commands(text))
+    except ConversionError:
+        return False
+    sizes = {f"--{name.replace('_', '-')}" for name in SIZE_SETTINGS}
+    return any(
+        _LAUNCHERS.fullmatch(word.text)
+        or _MEGATRON_SCRIPT.fullmatch(word.text)
+        or word.text.split("=", 1)[0] in sizes
+        for line in lines
+        for word in line
+    )
+
+
 def read_nemo_yaml(text: str) -> dict[str, Setting]:
     """The settings of a YAML file as NeMo writes them (``model.tensor_model_parallel_size``,
     ``trainer.strategy.…``, ``trainer.devices`` and ``trainer.num_nodes``), wherever they
@@ -178,6 +204,10 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
     with different values.
     """
     document = yaml_document(text)
+    if not isinstance(document.data, Mapping):
+        raise source_error(
+            None, f"expected NeMo's config, a mapping, got {describe_value(document.data)}", (1, 1)
+        )
     found: dict[str, Setting] = {}
     wanted = (*_VALUED, *FLAG_SETTINGS, *_LISTED)
 

@@ -38,6 +38,10 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
     draft.training["zero_stage"] = 0 if _switched_on(draft, optimizer) is None else 1
     if optimizer is not None:
         draft.origins[("training", "zero_stage")] = optimizer.key
+    instances = settings.get("num_distributed_optimizer_instances")
+    if draft.training["zero_stage"] == 0 and sizes["num_distributed_optimizer_instances"] > 1:
+        assert instances is not None, "more than one instance is given"
+        draft.fail(instances.key, partial_distopt_problem("give --use-distributed-optimizer"))
     fp8 = settings.get("fp8_param_gather")
     if fp8 is not None:
         # validated with the config, and a problem reported at Megatron's key
@@ -68,7 +72,31 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
             for name in ("recompute_method", "recompute_num_layers")
             if name in settings and settings[name].value is not None
         ]
-        _expert_overlap(draft, overlap, sizes, chunked, recomputing)
+        full = granularity is not None and granularity.value == "full"
+        _expert_overlap(draft, overlap, sizes, chunked, recomputing, full=full)
+
+
+def partial_distopt_problem(fix: str) -> str:
+    """Why distributed-optimizer instances (dp_replicate above 1) need the distributed
+    optimizer; ``fix`` turns it on, as the caller's input spells it."""
+    return (
+        "more than one distributed-optimizer instance needs the distributed optimizer: "
+        "Megatron-Core asserts 'Partial DistOpt cannot be used without DistOpt' "
+        "(DistributedDataParallel, megatron/core/distributed/distributed_data_parallel.py); "
+        f"{fix}, or run one instance (dp_replicate 1, its ranks to dp_shard)"
+    )
+
+
+def microbatch_group_problem(group: int, pp: int) -> str:
+    """Why the interleaved schedule cannot run ``group`` micro-batches per model chunk over
+    ``pp`` pipeline stages."""
+    return (
+        f"{group} micro-batches per model chunk are fewer than pp ({pp}): Megatron-Core's "
+        "interleaved schedule raises ValueError 'The number of contiguous micro-batches in a "
+        "virtual pipeline stage should range in [PP, M]' "
+        "(forward_backward_pipelining_with_interleaving, "
+        f"megatron/core/pipeline_parallel/schedules.py); give at least {pp}"
+    )
 
 
 def _sequence_parallelism(draft: Draft, switch: Setting | None, sizes: Mapping[str, int]) -> None:
@@ -117,11 +145,16 @@ def _expert_overlap(
     sizes: Mapping[str, int],
     chunked: bool,
     recomputing: list[Setting],
+    *,
+    full: bool,
 ) -> None:
     """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
-    Megatron-Core's config refuses it: without expert parallelism, over a pipeline without
-    model chunks (``chunked``: some setting gives them), with full recomputation, or with a
-    recomputation method or a number of layers to recompute given (``recomputing``)."""
+    Megatron-Core's config refuses it (``TransformerConfig.__post_init__``,
+    megatron/core/transformer/transformer_config.py): without expert parallelism, over a
+    pipeline without model chunks (``chunked``: some setting gives them), with
+    ``--recompute-granularity full`` (``full``, converted or not: "disable full recomputation
+    when enabling overlap_moe_expert_parallel_comm"), or with a recomputation method or a
+    number of layers to recompute given (``recomputing``)."""
     if _switched_on(draft, overlap) is None:
         return
     pp, ep = sizes["pipeline_model_parallel_size"], sizes["expert_model_parallel_size"]
@@ -130,8 +163,12 @@ def _expert_overlap(
         why = "only with expert parallelism (an expert-model-parallel size above 1)"
     elif pp > 1 and not chunked:
         why = f"over pp {pp} only under the interleaved schedule: give the model chunks per rank"
-    elif draft.training.get("activation_checkpointing") == "full":
-        why = "only without full recomputation"
+    elif full or draft.training.get("activation_checkpointing") == "full":
+        why = (
+            "only without full recomputation (Megatron-Core's TransformerConfig asserts "
+            "'disable full recomputation when enabling overlap_moe_expert_parallel_comm'): "
+            "leave out --recompute-granularity full or --overlap-moe-expert-parallel-comm"
+        )
     elif recomputing:
         given = " and ".join(setting.key for setting in recomputing)
         why = f"only with no recomputation method and layer count: leave out {given}"
@@ -165,6 +202,9 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
     if group_setting is None:
         return
     setting, group = group_setting
+    if chunks_setting is not None and group < pp:
+        draft.fail(setting.key, microbatch_group_problem(group, pp))
+        return
     if chunks_setting is None:
         draft.notes.append(
             f"{setting.key} is left out: only the interleaved schedule groups micro-batches, "

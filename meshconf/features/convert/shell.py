@@ -415,11 +415,22 @@ def _unclosed(opening: str, at: tuple[int, int]) -> ConversionError:
     )
 
 
-def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[Word]]:
+def commands(
+    text: str,
+    assignments: list[Word] | None = None,
+    environments: list[list[Word]] | None = None,
+) -> Iterator[list[Word]]:
     """The script's commands, each after the assignments before it took effect; each
     assignment's word (``NAME=value``, expanded) is added to ``assignments`` when given, for
     a source that reads the environment a script sets: those of a line of assignments, and
     those a command starts with (``NAME=value cmd``, ``env NAME=value cmd``).
+
+    When ``environments`` is given, the environment each command is started with is added
+    to it before the command is yielded, as the assignment words that set it: the variables
+    exported so far (``export NAME=value``, ``declare -x``, ``export NAME`` after
+    ``NAME=value``, or a later assignment to an exported name) and the command's own
+    (``NAME=value cmd``, ``env NAME=value cmd``), which take precedence. A variable assigned
+    but never exported is the shell's alone, as bash keeps it.
 
     Raises:
         ConversionError: the script or its expansions pass a bound of this module, bash
@@ -433,20 +444,27 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
     pushed: list[Word] = []
     command: list[Word] = []
     declaring = False  # after export, declare, ...: names and options, not a command
+    exporting = False  # after export or declare -x: the names it marks go to the environment
     env_options: bool | None = None  # after env: True while its options may follow
+    environment = _Environment()
     while (word := pushed.pop() if pushed else next(tokens, None)) is not None:
         if word.operator and word.text == "\n":
             if command:
+                if environments is not None:
+                    environments.append(environment.of_command())
                 yield command
             elif env_options is None:
                 variables.update(pending)  # a line of assignments: the shell's from now on
-            command, declaring, env_options = [], False, None
+                environment.assigned(exporting=exporting)
+            command, declaring, exporting, env_options = [], False, False, None
+            environment.prefix.clear()
             pending.clear()
             tokenizer.command_started = False
         elif word.operator:
             continue
         elif env_options is not None and not command:
             if _assignment(word):
+                environment.prefix.append(word)
                 if assignments is not None:
                     assignments.append(word)
             elif env_options and word.text.startswith("-"):
@@ -456,7 +474,7 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
         elif command:
             command.append(word)
         elif word.text in _DECLARATIONS:
-            declaring = True
+            declaring, exporting = True, word.text == "export"
         elif _assignment(word):
             name, value = word.text.split("=", 1)
             if name not in variables and len(variables) + len(pending) >= MAX_VARIABLES:
@@ -477,12 +495,18 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
                         elements.append(element)
                 pending[name] = elements
                 continue
+            environment.prefix.append(word)
             if assignments is not None:
                 assignments.append(word)
             if following is not None:
                 pushed.append(following)
         elif declaring:
-            continue  # an option of export or declare, or a name it marks
+            # an option of export or declare, or a name it marks
+            if word.text.startswith("-"):
+                exporting = exporting or "x" in word.text[1:]
+            elif exporting:
+                environment.export(word.text)
+            continue
         elif word.text == "env" or word.text.endswith("/env"):
             env_options = True
             tokenizer.command_started = True
@@ -490,7 +514,42 @@ def commands(text: str, assignments: list[Word] | None = None) -> Iterator[list[
             command.append(word)
             tokenizer.command_started = True
     if command:
+        if environments is not None:
+            environments.append(environment.of_command())
         yield command
+
+
+class _Environment:
+    """The variables a script exports, each as the assignment word that set it, and the
+    assignments of the command being read."""
+
+    def __init__(self) -> None:
+        #: The names exported so far (``export NAME`` may come before ``NAME=value``).
+        self.exported: set[str] = set()
+        #: The last assignment of each variable of the shell's own.
+        self.values: dict[str, Word] = {}
+        #: The assignments before the command being read (or of a line of assignments).
+        self.prefix: list[Word] = []
+
+    def assigned(self, *, exporting: bool) -> None:
+        """The prefix was a line of assignments: the shell's from now on, and exported too
+        if ``exporting``."""
+        for word in self.prefix:
+            name = word.text.split("=", 1)[0]
+            self.values[name] = word
+            if exporting:
+                self.exported.add(name)
+
+    def export(self, name: str) -> None:
+        """``export NAME``: the variable goes to the environment, now or once assigned."""
+        self.exported.add(name)
+
+    def of_command(self) -> list[Word]:
+        """The environment of the command now read: the exported variables, then its own."""
+        words = {name: word for name, word in self.values.items() if name in self.exported}
+        for word in self.prefix:
+            words[word.text.split("=", 1)[0]] = word
+        return list(words.values())
 
 
 def _env_option(word: Word, tokens: Iterator[Word], *, reads_environment: bool) -> bool:
