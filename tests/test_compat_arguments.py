@@ -100,7 +100,10 @@ def _refused_naming(function: Callable[..., Any], arguments: dict[str, Any], nam
     raise AssertionError(f"{arguments} was accepted")  # pragma: no cover
 
 
-@pytest.mark.parametrize(("name", "function"), _public_functions(), ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    ("name", "function"),
+    [pytest.param(name, function, id=name) for name, function in _public_functions()],
+)
 @settings(max_examples=40, deadline=None)
 @given(value=WRONG)
 def test_a_first_argument_of_another_type_is_refused_by_name(
