@@ -254,7 +254,9 @@ def test_fsdp2_is_read_from_the_environment_accelerate_launch_sets(
     config = load_config({"degrees": {"dp_shard": 1, "tp": 4}})
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    with pytest.raises(AccelerateError, match=r"^degrees\.dp_shard: accelerate's FSDP2"):
+    with pytest.raises(
+        AccelerateError, match=r"^degrees\.dp_shard: FSDP2 shards over dp_shard \* cp"
+    ):
         check_config(config)
     monkeypatch.setenv("FSDP_VERSION", "1")
     check_config(config)
