@@ -46,49 +46,82 @@ if TYPE_CHECKING:
     from meshconf.sources.loading import load_config as load_config
 
 
-def _homes() -> dict[str, str]:
-    """Each public name and the module that defines it, read from the imports above.
-
-    Those imports are the one list of the public names: type checkers read them, and this
-    reads them for lazy loading and ``__all__``. A name is imported when first read, so that
-    `import meshconf` (and so every `meshconf` command) loads only what it uses: pydantic and
-    the models for a config, the JSON Schema generator for a schema, torch for the runtime.
-    """
-    # Imported on the first public name read, not by `import meshconf` itself.
-    import ast
-    from pathlib import Path
-
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(node for node in tree.body if isinstance(node, ast.If))
-    return {
-        alias.asname or alias.name: str(node.module)
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-
-
-_HOMES: dict[str, str] = {}
+#: Each public name and the module that defines it; the imports above say the same to type
+#: checkers (tests/test_code_quality.py checks that they agree). A name is imported when first
+#: read, so that `import meshconf` (and so every `meshconf` command) loads only what it uses:
+#: pydantic and the models for a config, the JSON Schema generator for a schema, torch for the
+#: runtime.
+_HOMES: dict[str, str] = {
+    "DATALOADING": "meshconf.core.domains",
+    "DEFAULT_DERIVED": "meshconf.core.domains",
+    "DEFAULT_DOMAINS": "meshconf.core.domains",
+    "DENSE": "meshconf.core.domains",
+    "LOSS": "meshconf.core.domains",
+    "SPARSE": "meshconf.core.domains",
+    "ArgumentTypeError": "meshconf.core.errors",
+    "ConfigError": "meshconf.core.errors",
+    "Diagnostic": "meshconf.core.errors",
+    "InvalidArgumentError": "meshconf.core.errors",
+    "MeshconfError": "meshconf.core.errors",
+    "SourceError": "meshconf.core.errors",
+    "UnknownDomainError": "meshconf.core.errors",
+    "WorldSizeUnknownError": "meshconf.core.errors",
+    "DimLayout": "meshconf.core.layout",
+    "DomainLayout": "meshconf.core.layout",
+    "LayoutError": "meshconf.core.layout",
+    "Mode": "meshconf.core.layout",
+    "RankGroup": "meshconf.core.layout",
+    "UnevenSplitError": "meshconf.core.layout",
+    "MeshConfig": "meshconf.model.config",
+    "build_schema": "meshconf.model.schema",
+    "Degrees": "meshconf.model.sections",
+    "InsideNode": "meshconf.model.sections",
+    "RuntimeOptions": "meshconf.model.sections",
+    "TrainingOptions": "meshconf.model.training",
+    "DistributedContext": "meshconf.runtime",
+    "load_config": "meshconf.sources.loading",
+}
+# The runtime imports torch, so it stays out: `from meshconf import *` does not load it.
+__all__ = [
+    "DATALOADING",
+    "DEFAULT_DERIVED",
+    "DEFAULT_DOMAINS",
+    "DENSE",
+    "LOSS",
+    "SPARSE",
+    "ArgumentTypeError",
+    "ConfigError",
+    "Degrees",
+    "Diagnostic",
+    "DimLayout",
+    "DomainLayout",
+    "InsideNode",
+    "InvalidArgumentError",
+    "LayoutError",
+    "MeshConfig",
+    "MeshconfError",
+    "Mode",
+    "RankGroup",
+    "RuntimeOptions",
+    "SourceError",
+    "TrainingOptions",
+    "UnevenSplitError",
+    "UnknownDomainError",
+    "WorldSizeUnknownError",
+    "__version__",
+    "build_schema",
+    "load_config",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if not _HOMES:
-        _HOMES.update(_homes())
-    if name == "__all__":
-        # The runtime imports torch, so it stays out: `from meshconf import *` does not.
-        value: Any = [
-            "__version__",
-            *sorted(n for n, home in _HOMES.items() if not home.startswith("meshconf.runtime")),
-        ]
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-    else:
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module 'meshconf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    if not _HOMES:
-        _HOMES.update(_homes())
     return sorted({*globals(), *_HOMES})
