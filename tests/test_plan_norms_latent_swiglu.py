@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from llama_like import LlamaLike
 from measure_builds import block_activations
 from torch import nn
 
@@ -310,21 +311,17 @@ class LatentBlock(nn.Module):
         return (combined + shared).reshape(shape)
 
 
-class LatentModel(nn.Module):
+class LatentModel(LlamaLike):
+    """:class:`LlamaLike` with :class:`LatentBlock` blocks: its forward pass, inherited."""
+
     def __init__(self, arch: Architecture) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         self.embedding = nn.Embedding(arch.vocab, arch.hidden)
         self.layers = nn.ModuleList(
             LatentBlock(arch, arch.kind(i) == "moe") for i in range(arch.layers)
         )
         self.norm = nn.RMSNorm(arch.hidden)
         self.output = nn.Linear(arch.hidden, arch.vocab, bias=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.output(self.norm(x))
 
 
 @pytest.fixture(scope="module")

@@ -256,6 +256,18 @@ def test_a_plan_counts_its_left_out_layouts_by_reason() -> None:
     assert plan.total + sum(plan.left_out.values()) == _enumerated(request)
 
 
+def test_a_model_s_plan_that_the_order_alone_empties_says_so() -> None:
+    # counting the rows before estimating them must keep the uneven split it found
+    mixtral = PRESETS["mixtral-8x7b"]
+    assert isinstance(mixtral.attention, GroupedQueryAttention)
+    model = replace(mixtral, attention=replace(mixtral.attention, heads=24, kv_heads=12))
+    pins = {"dp_shard": 2, "tp": 3, "ep": 2, "etp": 1}
+    order = ("pp", "dp_replicate", "cp", "tp", "dp_shard")
+    request = Request(12, None, pins, model, Training(), order=order)
+    with pytest.raises(PlanError, match=r"ep\(2\) needs 2 ranks where the 3 ranks of tp remain"):
+        make_plan(request, 1)
+
+
 # --- experts explored ------------------------------------------------------------------
 
 

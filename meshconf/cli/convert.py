@@ -165,9 +165,10 @@ def _recognise(path: str) -> tuple[Source, str, dict[str, Any] | None]:
             document = _read_toml(path, text)
         except InvalidInput:
             document = None
-        if document is not None and not recognise(text, suffix, document):
-            document = None  # not the TOML of any source: perhaps a one-line script
     found = recognise(text, suffix, document)
+    if not found and document is not None and not toml:
+        document = None  # not the TOML of any source: perhaps a one-line script
+        found = recognise(text, suffix, document)
     if len(found) == 1:
         return found[0], text, document
     if document is not None:

@@ -183,16 +183,15 @@ def _option_settings(given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
 def _model(
     args: argparse.Namespace, origin: tuple[str, str], config_path: str | None
 ) -> Architecture:
-    """The preset or the model file ``origin`` names.
+    """The preset or the model file ``origin`` names (a preset's name is checked where it is
+    read: by ``--model``'s choices, or by the block's field).
 
     Raises:
-        UsageError: an unknown preset, or a model file that cannot be read.
+        UsageError: a model file that cannot be read.
         InvalidInput: the model file's problems.
     """
     kind, name = origin
     if kind == _PRESET:
-        if name not in PRESETS:
-            raise UsageError(f"--model: unknown model {name!r}; presets: {', '.join(PRESETS)}")
         return PRESETS[name]
     try:
         return load_model_file(name)

@@ -121,7 +121,7 @@ class ParallelDims(ParallelDimsMeshes):
             ParallelDimsError: as the constructor, or ``parallelism_config`` without
                 torchtitan's degree fields.
         """
-        fields = [name for name, degree in TORCHTITAN_DEGREES.items() if degree != "etp"]
+        fields = {name: degree for name, degree in TORCHTITAN_DEGREES.items() if degree != "etp"}
         missing = [name for name in fields if not hasattr(parallelism_config, name)]
         if missing or isinstance(parallelism_config, str | bytes):
             raise ParallelDimsError(
@@ -134,11 +134,7 @@ class ParallelDims(ParallelDimsMeshes):
                     )
                 ]
             )
-        degrees = {
-            degree: getattr(parallelism_config, field)
-            for field, degree in TORCHTITAN_DEGREES.items()
-            if degree != "etp"
-        }
+        degrees = {degree: getattr(parallelism_config, name) for name, degree in fields.items()}
         return cls(
             **degrees,
             world_size=world_size,

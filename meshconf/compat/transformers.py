@@ -110,7 +110,6 @@ def distributed_config(config: MeshConfig) -> DistributedConfig:
         TransformersError: as :func:`check_config`.
         ImportError: transformers is not installed (the ``transformers`` extra).
     """
-    config = mesh_config(config, TransformersError)
     check_config(config)
     from transformers import DistributedConfig
 

@@ -722,10 +722,6 @@ BY_ESTIMATE_NAME: Mapping[str, TrainingSetting] = {row.attribute: row for row in
 TRAINING_BOUNDS: Mapping[str, Bound] = {
     row.key: row.bound for row in TRAINING_SETTINGS if row.bound is not None
 }
-#: The estimate's defaults, by the estimate's names, where the table gives one.
-ESTIMATE_DEFAULTS: Mapping[str, Any] = {
-    row.attribute: row.default for row in TRAINING_SETTINGS if row.default is not None
-}
 #: The settings that name the model estimated, which an option replaces together.
 MODEL_SETTINGS = ("model", "model_file")
 #: The setting that names the GPU preset, whose figures the settings of

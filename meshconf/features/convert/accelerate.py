@@ -122,20 +122,20 @@ def _read_config_file(text: str) -> dict[str, Setting]:
         raise _nothing_found()
     found: dict[str, Setting] = {}
 
-    def take(path: tuple[str, ...], name: str, value: object) -> None:
+    def position(path: tuple[str, ...]) -> tuple[int, int] | None:
         at = document.positions.get(path)
-        position = None if at is None else (at.line, at.column)
-        found[name] = Setting(name, ".".join(path), value, position)
+        return None if at is None else (at.line, at.column)
+
+    def take(path: tuple[str, ...], name: str, value: object) -> None:
+        found[name] = Setting(name, ".".join(path), value, position(path))
 
     for key in LAUNCH:
         if key in data:
             take((key,), key, data[key])
     for table in ("fsdp_config", "parallelism_config"):
         if data.get(table) is not None and not isinstance(data[table], Mapping):
-            at = document.positions.get((table,))
-            position = None if at is None else (at.line, at.column)
             raise source_error(
-                table, f"expected a mapping, got {describe_value(data[table])}", position
+                table, f"expected a mapping, got {describe_value(data[table])}", position((table,))
             )
     fsdp = data.get("fsdp_config") or {}
     if "fsdp_version" in fsdp:
@@ -298,8 +298,9 @@ def convert_accelerate(
     draft.check()
     degrees = {SIZE_DEGREES[name]: sizes[name] for name in SIZE_DEGREES}
     total = prod(degrees.values())
+    written = " * ".join(f"{name} {sizes[name]}" for name in SIZE_DEGREES)
     if total > MAX_WORLD_SIZE:
-        _past_the_bound(draft, sizes, keys)
+        _past_the_bound(draft, sizes, keys, f"{total} ({written})")
     if total == 1 and (processes is None or processes > 1):
         # Without a parallelism config accelerate's FSDP shards over every process; with one
         # of sizes 1 it replicates. Without num_processes, the -1 is every process.
@@ -312,7 +313,6 @@ def convert_accelerate(
             degrees["dp_replicate"] = every
             draft.comments["degrees.dp_replicate"] = "accelerate replicates over every process"
     elif processes is not None and total != processes:
-        written = " * ".join(f"{name} {sizes[name]}" for name in SIZE_DEGREES)
         draft.fail(
             keys.get("num_processes"),
             f"is {processes}, but the parallelism sizes multiply to {total} ({written}); "
@@ -342,9 +342,12 @@ def convert_accelerate(
     )
 
 
-def _past_the_bound(draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, str]) -> None:
-    """Sizes whose product is more ranks than torch numbers: reported at the size that
-    takes the product past the bound, in accelerate's order.
+def _past_the_bound(
+    draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, str], product_written: str
+) -> None:
+    """Sizes whose product (``product_written``, the product and its factors) is more ranks
+    than torch numbers: reported at the size that takes the product past the bound, in
+    accelerate's order.
 
     Raises:
         ConversionError: always.
@@ -353,11 +356,10 @@ def _past_the_bound(draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, s
     for name in SIZE_DEGREES:
         product *= sizes[name]
         if product > MAX_WORLD_SIZE:
-            written = " * ".join(f"{size} {sizes[size]}" for size in SIZE_DEGREES)
             draft.fail(
                 keys[name],
-                f"the parallelism sizes multiply to {prod(sizes[s] for s in SIZE_DEGREES)} "
-                f"({written}), more ranks than torch can number ({MAX_WORLD_SIZE})",
+                f"the parallelism sizes multiply to {product_written}, more ranks than torch "
+                f"can number ({MAX_WORLD_SIZE})",
             )
             break
     draft.check()

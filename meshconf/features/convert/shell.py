@@ -241,8 +241,7 @@ class _Tokenizer:
             elif char in " \t\r":
                 self._advance()
             elif char == "#":
-                end = text.find("\n", self.index)
-                self._advance((len(text) if end < 0 else end) - self.index)
+                self._advance(self._line_end() - self.index)
             elif (substituted := self._process_substitution()) > 0:
                 yield Word(text[self.index : substituted], self.line, self.column)
                 self._advance(substituted - self.index)
@@ -256,7 +255,8 @@ class _Tokenizer:
             else:
                 yield from self._word()
         if self._heredocs:
-            self._unended_heredoc()
+            delimiter, _, at = self._heredocs[0]
+            raise _unended_heredoc(delimiter, at)
 
     def _process_substitution(self) -> int:
         """The end of ``<(...)`` or ``>(...)`` starting here (its first ``)``, on the same
@@ -273,9 +273,10 @@ class _Tokenizer:
         self._advance(len(operator))
         while self.index < len(self.text) and self.text[self.index] in " \t":
             self._advance()
-        rest = self.text[self.index : self.index + 2]
-        if not rest or rest[0] in _WORD_END or rest == "\\\n":
-            following = "newline" if not rest or rest[0] in "\r\n" else rest[0]
+        if self._at_word_end():
+            following = self.text[self.index : self.index + 1]
+            if following in ("", "\r", "\n"):
+                following = "newline"
             raise source_error(
                 None,
                 f"syntax error near unexpected token `{following}': the redirection "
@@ -317,25 +318,13 @@ class _Tokenizer:
         for delimiter, strip_tabs, at in self._heredocs:
             while True:
                 if self.index >= len(text):
-                    self._heredocs = [(delimiter, strip_tabs, at)]
-                    self._unended_heredoc()
-                end = text.find("\n", self.index)
-                end = len(text) if end < 0 else end
+                    raise _unended_heredoc(delimiter, at)
+                end = self._line_end()
                 line = text[self.index : end]
                 self._advance(min(end + 1, len(text)) - self.index)
                 if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                     break
         self._heredocs = []
-
-    def _unended_heredoc(self) -> None:
-        delimiter, _, at = self._heredocs[0]
-        raise source_error(
-            None,
-            f"here-document at line {at[0]} delimited by end-of-file (wanted `{delimiter}'): "
-            "bash would read the rest of the script as its text; end it with a line that is "
-            f"exactly {delimiter}",
-            at,
-        )
 
     def _word(self) -> Iterator[Word]:
         line, column, parts, quote = self.line, self.column, [], None
@@ -403,6 +392,16 @@ class _Tokenizer:
     def _at_word_end(self) -> bool:
         rest = self.text[self.index : self.index + 2]
         return not rest or rest[0] in _WORD_END or rest == "\\\n"
+
+
+def _unended_heredoc(delimiter: str, at: tuple[int, int]) -> ConversionError:
+    return source_error(
+        None,
+        f"here-document at line {at[0]} delimited by end-of-file (wanted `{delimiter}'): "
+        "bash would read the rest of the script as its text; end it with a line that is "
+        f"exactly {delimiter}",
+        at,
+    )
 
 
 def _unclosed(opening: str, at: tuple[int, int]) -> ConversionError:

@@ -31,7 +31,7 @@ from meshconf.features.plan.request import (
     pins_text,
     rule_inputs,
 )
-from meshconf.features.plan.runnable import Unrunnable, ep_choices, unrunnable
+from meshconf.features.plan.runnable import RULED_DEGREES, Unrunnable, ep_choices, unrunnable
 from meshconf.model.analysis import Analysis
 from meshconf.model.rules import check_etp, check_expert_borrow
 
@@ -43,8 +43,6 @@ Experts = tuple[int, int]
 _LENT = tuple(index for index, name in enumerate(WORLD_FACTORS) if name in LENT_TO_EXPERTS)
 #: The degrees a plan's pins may set.
 _PINNABLE = WORLD_FACTORS + EXPERT_DEGREES
-#: The degrees the model's rules read, in the order of their cache's keys.
-_RULED = ("pp", "cp", "tp", "ep", "etp")
 #: What the expert rules say of an assignment: valid, refused by the degree rules, or left
 #: out because the order would split an expert dim unevenly.
 _Verdict = Literal["valid", "refused", "uneven"]
@@ -108,9 +106,9 @@ class ValidAssignments:
     their ranks evenly. Iterating counts the assignments yielded (:attr:`seen`), those the
     order alone leaves out (:attr:`left_out`, the first kept in :attr:`uneven` for the
     message), those the model cannot run by reason (:attr:`unrunnable`, one of each reason
-    kept in :attr:`examples`: that of the smallest degree at fault, such as pp 1 rather than
-    pp 4096), and the ep and etp values of those yielded
-    (:attr:`tried`). The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read
+    kept for the message: that of the smallest degree at fault, such as pp 1 rather than
+    pp 4096), and the ep and etp values of those yielded (:attr:`tried`); each iteration
+    counts afresh. The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read
     only the factors experts borrow (dp_shard, cp and tp); the even split under an order
     also reads whether each other factor is 1 (a factor of one rank between two others lets
     their digits run on). So each distinct (dp_shard, cp, tp, pp > 1, dp_replicate > 1, ep,
@@ -131,18 +129,21 @@ class ValidAssignments:
         )
         self._answers: dict[tuple[int, ...], _Verdict] = {}
         self._problems: dict[tuple[int, ...], Unrunnable | None] = {}
+        # set as its verdict is found; verdicts are cached, so a later iteration cannot find
+        # it again and no iteration resets it
+        self.uneven: UnevenSplit | None = None
         self._reset()
 
     def _reset(self) -> None:
         self.seen = 0
         self.left_out = 0
-        self.uneven: UnevenSplit | None = None
         self.unrunnable: Counter[str] = Counter()
-        self.examples: dict[str, Unrunnable] = {}
-        self._example_values: dict[str, int] = {}
+        #: For each reason, the example and the value of its degree at fault.
+        self._examples: dict[str, tuple[int, Unrunnable]] = {}
         self.tried: dict[str, set[int]] = {name: set() for name in EXPERT_DEGREES}
 
     def __iter__(self) -> Iterator[dict[str, int]]:
+        self._reset()
         request = self._request
         for factors in _assignments(request):
             for experts in self._expert_options(factors):
@@ -161,17 +162,14 @@ class ValidAssignments:
                 yield degrees
 
     def _keep_example(self, problem: Unrunnable, value: int) -> None:
-        kept = self.examples.get(problem.reason)
-        if kept is None or value < self._example_values[problem.reason]:
-            self.examples[problem.reason] = problem
-            self._example_values[problem.reason] = value
+        kept = self._examples.get(problem.reason)
+        if kept is None or value < kept[0]:
+            self._examples[problem.reason] = (value, problem)
 
     def count(self) -> int:
         """How many assignments iterating yields; the answers it finds are kept for the
-        iteration that follows, and the counts start again."""
-        found = sum(1 for _ in self)
-        self._reset()
-        return found
+        iteration that follows."""
+        return sum(1 for _ in self)
 
     @property
     def explored(self) -> tuple[str, ...]:
@@ -206,7 +204,7 @@ class ValidAssignments:
 
     def _problem(self, degrees: dict[str, int]) -> Unrunnable | None:
         """The first reason the model cannot run the assignment, once per distinct input."""
-        key = tuple(degrees[name] for name in _RULED)
+        key = tuple(degrees[name] for name in RULED_DEGREES)
         if key not in self._problems:
             model = self._request.model
             assert model is not None
@@ -257,7 +255,7 @@ class ValidAssignments:
         if self.unrunnable:
             assert request.model is not None
             example = (
-                _pinned_problem(request) or self.examples[self.unrunnable.most_common(1)[0][0]]
+                _pinned_problem(request) or self._examples[self.unrunnable.most_common(1)[0][0]][1]
             )
             why = f"{example.degree} {example.message}"
             offered = example.message.rpartition("; use ")[2]

@@ -70,7 +70,7 @@ def unrunnable(
     of that degree, and divide ``world_size`` when it is given), in :data:`RULED_DEGREES`
     order; empty when it can. A degree missing from ``degrees`` is 1. Raises nothing."""
     tp = degrees.get("tp", 1)
-    found = [
+    return [
         problem
         for problem in (
             _tp_problem(arch, tp, world_size),
@@ -81,7 +81,6 @@ def unrunnable(
         )
         if problem is not None
     ]
-    return found
 
 
 def _use(choices: tuple[int, ...], world_size: int | None) -> str:
@@ -214,8 +213,7 @@ def _pp_problem(
 def cp_choices(seq_len: int) -> tuple[int, ...]:
     """Every cp that splits a sequence of ``seq_len`` tokens into ``2 * cp`` equal chunks,
     and 1."""
-    halves = divisors(seq_len // 2) if seq_len % 2 == 0 else [1]
-    return tuple(sorted({1, *halves}))
+    return tuple(divisors(seq_len // 2)) if seq_len % 2 == 0 else (1,)
 
 
 def _cp_problem(seq_len: int, cp: int, world_size: int | None) -> Unrunnable | None:

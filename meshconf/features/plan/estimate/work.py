@@ -225,7 +225,16 @@ def group_passes(arch: Architecture, training: Training, work: StageWork) -> Gro
     rank (Megatron-LM), the scores by head, the routed experts as ep and etp place them:
     tokens spread evenly over the ep group, each expert's weights over etp, and the group's
     tokens split over its ranks where etp is 1."""
-    scores = _scores(arch, training.seq_len)
+    return _group_passes(arch, training.seq_len, training.checkpointing, work)
+
+
+@lru_cache(maxsize=4096)
+def _group_passes(
+    arch: Architecture, seq_len: int, checkpointing: Checkpointing, work: StageWork
+) -> GroupPasses:
+    """:func:`group_passes`, once per stage: an estimate asks for it for every candidate rank,
+    its passes and its step's FLOPs."""
+    scores = _scores(arch, seq_len)
     layers: dict[LayerKind, int] = {"dense": work.layers - work.moe_layers, "moe": work.moe_layers}
     recomputed_layers: dict[LayerKind, int] = {
         "dense": work.recomputed_layers - work.recomputed_moe_layers,
@@ -240,9 +249,7 @@ def group_passes(arch: Architecture, training: Training, work: StageWork) -> Gro
         weights += layers[kind] * block
         # the blocks' forward pass, which the final norm and the output are not part of
         recomputed += recomputed_layers[kind] * (block + scores)
-        recomputed += (
-            2 * layers[kind] * activations.recomputed_weights(arch, kind, training.checkpointing)
-        )
+        recomputed += 2 * layers[kind] * activations.recomputed_weights(arch, kind, checkpointing)
     attention = work.layers * scores
     return GroupPasses(
         weights + attention, weights + 2 * attention + recomputed, weights, recomputed
