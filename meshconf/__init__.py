@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         UnevenSplitError as UnevenSplitError,
     )
     from meshconf.model.config import MeshConfig as MeshConfig
-    from meshconf.model.schema import build_schema as build_schema
+    from meshconf.model.json_schema import build_schema as build_schema
     from meshconf.model.sections import (
         Degrees as Degrees,
         InsideNode as InsideNode,
@@ -73,7 +73,7 @@ _HOMES: dict[str, str] = {
     "RankGroup": "meshconf.core.layout",
     "UnevenSplitError": "meshconf.core.layout",
     "MeshConfig": "meshconf.model.config",
-    "build_schema": "meshconf.model.schema",
+    "build_schema": "meshconf.model.json_schema",
     "Degrees": "meshconf.model.sections",
     "InsideNode": "meshconf.model.sections",
     "RuntimeOptions": "meshconf.model.sections",

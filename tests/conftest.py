@@ -252,6 +252,6 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The socket of a fork server (tests/forkserver.py) that imported torch, the runtime and
     tests/measure_builds.py once: ``meshconf measure`` commands and the probes that run in a
     process of their own start there in a fraction of a second, not six."""
-    preload = (*forkserver.TORCH_MODULES, "meshconf.runtime.measure", "measure_builds")
+    preload = (*forkserver.TORCH_MODULES, "meshconf.runtime.step_memory", "measure_builds")
     with forkserver.serving(tmp_path_factory.mktemp("torch-server"), preload) as socket_path:
         yield socket_path

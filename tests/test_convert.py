@@ -11,7 +11,7 @@ from conftest import REPO
 
 import meshconf
 from meshconf.features.convert import BY_NAME, KEMPNERFORGE, TORCHTITAN, Conversion
-from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.draft import ConversionError
 
 KEMPNERFORGE_EXAMPLE = "examples/migration/kempnerforge_moe_32gpu.toml"
 TORCHTITAN_EXAMPLE = "examples/migration/torchtitan_llama3_70b.toml"

@@ -14,7 +14,7 @@ from test_convert_recompute import toml_values
 
 import meshconf
 from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
-from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
 
 PIPELINE = {"pipeline_parallel_degree": 4, "data_parallel_shard_degree": 2}

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 import meshconf
 from meshconf.features.convert import BY_NAME, MEGATRON, TORCHTITAN
-from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_input import read_command_line, read_nemo_yaml
 
 ARGS = "--tensor-model-parallel-size 2 --use-distributed-optimizer "

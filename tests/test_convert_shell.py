@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from meshconf.features.convert.accelerate import read_accelerate
-from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.accelerate_input import read_accelerate
+from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.shell import Word, commands
 
 BASH = shutil.which("bash")

@@ -32,7 +32,7 @@ from measure_builds import (
     cpu_norm_extra,
 )
 
-from meshconf.features.plan.estimate.runtime import allocator_reserve
+from meshconf.features.plan.estimate.gpu_overheads import allocator_reserve
 
 HERE = Path(__file__).parent
 TRAINING = [

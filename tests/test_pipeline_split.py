@@ -21,7 +21,7 @@ from meshconf.features.plan.estimate.pipeline import (
     stage_layers,
     weights_problem,
 )
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 
 def _chunk_sizes(layers: int, pp: int, virtual: int, training: Training) -> list[int]:

@@ -33,7 +33,7 @@ from meshconf.features.plan.estimate.architecture import (
 )
 from meshconf.features.plan.estimate.memory import estimate_memory
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Parallelism, Training, recomputed_blocks
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training, recomputed_blocks
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))
 SEQ, BATCH = 128, 2

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshconf.core.training import ZeroStage
+from meshconf.core.settings import ZeroStage
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 # Every dim divides by 4, so FSDP's shards need no padding.
 ARCH = Architecture("small", 4, 256, 704, 512, GroupedQueryAttention(4, 2, 64))

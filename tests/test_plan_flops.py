@@ -34,7 +34,7 @@ from meshconf.features.plan.estimate.architecture import Architecture, GroupedQu
 from meshconf.features.plan.estimate.pipeline import rank_stage
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.schedule import PassFlops
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.estimate.work import busiest_stage, pass_flops, stage_work
 
 ARCH = Architecture("small", 4, 128, 352, 512, GroupedQueryAttention(4, 2, 32))

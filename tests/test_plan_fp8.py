@@ -15,7 +15,7 @@ import meshconf
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import estimate_memory
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 LLAMA = PRESETS["llama3-8b"]
 # Llama 3 8B's linear weights a block: wq and wo (4096 x 4096), wk and wv (1024 x 4096),

@@ -24,7 +24,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import estimate_memory
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 ARCH = Architecture("small", 4, 256, 704, 512, GroupedQueryAttention(4, 2, 64))
 FSDP = 4

@@ -15,7 +15,7 @@ from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.levels import Level, crossed_levels
 from meshconf.features.plan.estimate.communication import level_bandwidths, traffic
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.locality import NodeLocality, home_domain
 from meshconf.features.plan.ranking import build_config, make_plan
 from meshconf.features.plan.request import PlanError, Request

@@ -36,7 +36,7 @@ from meshconf.features.plan.estimate.schedule import (
     in_flight_chunks,
     schedule_problem,
 )
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 
 def _warm_up(

@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from meshconf import DistributedContext, load_config
 from meshconf.features.plan.estimate.memory import estimate_memory
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 FP32 = Training(param_dtype="fp32", grad_dtype="fp32", seq_len=16, micro_batch=2)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshconf.core.training import GIB
+from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,
@@ -21,7 +21,7 @@ from meshconf.features.plan.estimate.model_file import model_schema_text
 from meshconf.features.plan.estimate.pipeline import candidate_ranks, rank_stage, stage_layers
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.ranking import make_plan
 from meshconf.features.plan.request import PlanError, Request
 

@@ -11,7 +11,7 @@ import pytest
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 DEEPSEEK = PRESETS["deepseek-v3"]
 PAR = Parallelism(pp=16, dp_shard=128, ep=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from meshconf.features.plan.estimate.memory import estimate_memory, rank_memory
 from meshconf.features.plan.estimate.pipeline import rank_stages
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 LLAMA = PRESETS["llama3-8b"]
 #: Llama 3 8B's final norm and output, and its embedding, in elements (FSDP over 8 pads

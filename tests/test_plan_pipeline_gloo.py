@@ -31,7 +31,7 @@ from meshconf.features.plan.estimate.architecture import Architecture, GroupedQu
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.pipeline import chunk_ids, rank_of_chunk
 from meshconf.features.plan.estimate.schedule import in_flight_chunks
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.estimate.work import busiest_stage
 
 

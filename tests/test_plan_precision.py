@@ -32,7 +32,7 @@ from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.memory import ADAM_MOMENTS, MASTER_BYTES, rank_memory
 from meshconf.features.plan.estimate.pipeline import rank_stage
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 #: widths that are multiples of 128, the channels one fp8 scale covers
 ARCH = Architecture("precision", 4, 256, 768, 512, GroupedQueryAttention(4, 2, 64))

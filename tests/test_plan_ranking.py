@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.features.plan.ranking import make_plan
 from meshconf.features.plan.request import Request
 

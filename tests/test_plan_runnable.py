@@ -22,7 +22,7 @@ from meshconf.core.schedules import Schedule
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.features.plan.ranking import config_data, make_plan
 from meshconf.features.plan.request import PlanError, Request
 from meshconf.features.plan.runnable import Unrunnable, unrunnable

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from meshconf.core.training import GIB
-from meshconf.features.plan.estimate.presets import PRESETS
-from meshconf.features.plan.estimate.runtime import (
+from meshconf.core.settings import GIB
+from meshconf.features.plan.estimate.gpu_overheads import (
     CUDA_CONTEXT_BYTES,
     NCCL_GROUP_BYTES,
     NCCL_PAIR_BYTES,
@@ -23,8 +22,9 @@ from meshconf.features.plan.estimate.runtime import (
     allocator_reserve,
     runtime_memory,
 )
+from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 #: Llama 3 70B over tp 8, pp 2 and fsdp 4 on 64 GPUs.
 LAYOUT = ("--world-size", "64", "--gpus-per-node", "8", "--model", "llama3-70b", "--tp", "8",

@@ -31,7 +31,7 @@ from meshconf.features.plan.estimate.schedule import (
     schedule_problem,
 )
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.estimate.work import busiest_stage, pass_flops
 
 

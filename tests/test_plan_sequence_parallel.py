@@ -26,7 +26,7 @@ from sequence_parallel_probe import TP
 
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.communication import traffic
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 HERE = Path(__file__).parent
 MODES = ["none", "selective", "full"]

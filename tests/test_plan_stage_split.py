@@ -15,7 +15,7 @@ import meshconf
 from meshconf.features.plan.estimate.pipeline import EndSplit, rank_chunks, split_problem
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 
 LLAMA_405B = PRESETS["llama3-405b"]
 

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from meshconf.core.degrees import divisors
 from meshconf.core.schedules import Schedule
-from meshconf.core.training import CHECKPOINTING, Checkpointing, MfuCounts
+from meshconf.core.settings import CHECKPOINTING, Checkpointing, MfuCounts
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
@@ -41,7 +41,7 @@ from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.pipeline import rank_stage, stage_layers
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training, microbatches
 from meshconf.features.plan.estimate.work import pass_flops, pipeline_flops, stage_work
 from meshconf.features.plan.runnable import unrunnable
 

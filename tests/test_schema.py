@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from meshconf.model.schema import build_schema
+from meshconf.model.json_schema import build_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "meshconf.schema.json"

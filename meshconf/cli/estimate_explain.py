@@ -7,8 +7,8 @@ from typing import Any
 
 from meshconf.cli.estimate_report import gib
 from meshconf.features.plan.estimate.step import Estimate
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.features.plan.estimate.terms import NOT_COUNTED, memory_terms
-from meshconf.features.plan.estimate.training import Training
 
 
 def explain_json(found: Estimate, training: Training) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from meshconf.cli.estimate_report import memory_json, memory_lines, settings_lin
 from meshconf.cli.model_options import DEFAULTS, DEPRECATED_GBPS, MODEL_OPTIONS
 from meshconf.core.errors import ConfigError, Diagnostic, SourceError
 from meshconf.core.levels import crossed_levels
-from meshconf.core.training import (
+from meshconf.core.settings import (
     BY_ESTIMATE_NAME,
     GPU_SETTING,
     MODEL_SETTINGS,
@@ -30,7 +30,7 @@ from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
-from meshconf.features.plan.estimate.training import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.features.plan.runnable import Unrunnable, unrunnable
 from meshconf.model.config import MeshConfig

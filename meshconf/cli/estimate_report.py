@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.core.training import GIB
+from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 #: The terms of what the step's tensors hold, which torch's memory tracker measures on CPU.
 STATE_PARTS = ("params", "grads", "optimizer", "gathers", "activations")

@@ -1,7 +1,7 @@
 """``meshconf measure PATH --build MODULE:FUNCTION``: run the user's own model-building and
 parallelizing function for one rank of the real world size, under fake tensors and torch's
 fake process group, and report the rank's memory by term at its peak, beside the estimate
-when a model is given (meshconf.runtime.measure)."""
+when a model is given (meshconf.runtime.step_memory)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.estimate_report import STATE_PARTS, memory_json, settings_line
 from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
-from meshconf.core.training import GIB
+from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.step import Estimate
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size
 from meshconf.model.config import MeshConfig
 
 if TYPE_CHECKING:
-    from meshconf.runtime.measure import MeasuredMemory, Mismatch
+    from meshconf.runtime.step_memory import MeasuredMemory, Mismatch
 
 _MIB = 2**20
 #: What the estimate of a measured build is: its model, its settings and the estimate.
@@ -71,7 +71,7 @@ def _measure(args: argparse.Namespace, config: MeshConfig, world_size: int) -> M
     try:
         check_simulation_size(world_size, 1)
         check_simulation_memory(world_size)
-        from meshconf.runtime.measure import load_build, measure_memory
+        from meshconf.runtime.step_memory import load_build, measure_memory
 
         build = load_build(args.build)
     except MeshconfError as error:
@@ -87,7 +87,7 @@ def _compare(
 ) -> list[Mismatch]:
     """Where the estimate's settings differ from what the build ran; adds the estimate and
     those differences to ``report``."""
-    from meshconf.runtime.measure import mismatches
+    from meshconf.runtime.step_memory import mismatches
 
     model, training, estimated = found
     memory = estimated.memory

@@ -1,5 +1,5 @@
 """The model and training options of ``plan``, ``show``, ``measure`` and ``validate``, one
-for each row of the table of training settings (:data:`~meshconf.core.training.TRAINING_SETTINGS`),
+for each row of the table of training settings (:data:`~meshconf.core.settings.TRAINING_SETTINGS`),
 and the words that give them again."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.common import one_of
-from meshconf.core.training import TRAINING_SETTINGS, TrainingSetting
-from meshconf.features.plan.estimate.training import Training
+from meshconf.core.settings import TRAINING_SETTINGS, TrainingSetting
+from meshconf.features.plan.estimate.step_inputs import Training
 
 DEFAULTS = Training()
 

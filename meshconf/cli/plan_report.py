@@ -21,7 +21,7 @@ from meshconf.cli.estimate_report import (
 )
 from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import plural_units, unit_article
-from meshconf.core.training import GIB
+from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.ranking import (
     Assignment,

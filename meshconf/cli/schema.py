@@ -16,8 +16,8 @@ from meshconf.cli.common import (
     one_of,
     write_file,
 )
+from meshconf.model.json_schema import FLAVORS, build_schema, render
 from meshconf.model.reference import reference_markdown
-from meshconf.model.schema import FLAVORS, build_schema, render
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 
 #: The largest file ``--check`` compares, or ``--out`` reads before replacing: ten times the

@@ -2,7 +2,7 @@
 config from one.
 
 accelerate's dims, the dims it flattens and what it refuses are in
-:mod:`meshconf.trainers.accelerate`. A ``ParallelismConfig`` whose ``device_mesh`` is set is
+:mod:`meshconf.trainers.accelerate_mesh`. A ``ParallelismConfig`` whose ``device_mesh`` is set is
 used as it is, so :func:`parallelism_config` hands accelerate a mesh meshconf built:
 accelerate creates no process group, and the ranks are numbered as the config numbers them,
 its ``order``, ``levels`` and ``inside`` kept. What accelerate cannot express or refuses is
@@ -17,11 +17,11 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from meshconf.compat.arguments import mesh_config, open_context, refused, switch, world_ranks
+from meshconf.compat.checks import mesh_config, open_context, refused, switch, world_ranks
 from meshconf.core.errors import ConfigError, Diagnostic, describe_value
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
-from meshconf.trainers.accelerate import (
+from meshconf.trainers.accelerate_mesh import (
     ACCELERATE_DIMS,
     FLATTENED_DIMS,
     LAUNCH_ENVIRONMENT,
@@ -70,7 +70,7 @@ def _config_key(degree: str) -> str:
 
 def check_config(config: MeshConfig, *, fsdp2: bool | None = None) -> None:
     """Refuse what accelerate cannot express or would refuse at run time
-    (:data:`meshconf.trainers.accelerate.REFUSALS`), naming the meshconf key and what to
+    (:data:`meshconf.trainers.accelerate_mesh.REFUSALS`), naming the meshconf key and what to
     change. Needs no torch and no process group.
 
     ``fsdp2``: whether accelerate runs FSDP2 (True or False); ``None`` reads it from the
@@ -151,7 +151,7 @@ def from_parallelism_config(
 
     Raises:
         AccelerateError: ``parallelism`` without those sizes, sp_size above 1
-            (:func:`~meshconf.trainers.accelerate.sp_size_problem`), a size that is not a
+            (:func:`~meshconf.trainers.accelerate_mesh.sp_size_problem`), a size that is not a
             positive integer, or ``world_size`` that is not one.
         ConfigError: the sizes do not multiply to ``world_size``, or ``gpus_per_node`` is not
             a positive integer.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshconf.model.config import MeshConfig
-from meshconf.model.errors import FieldError, validation_error
+from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import Positive
 from meshconf.sources.loading import load_config
 

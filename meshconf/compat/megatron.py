@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshconf.compat.arguments import mesh_config
+from meshconf.compat.checks import mesh_config
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.features.convert.megatron_export import MegatronExportError, megatron_arguments
 from meshconf.model.config import MeshConfig

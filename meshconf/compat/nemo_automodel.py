@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshconf.compat.arguments import mesh_config, open_context
+from meshconf.compat.checks import mesh_config, open_context
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig
-from meshconf.trainers.accelerate import FLATTENED_DIMS
+from meshconf.trainers.accelerate_mesh import FLATTENED_DIMS
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -24,7 +24,7 @@ from meshconf.compat.parallel_dims_common import (
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
 from meshconf.core.errors import Diagnostic, describe_value
-from meshconf.trainers.torchtitan import TORCHTITAN_DEGREES
+from meshconf.trainers.torchtitan_fields import TORCHTITAN_DEGREES
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshconf.compat.arguments import mesh_config
+from meshconf.compat.checks import mesh_config
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.model.config import MeshConfig

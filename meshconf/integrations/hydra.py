@@ -23,7 +23,7 @@ from typing import (  # noqa: UP035 - OmegaConf 2.3 reads these forms
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
 from meshconf.core.messages import install_command
-from meshconf.core.training import TRAINING_SETTINGS
+from meshconf.core.settings import TRAINING_SETTINGS
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 from meshconf.sources.overrides import InterpolationError, node_location, resolve

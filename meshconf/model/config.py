@@ -22,7 +22,7 @@ from meshconf.core.errors import UnknownDomainError, WorldSizeUnknownError
 from meshconf.core.layout import DomainLayout, LayoutError
 from meshconf.core.levels import Level, all_levels, node_size
 from meshconf.model.analysis import Analysis, MeshSpec
-from meshconf.model.errors import FieldError, validation_error
+from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import (
     DimList,
     FormulaText,

@@ -26,7 +26,7 @@ from meshconf.core.errors import KeyPath
 from meshconf.core.layout import DomainLayout, Mode, UnevenSplitError, canonical_modes
 from meshconf.core.messages import did_you_mean, name_list, shorten
 from meshconf.model.analysis import Analysis, MeshSpec
-from meshconf.model.levels import check_inside, check_levels
+from meshconf.model.level_rules import check_inside, check_levels
 from meshconf.model.numbering import (
     check_inside_node,
     check_order,

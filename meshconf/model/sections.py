@@ -26,7 +26,7 @@ from meshconf.core.degrees import (
     auto_factor,
     default_dp_shard,
 )
-from meshconf.model.errors import FieldError, validation_error
+from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import (
     BandwidthGBs,
     ExpertDegree,

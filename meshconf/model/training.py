@@ -2,7 +2,7 @@
 and the batch, and how training uses the layout's dims (how far data parallelism shards, how
 the pipeline is split, how experts are reached). ``meshconf show``, ``measure`` and ``plan``
 read it, ``plan --emit`` writes it; the runtime builds the same meshes whatever it says. The
-choices and bounds are those of the command-line options (:mod:`meshconf.core.training`)."""
+choices and bounds are those of the command-line options (:mod:`meshconf.core.settings`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from meshconf.core.schedules import (
     group_mismatch,
     schedule_mismatch,
 )
-from meshconf.core.training import (
+from meshconf.core.settings import (
     BY_ESTIMATE_NAME,
     FP8_WITHOUT_GATHERS,
     SETTINGS,
@@ -44,7 +44,7 @@ from meshconf.core.training import (
     recomputation_mismatch,
     split_conflict,
 )
-from meshconf.model.errors import FieldError, validation_error
+from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
 
 

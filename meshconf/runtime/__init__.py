@@ -41,12 +41,6 @@ check_torch()
 from meshconf.runtime.context import DistributedContext  # noqa: E402
 from meshconf.runtime.groups import GroupCounters  # noqa: E402
 from meshconf.runtime.launch import Launch, LaunchError, read_launch  # noqa: E402
-from meshconf.runtime.measure import (  # noqa: E402
-    BuildError,
-    MeasuredMemory,
-    TrainingStep,
-    measure_memory,
-)
 from meshconf.runtime.order import CreationOrderError  # noqa: E402
 from meshconf.runtime.reductions import all_reduce  # noqa: E402
 from meshconf.runtime.rendezvous import (  # noqa: E402
@@ -55,6 +49,12 @@ from meshconf.runtime.rendezvous import (  # noqa: E402
     SetupTimeoutError,
 )
 from meshconf.runtime.setup import TopologyWarning  # noqa: E402
+from meshconf.runtime.step_memory import (  # noqa: E402
+    BuildError,
+    MeasuredMemory,
+    TrainingStep,
+    measure_memory,
+)
 
 # A traceback names an exception by its module: these read as the names the docs give them,
 # meshconf.runtime.RankFailedError, not the module each is defined in.

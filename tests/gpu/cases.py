@@ -105,7 +105,7 @@ def runtime_terms() -> None:
     the memory in use once the CUDA context exists (the process alone on the GPU), and what a
     communicator's first collective takes beside torch's allocator (a single-rank one here:
     NCCL #2363 publishes 512 MiB for one on B300)."""
-    from meshconf.features.plan.estimate.runtime import CUDA_CONTEXT_BYTES
+    from meshconf.features.plan.estimate.gpu_overheads import CUDA_CONTEXT_BYTES
 
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info()

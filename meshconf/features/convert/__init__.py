@@ -18,14 +18,14 @@ from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.accelerate import (
+from meshconf.features.convert.accelerate_input import (
     ACCELERATE,
     convert_accelerate,
     read_accelerate,
     recognises_accelerate,
 )
 from meshconf.features.convert.arguments import yaml_document
-from meshconf.features.convert.common import (
+from meshconf.features.convert.draft import (
     DEFAULT_DEGREES,
     Conversion,
     ConversionError,
@@ -35,13 +35,13 @@ from meshconf.features.convert.common import (
     world_size_note,
 )
 from meshconf.features.convert.kempnerforge import from_kempnerforge
-from meshconf.features.convert.megatron import MEGATRON, convert_megatron
 from meshconf.features.convert.megatron_input import (
     read_command_line,
     read_nemo_yaml,
     recognises_megatron,
 )
-from meshconf.features.convert.torchtitan import from_torchtitan
+from meshconf.features.convert.megatron_layout import MEGATRON, convert_megatron
+from meshconf.features.convert.torchtitan_toml import from_torchtitan
 
 TORCHTITAN = "torchtitan"
 KEMPNERFORGE = "kempnerforge"

@@ -9,7 +9,7 @@ from typing import Any
 
 from meshconf.core.degrees import AUTO, product_text
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.common import Draft, integer_problem, integers, unknown_keys
+from meshconf.features.convert.draft import Draft, integer_problem, integers, unknown_keys
 
 #: Every key of KempnerForge's ``DistributedConfig``, in its order.
 KEMPNERFORGE_KEYS = (

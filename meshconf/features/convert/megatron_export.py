@@ -1,12 +1,12 @@
 """A meshconf config as Megatron-LM's arguments and Megatron-Core's
 ``initialize_model_parallel`` arguments, checked by converting them back.
 
-The degrees map one to one (:data:`~.megatron.SIZE_DEGREES`), dp_replicate being the
+The degrees map one to one (:data:`~.megatron_layout.SIZE_DEGREES`), dp_replicate being the
 distributed optimizer's instances; the rank order becomes Megatron's order string, inner to
 outer, with ep beside cp where Megatron's expert grid takes cp's place. Megatron-LM's command
 line spells two orders (its default and ``--use-tp-pp-dp-mapping``); Megatron-Core takes any.
 The ``training`` keys that Megatron-LM's arguments give become those arguments. The result is
-converted back with :func:`~.megatron.convert_megatron`, and refused unless that gives the
+converted back with :func:`~.megatron_layout.convert_megatron`, and refused unless that gives the
 same degrees, the same rank numbering and the same expert groups.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, KeyPath
 from meshconf.core.schedules import megatron_schedule
-from meshconf.core.training import SETTINGS, Spelling
-from meshconf.features.convert.common import ConversionError
-from meshconf.features.convert.megatron import SIZE_DEGREES, convert_megatron
+from meshconf.core.settings import SETTINGS, Spelling
+from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
 from meshconf.features.convert.megatron_input import NORMS_LATENT_SWIGLU_MODULES, read_command_line
+from meshconf.features.convert.megatron_layout import SIZE_DEGREES, convert_megatron
 from meshconf.features.convert.megatron_training import partial_distopt_problem
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config

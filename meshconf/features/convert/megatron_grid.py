@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from meshconf.core.hierarchy import order_strides
 from meshconf.core.layout import DomainLayout, Mode, group_identity
-from meshconf.features.convert.common import Draft
+from meshconf.features.convert.draft import Draft
 
 #: Every name Megatron's order strings use.
 TOKENS = ("tp", "cp", "ep", "dp", "pp")

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshconf.core.errors import describe_value
-from meshconf.core.training import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
+from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
 from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
-from meshconf.features.convert.common import ConversionError
+from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.shell import commands as shell_commands, source_error
 
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.
@@ -45,7 +45,7 @@ def _names(key: str) -> tuple[str, ...]:
 
 
 #: The training settings that Megatron's arguments give as a switch, by its name: present, it
-#: gives the setting's value of :attr:`~meshconf.core.training.Spelling.on`.
+#: gives the setting's value of :attr:`~meshconf.core.settings.Spelling.on`.
 SWITCHED = {
     megatron_name(row.megatron.name): row
     for row in TRAINING_ROWS

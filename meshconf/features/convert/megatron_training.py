@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from meshconf.core.errors import describe_value
 from meshconf.core.schedules import megatron_schedule
 from meshconf.features.convert.arguments import Setting, integer_setting
-from meshconf.features.convert.common import Draft, boolean_problem
+from meshconf.features.convert.draft import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
     EP_OVERLAP_SWITCH,
     GROUP_SETTINGS,

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from meshconf.features.convert.common import ConversionError, SourceProblem
+from meshconf.features.convert.draft import ConversionError, SourceProblem
 
 #: Characters of a script or command line; a launch script is a few KiB.
 MAX_SCRIPT_CHARS = 1 << 18

@@ -11,7 +11,7 @@ from meshconf.core.degrees import AUTO, DEGREE_NAMES
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.gpus import GPUS
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.features.plan.request import PlanError, Request, level_text, option_flag
 from meshconf.model.config import MeshConfig
 from meshconf.sources.reading import Source

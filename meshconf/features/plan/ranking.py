@@ -30,7 +30,7 @@ from meshconf.core.levels import crossed_levels
 from meshconf.features.plan.assignments import ValidAssignments
 from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.step import Estimate, estimate
-from meshconf.features.plan.estimate.training import Parallelism
+from meshconf.features.plan.estimate.step_inputs import Parallelism
 from meshconf.features.plan.locality import EXPERT_DIMS, RANKED_DIMS, NodeLocality, home_domain
 from meshconf.features.plan.request import (
     MAX_ESTIMATED_ASSIGNMENTS,

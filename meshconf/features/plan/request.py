@@ -18,10 +18,10 @@ from meshconf.core.errors import MeshconfError
 from meshconf.core.levels import NODE, Level
 from meshconf.core.messages import spoken_list
 from meshconf.features.plan.estimate.architecture import Architecture
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.model.analysis import Analysis, MeshSpec
 from meshconf.model.fields import MAX_GPUS_PER_NODE
-from meshconf.model.levels import check_levels
+from meshconf.model.level_rules import check_levels
 from meshconf.model.numbering import check_order
 
 #: A plan ranks at most this many assignments; past it, a degree must be pinned.

@@ -42,7 +42,7 @@ from meshconf.core.messages import either
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.pipeline import split_problem
 from meshconf.features.plan.estimate.schedule import pipeline_ranks_problem
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 #: The degrees the rules read, in the order their problems are reported.
 RULED_DEGREES = ("tp", "ep", "etp", "pp", "cp")

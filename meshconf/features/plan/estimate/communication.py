@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.training import (
+from meshconf.features.plan.estimate.step_inputs import (
     Parallelism,
     Training,
     microbatches,

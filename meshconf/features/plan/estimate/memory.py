@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from meshconf.core.training import Checkpointing
+from meshconf.core.settings import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages
@@ -25,7 +25,7 @@ from meshconf.features.plan.estimate.sizing import (
     local_shard,
     unsharded,
 )
-from meshconf.features.plan.estimate.training import (
+from meshconf.features.plan.estimate.step_inputs import (
     ChunkSizes,
     Parallelism,
     Training,
@@ -86,7 +86,7 @@ class Memory:
     in_flight: int = 0
     #: Where in the step the rank's memory peaks.
     phase: Phase = "block"
-    #: The CUDA context, NCCL's buffers and the allocator's reserve (:mod:`~.runtime`).
+    #: The CUDA context, NCCL's buffers and the allocator's reserve (:mod:`~.gpu_overheads`).
     runtime: int = 0
     #: What ``gathers`` holds.
     gathered: Gathered = "whole"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from meshconf.core.schedules import Order, PipelineSchedule
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 
 @dataclass(frozen=True)

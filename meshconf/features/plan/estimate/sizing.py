@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind, Weight
-from meshconf.features.plan.estimate.training import Parallelism
+from meshconf.features.plan.estimate.step_inputs import Parallelism
 
 #: How many elements of some weights a rank holds: :func:`unsharded` or :func:`gathered`.
 Sizing = Callable[[Sequence[Weight], Parallelism], int]

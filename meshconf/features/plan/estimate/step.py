@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from meshconf.core.training import GIB
+from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
 )
 from meshconf.features.plan.estimate.communication import DimTraffic, overlapped_dims, traffic
+from meshconf.features.plan.estimate.gpu_overheads import Runtime, runtime_memory
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
 from meshconf.features.plan.estimate.pipeline import split_problem
-from meshconf.features.plan.estimate.runtime import Runtime, runtime_memory
 from meshconf.features.plan.estimate.schedule import bubble_fraction, schedule_problem
-from meshconf.features.plan.estimate.training import Parallelism, Training, microbatches
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training, microbatches
 from meshconf.features.plan.estimate.work import busiest_stage, pass_flops, step_flops
 
 

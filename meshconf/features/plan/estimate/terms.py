@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from meshconf.core.training import GIB
-from meshconf.features.plan.estimate import runtime as runtime_terms
+from meshconf.core.settings import GIB
+from meshconf.features.plan.estimate import gpu_overheads as runtime_terms
 from meshconf.features.plan.estimate.memory import Gathered
 from meshconf.features.plan.estimate.step import Estimate
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 
 #: Where each term comes from.
 SOURCES: Mapping[str, str] = MappingProxyType(

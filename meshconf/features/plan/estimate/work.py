@@ -16,7 +16,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from meshconf.core.schedules import Placement
-from meshconf.core.training import Checkpointing, Ends
+from meshconf.core.settings import Checkpointing, Ends
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
@@ -31,7 +31,7 @@ from meshconf.features.plan.estimate.pipeline import (
 )
 from meshconf.features.plan.estimate.schedule import PassFlops
 from meshconf.features.plan.estimate.sizing import block_split, linear_split, unsharded
-from meshconf.features.plan.estimate.training import (
+from meshconf.features.plan.estimate.step_inputs import (
     Parallelism,
     Training,
     microbatches,

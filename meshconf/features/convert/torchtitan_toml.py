@@ -11,9 +11,9 @@ from typing import Any
 from meshconf.core.errors import describe_value
 from meshconf.core.messages import spoken_list
 from meshconf.core.schedules import SCHEDULES, PipelineSchedule
-from meshconf.core.training import TRAINING_BOUNDS
-from meshconf.features.convert.common import Draft, boolean_problem, integers, unknown_keys
-from meshconf.trainers.torchtitan import TORCHTITAN_DEGREES
+from meshconf.core.settings import TRAINING_BOUNDS
+from meshconf.features.convert.draft import Draft, boolean_problem, integers, unknown_keys
+from meshconf.trainers.torchtitan_fields import TORCHTITAN_DEGREES
 
 #: Every field of torchtitan 0.2.1's ``Parallelism`` dataclass, in its order.
 TORCHTITAN_FIELDS = (

@@ -16,7 +16,7 @@ from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.arguments import Setting, integer_setting
-from meshconf.features.convert.common import (
+from meshconf.features.convert.draft import (
     DEFAULT_DEGREES,
     Conversion,
     ConversionError,

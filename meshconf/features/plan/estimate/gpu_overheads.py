@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import median
 
-from meshconf.core.training import GIB
-from meshconf.features.plan.estimate.training import Training
+from meshconf.core.settings import GIB
+from meshconf.features.plan.estimate.step_inputs import Training
 
 #: The CUDA context PyTorch creates on each GPU with CUDA's lazy module loading
 #: (``CUDA_MODULE_LOADING=LAZY``, PyTorch's default since 1.13 with CUDA 11.7): about 0.3 GB;

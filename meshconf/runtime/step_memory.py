@@ -27,7 +27,7 @@ from torch import nn
 
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import first_line, shorten
-from meshconf.features.plan.estimate.training import Training
+from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.context import DistributedContext
 from meshconf.runtime.torch_support import MEASURE_PROBES, check_torch

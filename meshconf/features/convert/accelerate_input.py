@@ -24,7 +24,7 @@ from meshconf.features.convert.arguments import (
     settings_from_words,
     yaml_document,
 )
-from meshconf.features.convert.common import (
+from meshconf.features.convert.draft import (
     DEFAULT_DEGREES,
     Conversion,
     ConversionError,
@@ -33,7 +33,7 @@ from meshconf.features.convert.common import (
     world_size_note,
 )
 from meshconf.features.convert.shell import Word, commands, source_error
-from meshconf.trainers.accelerate import (
+from meshconf.trainers.accelerate_mesh import (
     LAUNCH_ENVIRONMENT,
     SIZE_DEGREES,
     SP_SIZE,

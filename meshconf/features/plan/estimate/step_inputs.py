@@ -16,7 +16,7 @@ from meshconf.core.schedules import (
     Placement,
     Schedule,
 )
-from meshconf.core.training import (
+from meshconf.core.settings import (
     DTYPE_BYTES,
     FP8_BYTES,
     FP8_OR_WIDER_BYTES,
@@ -95,7 +95,7 @@ class Training:
     optimizer_dtype: OptimizerDtype = "fp32"
     sequence_parallel: SequenceParallel = "dtensor"
     norm_kernel: NormKernel = "fused"
-    #: GiB of each runtime term (:mod:`~.runtime`), None where the published figure holds;
+    #: GiB of each runtime term (:mod:`~.gpu_overheads`), None where the published figure holds;
     #: ``runtime_gib`` replaces all of them at once.
     runtime_gib: float | None = None
     cuda_context_gib: float | None = None
