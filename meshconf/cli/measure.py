@@ -21,13 +21,13 @@ from meshconf.cli.common import (
     prints_json,
 )
 from meshconf.cli.estimate_options import config_estimate
-from meshconf.cli.estimate_report import STATE_PARTS, memory_json, settings_line
 from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.settings import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.step_inputs import Training
+from meshconf.features.plan.estimate_text import STATE_PARTS, estimate_json, settings_line
 from meshconf.features.simulation import check_simulation_memory, check_simulation_size
 from meshconf.model.config import MeshConfig
 
@@ -96,7 +96,7 @@ def _compare(
         **{term: getattr(memory, term) for term in STATE_PARTS},
         "total": memory.training_state,
     }
-    report["estimate"] = {"model": model.name, **memory_json(estimated)}
+    report["estimate"] = estimate_json(model, estimated)
     elements = memory.params // training.param_bytes
     cp = config.dim_sizes.get("cp", 1)
     differences = mismatches(measured.observed, training, elements, MODEL_OPTIONS, cp=cp)

@@ -11,9 +11,7 @@ from typing import Any
 
 from meshconf.cli.common import one_of
 from meshconf.core.settings import TRAINING_SETTINGS, TrainingSetting
-from meshconf.features.plan.estimate.step_inputs import Training
-
-DEFAULTS = Training()
+from meshconf.features.plan.training_request import DEFAULTS
 
 
 def _gbps_name(row: TrainingSetting) -> str:

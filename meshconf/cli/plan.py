@@ -27,6 +27,7 @@ from meshconf.core.messages import shorten, spoken_list
 from meshconf.features.plan.merge import Given, merged_request
 from meshconf.features.plan.ranking import make_plan
 from meshconf.features.plan.request import PlanError, level_text, node_warning, option_flag
+from meshconf.features.plan.training_request import MODEL_OPTIONS_TEXT
 from meshconf.model.config import MeshConfig
 from meshconf.model.fields import MAX_BANDWIDTH_GB_S, MAX_LEVELS, MIN_BANDWIDTH_GB_S
 from meshconf.sources.loading import load_located
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         for note in notes:
             print(f"meshconf: note: {note}", file=sys.stderr)
         if "explain" in numbers and modelled[0] is None:
-            raise UsageError("--explain needs --model or --model-file")
+            raise UsageError(f"--explain needs {MODEL_OPTIONS_TEXT}")
         plan = make_plan(request, wanted)
     except PlanError as error:
         raise UsageError(str(error)) from None

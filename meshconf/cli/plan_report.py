@@ -10,19 +10,20 @@ from typing import Any
 
 import yaml
 
-from meshconf.cli.estimate_explain import explain_lines
-from meshconf.cli.estimate_report import (
+from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
+from meshconf.core.levels import plural_units, unit_article
+from meshconf.core.settings import GIB
+from meshconf.features.plan.estimate.step import Estimate
+from meshconf.features.plan.estimate_text import (
+    explain_lines,
     gib,
     hardware_line,
     headroom_gib,
     memory_json,
     memory_lines,
+    settings_json,
     settings_line,
 )
-from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
-from meshconf.core.levels import plural_units, unit_article
-from meshconf.core.settings import GIB
-from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.ranking import (
     Assignment,
     DimLocality,
@@ -360,7 +361,6 @@ def json_report(plan: Plan) -> dict[str, Any]:
         ],
     }
     if request.model is not None:
-        report["model"] = request.model.name
-        report["training"] = dict(request.training.__dict__)
+        report.update(settings_json(request.model, request.training))
         report["fitting"] = plan.fitting
     return report

@@ -16,7 +16,7 @@ from meshconf.cli.common import (
     emit,
     warnings_json,
 )
-from meshconf.cli.estimate_options import model_request, runnable_diagnostics
+from meshconf.cli.estimate_options import model_request
 from meshconf.cli.model_options import add_model_options
 from meshconf.core.degrees import AUTO
 from meshconf.core.errors import (
@@ -29,6 +29,7 @@ from meshconf.core.errors import (
 )
 from meshconf.features.plan.runnable import unrunnable
 from meshconf.features.plan.topology import config_warnings
+from meshconf.features.plan.training_request import runnable_diagnostics
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_located
 from meshconf.sources.reading import Source

@@ -1,5 +1,7 @@
 """The text and JSON of one layout's estimate: memory by part with the headroom and the
-largest term, the settings it used, the step and the communication."""
+largest term, the settings it used, the step and the communication; and, for ``--explain``,
+its memory by term, what each term holds under the settings and its source (docs/estimate.md
+has each term's check)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.step_inputs import Training
+from meshconf.features.plan.estimate.terms import NOT_COUNTED, memory_terms
 
 #: The terms of what the step's tensors hold, which torch's memory tracker measures on CPU.
 STATE_PARTS = ("params", "grads", "optimizer", "gathers", "activations")
@@ -108,6 +111,16 @@ def _runtime_json(found: Estimate) -> dict[str, Any]:
         "allocator": gib(runtime.allocator),
         "communicators": dict(runtime.communicators),
     }
+
+
+def estimate_json(model: Architecture, found: Estimate) -> dict[str, Any]:
+    """The estimate of one layout, with the model it is for, as ``--format json`` gives it."""
+    return {"model": model.name, **memory_json(found)}
+
+
+def settings_json(model: Architecture, training: Training) -> dict[str, Any]:
+    """The model and every setting a plan estimated with, as ``--format json`` gives them."""
+    return {"model": model.name, "training": dict(training.__dict__)}
 
 
 def parameters_text(count: int) -> str:
@@ -217,4 +230,28 @@ def memory_lines(found: Estimate, training: Training) -> list[str]:
             for name, flow in found.traffic.items()
         )
         lines.append(f"communication per step and GPU: {flows}")
+    return lines
+
+
+def explain_json(found: Estimate, training: Training) -> dict[str, Any]:
+    """The memory by term as ``--format json`` gives it beside the estimate."""
+    terms = [
+        {"term": term.name, "gib": gib(term.bytes), "holds": term.holds, "source": term.source}
+        for term in memory_terms(found, training)
+    ]
+    return {"terms": terms, "not_counted": NOT_COUNTED}
+
+
+def explain_lines(found: Estimate, training: Training) -> list[str]:
+    """The memory by term as text: a table, then what is not counted."""
+    terms = memory_terms(found, training)
+    lines = [
+        f"memory by term (GiB, pipeline rank {found.memory.pp_rank}; each term's check in "
+        "docs/estimate.md):"
+    ]
+    width = max(len(term.name) for term in terms)
+    for term in terms:
+        lines.append(f"  {term.name:<{width}}  {gib(term.bytes):>7.2f}  {term.holds}")
+        lines.append(f"  {'':<{width}}  {'':>7}  source: {term.source}")
+    lines.append(f"not counted: {NOT_COUNTED}")
     return lines
