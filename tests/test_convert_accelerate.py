@@ -287,3 +287,32 @@ def test_gpus_per_node_disagreeing_with_num_machines() -> None:
         "2), but --gpus-per-node is 4; give one of them"
     ]
     assert _convert(text, ".yaml", gpus_per_node=8)["gpus_per_node"] == 8
+
+
+@pytest.mark.parametrize("key", ["num_processes", "num_machines"])
+@pytest.mark.parametrize("quoted", ["'2'", '"2"', "!!str 2"])
+def test_an_integer_written_as_a_string_is_refused_at_its_key(key: str, quoted: str) -> None:
+    other = "num_machines: 1" if key == "num_processes" else "num_processes: 8"
+    assert _problems(f"{other}\n{key}: {quoted}\n", ".yaml") == [
+        f"f:2:1: {key}: expected an integer, got the string '2': accelerate converts none of "
+        "its config's values (ClusterConfig in accelerate/commands/config/config_args.py), so "
+        "its launcher would compare a string with numbers; write it without quotes"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "column"),
+    [
+        ("accelerate launch --config_file cfg/fsdp.yaml train.py", 33),
+        ("accelerate launch --num_processes 8 --config_file=cfg/fsdp.yaml train.py", 51),
+    ],
+)
+def test_a_launch_line_s_config_file_is_refused_with_the_file_to_convert(
+    line: str, column: int
+) -> None:
+    assert _problems(line) == [
+        f"f:1:{column}: --config_file: accelerate launch fills in what this line leaves out "
+        "from cfg/fsdp.yaml (accelerate/commands/launch.py, _validate_launch_command), which "
+        "meshconf does not merge: convert that file itself (`meshconf convert --from "
+        "accelerate cfg/fsdp.yaml`), with this line's settings written in it"
+    ]

@@ -99,8 +99,9 @@ BAD_INPUT = [
     (
         "job.sh",
         "echo start\nsleep 1\n",
-        "job.sh: found no launch line: expected a command that runs torchrun or a Megatron "
-        "training script such as pretrain_gpt.py",
+        "job.sh: no Megatron-LM launch line or arguments found: expected a script or command "
+        "line that runs torchrun or a Megatron-LM training script (pretrain_gpt.py, ...), or "
+        "Megatron-LM's arguments (--tensor-model-parallel-size, ...)",
     ),
     (
         "job.sh",
@@ -227,3 +228,53 @@ def test_nemo_s_null_training_settings_are_left_to_the_defaults(run_cli, tmp_pat
         "moe_max_nodes": 2,
         "sequence_parallel": "none",
     }
+
+
+NO_ARGUMENTS = (
+    "f: no Megatron-LM launch line or arguments found: expected a script or command line that "
+    "runs torchrun or a Megatron-LM training script (pretrain_gpt.py, ...), or Megatron-LM's "
+    "arguments (--tensor-model-parallel-size, ...)"
+)
+NO_NEMO_SETTINGS = (
+    "f: no NeMo parallelism settings found: expected NeMo's YAML with Megatron-LM's "
+    "parallelism settings (model.tensor_model_parallel_size, trainer.devices, ...)"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "expected"),
+    [
+        ("num_processes: 8\ndistributed_type: MULTI_GPU\n", ".yaml", NO_NEMO_SETTINGS),
+        ("world_size: 8\ndegrees: {tp: 2}\n", ".yml", NO_NEMO_SETTINGS),
+        ("{}\n", ".yaml", NO_NEMO_SETTINGS),
+        ("accelerate launch --num_processes 8 train.py\n", ".sh", NO_ARGUMENTS),
+        ("python train.py --lr 3e-4\n", ".sh", NO_ARGUMENTS),
+        ("echo start\n", ".sh", NO_ARGUMENTS),
+        ("", ".sh", NO_ARGUMENTS),
+        ("", "", NO_ARGUMENTS),
+    ],
+)
+def test_a_file_with_nothing_of_megatron_in_it_is_refused(
+    text: str, suffix: str, expected: str
+) -> None:
+    source = meshconf.features.convert.BY_NAME["megatron"]
+    assert source.read is not None
+    with pytest.raises(meshconf.features.convert.ConversionError) as raised:
+        source.read(text, suffix)
+    assert [problem.render("f") for problem in raised.value.problems] == [expected]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "torchrun --nproc-per-node 8 pretrain_gpt.py\n",
+        "python pretrain_mamba.py\n",
+        "trainer:\n  devices: 8\n",
+    ],
+)
+def test_a_megatron_launch_without_sizes_keeps_megatron_s_defaults(text: str) -> None:
+    source = meshconf.features.convert.BY_NAME["megatron"]
+    assert source.read is not None
+    settings = source.read(text, ".yaml" if text.startswith("trainer") else ".sh")
+    degrees = source.convert(settings).data["degrees"]
+    assert (degrees["tp"], degrees["pp"], degrees["cp"]) == (1, 1, 1)

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshconf.features.convert.accelerate_input import read_accelerate
 from meshconf.features.convert.draft import ConversionError
-from meshconf.features.convert.shell import Word, commands
+from meshconf.features.convert.shell import commands
+from meshconf.features.convert.shell_words import Word
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="bash is not installed")
@@ -323,3 +324,23 @@ def test_an_assignment_before_a_command_is_that_commands_alone() -> None:
     lines = [[word.text for word in line] for line in commands(script, assigned)]
     assert lines == [["echo", "2"], ["echo", "2", "$X"], ["echo", "1"]]
     assert [word.text for word in assigned] == ["TP=2", "TP=8", "X=8", "A=1", "B=1"]
+
+
+@pytest.mark.parametrize(("times", "column"), [(18, 26), (19, 3), (40, 3)])
+def test_a_value_doubling_itself_is_refused_where_it_passes_the_bound(
+    times: int, column: int
+) -> None:
+    """Line 20 is the launch line after 18 doublings, or the 19th doubling."""
+    script = "A=xy\n" + "A=$A$A\n" * times + "torchrun pretrain_gpt.py $A\n"
+    with pytest.raises(ConversionError) as raised:
+        list(commands(script))
+    assert [problem.render("f") for problem in raised.value.problems] == [
+        f"f:20:{column}: the expansions up to here make more than 1,048,576 characters; "
+        "meshconf reads scripts whose variables expand to less"
+    ]
+
+
+def test_a_value_doubling_itself_under_the_bound_is_read_whole() -> None:
+    script = "A=xy\n" + "A=$A$A\n" * 17 + "torchrun pretrain_gpt.py $A\n"
+    (line,) = commands(script)
+    assert len(line[-1].text) == 2**18

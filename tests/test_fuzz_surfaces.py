@@ -60,6 +60,12 @@ def arguments(text: str) -> Case:
     return Case("megatron", ["convert", "--from", "megatron", "--args", text])
 
 
+def _bounded(case: Case, under: bool) -> Case:
+    """A case that converts when its expansions stay ``under`` the bounds, refused if not."""
+    case.valid, case.code = under, 0 if under else 1
+    return case
+
+
 def _expression(rng: random.Random, terms: int) -> str:
     parts = []
     for _ in range(terms):
@@ -72,15 +78,19 @@ def _expression(rng: random.Random, terms: int) -> str:
 
 
 def megatron(rng: random.Random) -> Iterator[Case]:
-    for _ in range(4 * SCALE):  # a variable doubling itself
+    for _ in range(4 * SCALE):  # a variable doubling itself: refused once past the bound
         times = rng.randint(10, 40)
-        yield script("A=xy\n" + "A=$A$A\n" * times + f"{LAUNCH} $A\n")
-        yield script(
-            "ARGS=(--a 1)\n" + "ARGS=(${ARGS[@]} ${ARGS[@]})\n" * times + f"{LAUNCH} ${{ARGS[@]}}\n"
-        )
+        # Under the bounds of the expansions (2**20 characters, 100,000 words) the script runs,
+        # its last word an argument no converter reads; past them, refused where they are.
+        yield _bounded(script("A=xy\n" + "A=$A$A\n" * times + f"{LAUNCH} $A\n"), times < 18)
+        array = "ARGS=(--a 1)\n" + "ARGS=(${ARGS[@]} ${ARGS[@]})\n" * times
+        yield _bounded(script(array + f"{LAUNCH} ${{ARGS[@]}}\n"), times < 15)
     for count in (rng.randint(5_000, 50_000) for _ in range(2 * SCALE)):  # chains
-        body = "V0=abcdefghijklmnop\n" + "".join(f"V{i}=$V{i - 1}x\n" for i in range(1, count))
-        yield script(body + f"{LAUNCH} --tensor-model-parallel-size 2\n")
+        # ${V1}x, as $V1x would be the variable V1x, which no line sets
+        body = "V0=abcdefghijklmnop\n" + "".join(f"V{i}=${{V{i - 1}}}x\n" for i in range(1, count))
+        case = script(body + f"{LAUNCH} --tensor-model-parallel-size 2\n")
+        case.code = 1
+        yield case
     for _ in range(6 * SCALE):  # arithmetic
         terms = rng.choice([2, 50, 5_000, 20_000])
         yield script(
@@ -100,7 +110,10 @@ def megatron(rng: random.Random) -> Iterator[Case]:
         yield script(f"{LAUNCH} {flag} {size}\n")
         yield arguments(f"{flag} {size}")
         key = flag[2:].replace("-", "_")
-        yield script(f"model:\n  {key}: {size or '~'}\n", "job.yaml")
+        nemo = script(f"model:\n  {key}: {size or '~'}\n", "job.yaml")
+        # YAML reads 0x2 as the integer 2, as NeMo's loader does, and ~ as null: the default
+        nemo.may_pass = size in ("0x2", "")
+        yield nemo
     for _ in range(4 * SCALE):  # the model chunks per rank, from the layers of a chunk
         layers, per_chunk = rng.choice([*ODD_SIZES, "32"]), rng.choice([*ODD_SIZES, "2"])
         pipeline = "--pipeline-model-parallel-size 4"
@@ -127,6 +140,19 @@ def megatron(rng: random.Random) -> Iterator[Case]:
             )
         case = script("".join(text))
         case.may_pass = True
+        yield case
+    others = (  # files of other tools, or of none, given --from megatron
+        ("num_processes: 8\ndistributed_type: MULTI_GPU\n", "accelerate.yaml"),
+        ("world_size: 8\ndegrees: {tp: 2}\n", "mesh.yaml"),
+        ("name: run\nsteps: 10\n", "run.yml"),
+        ("accelerate launch --num_processes 8 train.py\n", "job.sh"),
+        ("echo start\nsleep 1\n", "job.sh"),
+        ("python train.py --lr 3e-4\n", "job.sh"),
+        ("", "empty.sh"),
+    )
+    for text, name in rng.sample(others, len(others)):
+        case = script(text, name)
+        case.code = 1
         yield case
     yield script("x" * (300 * 1024) + "\n")
     yield arguments("--tensor-model-parallel-size " + "2 " * 200_000)
@@ -206,6 +232,23 @@ def accelerate(rng: random.Random) -> Iterator[Case]:
         )
         case.code = 1
         yield case
+    for _ in range(2 * SCALE):  # integers written as strings, which accelerate never converts
+        key, size = rng.choice(["num_processes", "num_machines"]), rng.choice(["1", "2", "8"])
+        quoted = rng.choice([f"'{size}'", f'"{size}"', f"!!str {size}"])
+        other = "num_machines: 1" if key == "num_processes" else "num_processes: 8"
+        case = accelerate_file(f"{other}\n{key}: {quoted}\n")
+        case.code = 1
+        yield case
+    for _ in range(2 * SCALE):  # --config_file, whose merge with the line is not reproduced
+        path = rng.choice(["fsdp.yaml", "./cfg/a.yaml", "/etc/missing.yaml", "'sp ace.yaml'"])
+        option = rng.choice([f"--config_file {path}", f"--config_file={path}"])
+        for line in (
+            f"accelerate launch {option} train.py",
+            f"accelerate launch --num_processes 8 {option} --use_fsdp train.py",
+        ):
+            case = Case("accelerate", ["convert", "--from", "accelerate", "--args", line])
+            case.code = 1
+            yield case
     others = (  # files of other tools, or of none, given --from accelerate
         (
             "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 2\n",

@@ -13,22 +13,22 @@ from typing import Any
 
 from meshconf.compat.checks import mesh_config
 from meshconf.core.errors import ConfigError, Diagnostic
-from meshconf.features.convert.megatron_export import MegatronExportError, megatron_arguments
+from meshconf.features.convert.megatron_export import megatron_arguments
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import at_world_size
 
-__all__ = ["MegatronExportError", "initialize_model_parallel", "parallel_state_arguments"]
+__all__ = ["initialize_model_parallel", "parallel_state_arguments"]
 
 
 def parallel_state_arguments(config: MeshConfig) -> dict[str, Any]:
     """The keyword arguments of ``parallel_state.initialize_model_parallel`` for ``config``.
 
     Raises:
-        MegatronExportError: (a ConfigError) a layout whose groups Megatron cannot reproduce,
-            at the key responsible; ``config`` not a MeshConfig.
+        ConfigError: a layout whose groups Megatron cannot reproduce, at the key
+            responsible; ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
-    config = mesh_config(config, MegatronExportError)
+    config = mesh_config(config, ConfigError)
     return megatron_arguments(config, command_line=False).parallel_state
 
 
@@ -39,13 +39,13 @@ def initialize_model_parallel(config: MeshConfig, **options: Any) -> None:
     group's.
 
     Raises:
-        MegatronExportError: as :func:`parallel_state_arguments`, before any group exists.
-        ConfigError: the config does not fit the default group's world size (Megatron-Core
+        ConfigError: as :func:`parallel_state_arguments`, before any group exists; or the
+            config does not fit the default group's world size (Megatron-Core
             would take its data-parallel size from the group, not from the config).
         RuntimeSetupError: no default process group exists.
         ImportError: megatron-core is not installed.
     """
-    config = mesh_config(config, MegatronExportError)
+    config = mesh_config(config, ConfigError)
     import torch.distributed as dist
 
     if not dist.is_initialized():

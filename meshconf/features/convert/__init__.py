@@ -16,17 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshconf.core.degrees import DEGREE_NAMES
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.accelerate_input import (
-    ACCELERATE,
-    convert_accelerate,
-    read_accelerate,
-    recognises_accelerate,
-)
+from meshconf.features.convert.accelerate_input import read_accelerate, recognises_accelerate
+from meshconf.features.convert.accelerate_layout import ACCELERATE, convert_accelerate
 from meshconf.features.convert.arguments import yaml_document
 from meshconf.features.convert.draft import (
-    DEFAULT_DEGREES,
     Conversion,
     ConversionError,
     Draft,
@@ -218,12 +212,4 @@ def _convert_table(
     build(draft, table)
     config = validate(draft)
     notes = [world_size_note(tool, draft, config), *draft.notes]
-    degrees = DEFAULT_DEGREES | draft.degrees
-    return Conversion(
-        source=name,
-        table=draft.table,
-        data=draft.config_data({name: degrees[name] for name in DEGREE_NAMES}),
-        comments=draft.comments,
-        notes=tuple(notes),
-        other_tables=tuple(draft.other_tables),
-    )
+    return draft.conversion(name, notes)

@@ -1,55 +1,31 @@
-"""Hugging Face accelerate's parallelism settings as a meshconf config whose groups are the
-ones accelerate builds.
-
-Read from what ``accelerate config`` writes (a YAML file: its ``parallelism_config`` block,
+"""Hugging Face accelerate's parallelism settings, each kept with where it was written:
+from what ``accelerate config`` writes (a YAML file: its ``parallelism_config`` block,
 ``num_processes``, ``num_machines``, ``distributed_type`` and ``fsdp_config.fsdp_version``),
 or from a launch script or command line (``accelerate launch --parallelism_config_tp_size 2
-...`` and the ``PARALLELISM_CONFIG_*`` variables it exports). accelerate lays its dims out
-as meshconf's default order does (dp_replicate, dp_shard, cp, tp, outer to inner), so the
-degrees carry over as they are; what accelerate refuses when it starts is refused here, at
-the setting responsible.
+...`` and the ``PARALLELISM_CONFIG_*`` variables it exports). What ``accelerate launch``
+refuses, or would not hand the training script, is refused at the option responsible.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from math import prod
 
-from meshconf.core.degrees import AUTO, DEGREE_NAMES, MAX_WORLD_SIZE
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.arguments import (
-    Setting,
-    integer_setting,
-    settings_from_words,
-    yaml_document,
-)
-from meshconf.features.convert.draft import (
-    DEFAULT_DEGREES,
-    Conversion,
-    ConversionError,
-    Draft,
-    validate,
-    world_size_note,
-)
-from meshconf.features.convert.shell import Word, commands, source_error
-from meshconf.trainers.accelerate_mesh import (
-    LAUNCH_ENVIRONMENT,
-    SIZE_DEGREES,
-    SP_SIZE,
-    Launch,
-    refusals,
-    sp_size_problem,
-    uses_fsdp,
-    uses_fsdp2,
-)
+from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
+from meshconf.features.convert.draft import ConversionError
+from meshconf.features.convert.shell import commands
+from meshconf.features.convert.shell_words import Word, source_error
+from meshconf.trainers.accelerate_mesh import LAUNCH_ENVIRONMENT, SIZE_DEGREES, SP_SIZE
 
-ACCELERATE = "accelerate"
 #: The settings read, by the name the parallelism block, the launcher's options and the
 #: environment share (``parallelism_config_`` or ``PARALLELISM_CONFIG_`` before it).
 PARALLELISM = (*SIZE_DEGREES, SP_SIZE, "cp_comm_strategy", "cp_backend", "sp_backend")
 LAUNCH = ("num_processes", "num_machines", "distributed_type", "fsdp_version", "use_fsdp")
 _PREFIX = "parallelism_config_"
+#: The config's integers, which accelerate uses as YAML types them.
+_INTEGERS = ("num_processes", "num_machines")
+_CONFIG_FILE = "config_file"
 _SCRIPT = re.compile(r".*\.py$")
 
 
@@ -127,6 +103,15 @@ def _read_config_file(text: str) -> dict[str, Setting]:
         return None if at is None else (at.line, at.column)
 
     def take(path: tuple[str, ...], name: str, value: object) -> None:
+        if name in _INTEGERS and isinstance(value, str):
+            raise source_error(
+                ".".join(path),
+                f"expected an integer, got the string {value!r}: accelerate converts none of "
+                "its config's values (ClusterConfig in accelerate/commands/config/"
+                "config_args.py), so its launcher would compare a string with numbers; "
+                "write it without quotes",
+                position(path),
+            )
         found[name] = Setting(name, ".".join(path), value, position(path))
 
     for key in LAUNCH:
@@ -166,11 +151,13 @@ def _read_launch(text: str) -> dict[str, Setting]:
     launch, environment = lines[at], environments[at]
     launcher = settings_from_words(
         _launcher_words(launch),
-        (*PARALLELISM, *LAUNCH),
+        (*PARALLELISM, *LAUNCH, _CONFIG_FILE),
         ("use_fsdp", _USE_PARALLELISM_CONFIG),
         tool="accelerate launch",
         name_of=lambda flag: flag[2:].removeprefix(_PREFIX),
     )
+    if _CONFIG_FILE in launcher:
+        _config_file(launcher[_CONFIG_FILE])
     if index is None and not launcher:
         raise _nothing_found()
     found: dict[str, Setting] = {}
@@ -236,6 +223,25 @@ def _not_applied(setting: Setting) -> None:
     )
 
 
+def _config_file(setting: Setting) -> None:
+    """``--config_file PATH``: accelerate fills what the line leaves out from that file, by
+    rules of its own (a paradigm from ``distributed_type`` only when the line names none,
+    ``--use_parallelism_config`` from a non-empty ``parallelism_config``, a block's keys only
+    where the line did not give them), which meshconf does not reproduce.
+
+    Raises:
+        ConversionError: always.
+    """
+    raise source_error(
+        setting.key,
+        f"accelerate launch fills in what this line leaves out from {setting.value} "
+        "(accelerate/commands/launch.py, _validate_launch_command), which meshconf does not "
+        f"merge: convert that file itself (`meshconf convert --from accelerate "
+        f"{setting.value}`), with this line's settings written in it",
+        setting.position,
+    )
+
+
 def _replaced(setting: Setting) -> None:
     option = f"--{_PREFIX}{setting.name}"
     raise source_error(
@@ -265,170 +271,3 @@ def _launcher_words(line: list[Word]) -> list[Word]:
             break
         words.append(word)
     return words
-
-
-def _values(settings: Mapping[str, Setting]) -> dict[str, object]:
-    return {name: setting.value for name, setting in settings.items()}
-
-
-def convert_accelerate(
-    settings: Mapping[str, Setting],
-    *,
-    world_size: int | None = None,
-    gpus_per_node: int | None = None,
-) -> Conversion:
-    """Convert accelerate's settings (from :func:`read_accelerate`) into a validated meshconf
-    config whose groups are accelerate's.
-
-    Raises :class:`ConversionError` with every problem, each at the setting it concerns.
-    """
-    draft = Draft("", world_size, gpus_per_node)
-    draft.positions = {s.key: s.position for s in settings.values() if s.position is not None}
-    keys = {name: setting.key for name, setting in settings.items()}
-    sizes = {name: 1 for name in (*SIZE_DEGREES, SP_SIZE)}
-    for name in sizes:
-        if name in settings:
-            value = integer_setting(draft, settings[name])
-            if value is not None:
-                sizes[name] = value
-    problem = sp_size_problem(sizes[SP_SIZE])
-    if problem is not None:
-        draft.fail(keys[SP_SIZE], problem)
-    processes = _world(draft, settings, keys)
-    draft.check()
-    degrees = {SIZE_DEGREES[name]: sizes[name] for name in SIZE_DEGREES}
-    total = prod(degrees.values())
-    written = " * ".join(f"{name} {sizes[name]}" for name in SIZE_DEGREES)
-    if total > MAX_WORLD_SIZE:
-        _past_the_bound(draft, sizes, keys, f"{total} ({written})")
-    if total == 1 and (processes is None or processes > 1):
-        # Without a parallelism config accelerate's FSDP shards over every process; with one
-        # of sizes 1 it replicates. Without num_processes, the -1 is every process.
-        sized = any(name in settings for name in (*SIZE_DEGREES, SP_SIZE))
-        every = AUTO if processes is None else processes
-        if uses_fsdp(_values(settings)) and not sized:
-            degrees["dp_shard"] = every
-            draft.comments["degrees.dp_shard"] = "accelerate's FSDP shards over every process"
-        else:
-            degrees["dp_replicate"] = every
-            draft.comments["degrees.dp_replicate"] = "accelerate replicates over every process"
-    elif processes is not None and total != processes:
-        draft.fail(
-            keys.get("num_processes"),
-            f"is {processes}, but the parallelism sizes multiply to {total} ({written}); "
-            "accelerate refuses a ParallelismConfig whose total_size is not num_processes",
-        )
-    _refusals(draft, settings, keys, degrees)
-    draft.check()
-    draft.degrees = degrees
-    draft.origins.update(
-        {("degrees", degree): keys[name] for name, degree in SIZE_DEGREES.items() if name in keys}
-    )
-    config = validate(draft)
-    world_note = (
-        world_size_note("accelerate", draft, config, "the settings")
-        if processes is None
-        else f"world_size is num_processes, {processes}; at start-up meshconf checks that the "
-        "launcher's world size agrees."
-    )
-    notes = [world_note, *_notes(settings, degrees)]
-    all_degrees = DEFAULT_DEGREES | draft.degrees
-    return Conversion(
-        source=ACCELERATE,
-        table="",
-        data=draft.config_data({name: all_degrees[name] for name in DEGREE_NAMES}),
-        comments=draft.comments,
-        notes=tuple(notes),
-    )
-
-
-def _past_the_bound(
-    draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, str], product_written: str
-) -> None:
-    """Sizes whose product (``product_written``, the product and its factors) is more ranks
-    than torch numbers: reported at the size that takes the product past the bound, in
-    accelerate's order.
-
-    Raises:
-        ConversionError: always.
-    """
-    product = 1
-    for name in SIZE_DEGREES:
-        product *= sizes[name]
-        if product > MAX_WORLD_SIZE:
-            draft.fail(
-                keys[name],
-                f"the parallelism sizes multiply to {product_written}, more ranks than torch "
-                f"can number ({MAX_WORLD_SIZE})",
-            )
-            break
-    draft.check()
-
-
-def _world(draft: Draft, settings: Mapping[str, Setting], keys: Mapping[str, str]) -> int | None:
-    """num_processes as the world size, num_processes / num_machines as the node size."""
-    processes = machines = None
-    if "num_processes" in settings:
-        processes = integer_setting(draft, settings["num_processes"])
-    if "num_machines" in settings:
-        machines = integer_setting(draft, settings["num_machines"])
-    if processes is None:
-        return None
-    if draft.world_size is not None and draft.world_size != processes:
-        draft.fail(
-            keys["num_processes"],
-            f"is {processes}, but --world-size is {draft.world_size}; give one of them",
-        )
-        return None
-    draft.world_size = processes
-    draft.origins[("world_size",)] = keys["num_processes"]
-    if machines is not None:
-        if processes % machines:
-            draft.fail(
-                keys["num_machines"],
-                f"{machines} machines cannot share {processes} processes evenly; accelerate "
-                "runs num_processes / num_machines on each",
-            )
-        elif draft.gpus_per_node not in (None, processes // machines):
-            draft.fail(
-                keys["num_machines"],
-                f"runs {processes // machines} processes on each machine (num_processes "
-                f"{processes} / num_machines {machines}), but --gpus-per-node is "
-                f"{draft.gpus_per_node}; give one of them",
-            )
-        elif draft.gpus_per_node is None:
-            draft.gpus_per_node = processes // machines
-            draft.origins[("gpus_per_node",)] = keys["num_machines"]
-            draft.comments["gpus_per_node"] = "num_processes / num_machines"
-    return processes
-
-
-def _refusals(
-    draft: Draft,
-    settings: Mapping[str, Setting],
-    keys: Mapping[str, str],
-    degrees: Mapping[str, int],
-) -> None:
-    """What accelerate refuses when it starts, at the size responsible, or where FSDP2 was
-    turned on when that size was not written."""
-    launch = Launch(degrees, abs(prod(degrees.values())), uses_fsdp2(_values(settings)))
-    for degree, message in refusals(launch, lambda name: f"{name}_size"):
-        draft.fail(keys.get(f"{degree}_size", keys.get("fsdp_version")), message)
-
-
-def _notes(settings: Mapping[str, Setting], degrees: Mapping[str, int]) -> list[str]:
-    notes = []
-    if uses_fsdp2(_values(settings)):
-        notes.append(
-            "FSDP2 shards over accelerate's dp_shard_cp, dp_shard * cp: meshconf's fsdp in the "
-            "dense domain (`meshconf.compat.accelerate.parallelism_config` hands accelerate "
-            "that group)."
-        )
-    strategy = settings.get("cp_comm_strategy")
-    if strategy is not None and degrees["cp"] > 1:
-        notes.append(
-            f"{strategy.key} {strategy.value}: how context parallelism exchanges keys and "
-            "values, which is accelerate's setting, not the mesh's; keep it in accelerate's "
-            "config."
-        )
-    return notes

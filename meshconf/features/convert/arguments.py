@@ -14,7 +14,7 @@ from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import describe_value
 from meshconf.core.messages import shorten
 from meshconf.features.convert.draft import Draft, integer_problem
-from meshconf.features.convert.shell import Word, source_error, unexpanded
+from meshconf.features.convert.shell_words import Word, source_error, unexpanded
 from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
 
 #: A size as an argument parser reads it: ASCII digits, with an optional plus.

@@ -156,6 +156,22 @@ class Draft:
             }
         return data
 
+    def train(self, key: str, value: int | str, source_key: str) -> None:
+        """``training.KEY``, its problems placed at ``source_key``."""
+        self.training[key] = value
+        self.origins[("training", key)] = source_key
+
+    def conversion(self, source: str, notes: Sequence[str]) -> Conversion:
+        """The validated draft as written out: every degree, the defaults included."""
+        return Conversion(
+            source=source,
+            table=self.table,
+            data=self.config_data(DEFAULT_DEGREES | self.degrees),
+            comments=self.comments,
+            notes=tuple(notes),
+            other_tables=tuple(self.other_tables),
+        )
+
 
 def unknown_keys(
     draft: Draft, table: Mapping[str, Any], known: Sequence[str], what: str, listed: str = ""

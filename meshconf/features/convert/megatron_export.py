@@ -1,7 +1,7 @@
 """A meshconf config as Megatron-LM's arguments and Megatron-Core's
 ``initialize_model_parallel`` arguments, checked by converting them back.
 
-The degrees map one to one (:data:`~.megatron_layout.SIZE_DEGREES`), dp_replicate being the
+The degrees map one to one (:data:`~.megatron_input.SIZE_DEGREES`), dp_replicate being the
 distributed optimizer's instances; the rank order becomes Megatron's order string, inner to
 outer, with ep beside cp where Megatron's expert grid takes cp's place. Megatron-LM's command
 line spells two orders (its default and ``--use-tp-pp-dp-mapping``); Megatron-Core takes any.
@@ -22,8 +22,12 @@ from meshconf.core.schedules import megatron_schedule
 from meshconf.core.settings import SETTINGS, Spelling
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
-from meshconf.features.convert.megatron_input import NORMS_LATENT_SWIGLU_MODULES, read_command_line
-from meshconf.features.convert.megatron_layout import SIZE_DEGREES, convert_megatron
+from meshconf.features.convert.megatron_input import (
+    NORMS_LATENT_SWIGLU_MODULES,
+    SIZE_DEGREES,
+    read_command_line,
+)
+from meshconf.features.convert.megatron_layout import convert_megatron
 from meshconf.features.convert.megatron_training import partial_distopt_problem
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
@@ -33,10 +37,6 @@ _TOKENS = {"tp": "tp", "cp": "cp", "dp_shard": "dp", "dp_replicate": "dp", "pp":
 #: The schedule Megatron-LM runs where its model chunks per rank are given: those arguments
 #: say it.
 _INTERLEAVED = megatron_schedule(interleaved=True).name
-
-
-class MegatronExportError(ConfigError):
-    """A config whose groups or settings Megatron cannot reproduce."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
     ``--use-tp-pp-dp-mapping``); without it, any order Megatron-Core takes.
 
     Raises:
-        MegatronExportError: (a ConfigError) a key Megatron cannot express, at that key:
+        ConfigError: a key Megatron cannot express, at that key:
             dp_replicate and dp_shard apart in ``order``, an order the command line cannot
             spell, ranks placed by ``levels`` or ``inside`` otherwise than Megatron numbers
             them, expert groups Megatron's grid does not make, or a training setting with no
@@ -81,7 +81,7 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
     arguments += _training_arguments(config, problems)
     orders = _candidate_orders(config, problems, command_line=command_line)
     if problems:
-        raise MegatronExportError(problems)
+        raise ConfigError(problems)
     variants = [arguments]
     if degrees["ep"] == 1:
         # Without experts Megatron still checks its expert grid, which with its default
@@ -101,7 +101,7 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
                 state["expert_tensor_parallel_size"] = None
             return MegatronArguments(tuple(written), order, state)
     assert failure is not None, "every config has at least one candidate order"
-    raise MegatronExportError([failure])
+    raise ConfigError([failure])
 
 
 def _placement_key(config: MeshConfig) -> KeyPath:

@@ -18,17 +18,19 @@ from meshconf.core.errors import describe_value
 from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
 from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
 from meshconf.features.convert.draft import ConversionError
-from meshconf.features.convert.shell import commands as shell_commands, source_error
+from meshconf.features.convert.shell import commands as shell_commands
+from meshconf.features.convert.shell_words import source_error
 
-#: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``.
-SIZE_SETTINGS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "num_distributed_optimizer_instances",
-)
+#: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``, and the
+#: meshconf degree of each.
+SIZE_DEGREES = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "num_distributed_optimizer_instances": "dp_replicate",
+}
 
 
 def megatron_name(argument: str) -> str:
@@ -118,7 +120,7 @@ NEMO_WORLD: dict[tuple[str | int, ...], str] = {
 }
 
 _VALUED = (
-    *SIZE_SETTINGS,
+    *SIZE_DEGREES,
     *TRAINING_SETTINGS,
     *VIRTUAL_STAGE_SETTINGS,
     LAYERS_PER_VIRTUAL_STAGE,
@@ -154,21 +156,35 @@ def read_command_line(text: str) -> dict[str, Setting]:
         ),
         None,
     )
-    if launch is None:
-        if len(commands) > 1:
-            raise source_error(
-                None,
-                "found no launch line: expected a command that runs torchrun or a Megatron "
-                "training script such as pretrain_gpt.py",
-                None,
-            )
-        launch = commands[0] if commands else []
+    if launch is None and len(commands) > 1:
+        raise _nothing_found("Megatron-LM launch line or arguments", _COMMAND_LINE)
+    launch = launch or (commands[0] if commands else [])
     script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
     settings = settings_from_words(
         launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM, listed=_LISTED
     )
     launcher = launch[: max(script, 0)]
-    return {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
+    settings = {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
+    megatron = any(
+        _LAUNCHERS.fullmatch(word.text) or _MEGATRON_SCRIPT.fullmatch(word.text) for word in launch
+    )
+    if not settings and not megatron:
+        raise _nothing_found("Megatron-LM launch line or arguments", _COMMAND_LINE)
+    return settings
+
+
+_COMMAND_LINE = (
+    "a script or command line that runs torchrun or a Megatron-LM training script "
+    "(pretrain_gpt.py, ...), or Megatron-LM's arguments (--tensor-model-parallel-size, ...)"
+)
+_NEMO = (
+    "NeMo's YAML with Megatron-LM's parallelism settings (model.tensor_model_parallel_size, "
+    "trainer.devices, ...)"
+)
+
+
+def _nothing_found(what: str, expected: str) -> ConversionError:
+    return source_error(None, f"no {what} found: expected {expected}", None)
 
 
 #: A Megatron-LM training script: ``pretrain_gpt.py``, ``pretrain_mamba.py``, ...
@@ -181,11 +197,11 @@ def recognises_megatron(text: str, suffix: str) -> bool:
     that runs torchrun or a Megatron-LM training script, or gives one of its size arguments."""
     try:
         if suffix.lower() in (".yaml", ".yml"):
-            return bool(read_nemo_yaml(text))
+            return bool(read_nemo_yaml(text))  # refuses a file with none of them
         lines = list(shell_commands(text))
     except ConversionError:
         return False
-    sizes = {f"--{name.replace('_', '-')}" for name in SIZE_SETTINGS}
+    sizes = {f"--{name.replace('_', '-')}" for name in SIZE_DEGREES}
     return any(
         _LAUNCHERS.fullmatch(word.text)
         or _MEGATRON_SCRIPT.fullmatch(word.text)
@@ -234,4 +250,6 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
             found[name] = Setting(name, dotted, value, position)
 
     walk(document.data, ())
+    if not found:
+        raise _nothing_found("NeMo parallelism settings", _NEMO)
     return found

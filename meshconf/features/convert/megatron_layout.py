@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
+from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.arguments import Setting, integer_setting
@@ -33,19 +33,11 @@ from meshconf.features.convert.megatron_grid import (
     full_order,
     pairings,
 )
+from meshconf.features.convert.megatron_input import SIZE_DEGREES
 from meshconf.features.convert.megatron_training import training_block
 from meshconf.model.config import MeshConfig
 
 MEGATRON = "megatron"
-#: The meshconf degree of each of Megatron's size arguments.
-SIZE_DEGREES = {
-    "tensor_model_parallel_size": "tp",
-    "pipeline_model_parallel_size": "pp",
-    "context_parallel_size": "cp",
-    "expert_model_parallel_size": "ep",
-    "expert_tensor_parallel_size": "etp",
-    "num_distributed_optimizer_instances": "dp_replicate",
-}
 #: The longest order worth reading: each of the tokens once, with dashes.
 _MAX_ORDER_CHARS = 32
 #: The sparse domain with ep outside efsdp: Megatron's expert grid when dp is inner to ep.
@@ -217,14 +209,7 @@ def convert_megatron(
         *_notes(sizes, order, settings, grids),
         *draft.notes,
     ]
-    degrees = DEFAULT_DEGREES | draft.degrees
-    return Conversion(
-        source=MEGATRON,
-        table="",
-        data=draft.config_data({name: degrees[name] for name in DEGREE_NAMES}),
-        comments=draft.comments,
-        notes=tuple(notes),
-    )
+    return draft.conversion(MEGATRON, notes)
 
 
 def _match_groups(

@@ -45,17 +45,14 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
     fp8 = settings.get("fp8_param_gather")
     if fp8 is not None:
         # validated with the config, and a problem reported at Megatron's key
-        draft.training["fp8_param_gather"] = fp8.value
-        draft.origins[("training", "fp8_param_gather")] = fp8.key
+        draft.train("fp8_param_gather", fp8.value, fp8.key)
     for name, key in SPLIT_WEIGHT_SETTINGS.items():
         switch = _switched_on(draft, settings.get(name))
         if switch is not None:
-            draft.training[key] = 1
-            draft.origins[("training", key)] = switch.key
+            draft.train(key, 1, switch.key)
     for setting, value in _integers(draft, settings, tuple(TRAINING_SETTINGS)):
         key = TRAINING_SETTINGS[setting.name]
-        draft.training[key] = value
-        draft.origins[("training", key)] = setting.key
+        draft.train(key, value, setting.key)
     _interleaving(draft, settings, sizes["pipeline_model_parallel_size"])
     granularity = _granularity(draft, settings)
     if granularity is not None and granularity.value is not None:
@@ -135,8 +132,7 @@ def _moments(draft: Draft, settings: Mapping[str, Setting]) -> None:
         )
         return
     (value,) = values
-    draft.training["optimizer_dtype"] = value
-    draft.origins[("training", "optimizer_dtype")] = given[0].key
+    draft.train("optimizer_dtype", value, given[0].key)
 
 
 def _expert_overlap(
@@ -175,8 +171,7 @@ def _expert_overlap(
     if why is not None:
         draft.fail(overlap.key, f"Megatron-LM overlaps the experts' all-to-all {why}")
         return
-    draft.training["ep_overlap"] = True
-    draft.origins[("training", "ep_overlap")] = overlap.key
+    draft.train("ep_overlap", True, overlap.key)
 
 
 def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> None:
@@ -196,8 +191,7 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
     )
     if chunks_setting is not None:
         setting, chunks = chunks_setting
-        draft.training["virtual_stages"] = chunks
-        draft.origins[("training", "virtual_stages")] = setting.key
+        draft.train("virtual_stages", chunks, setting.key)
         draft.training["pp_schedule"] = megatron_schedule(interleaved=True).name
     if group_setting is None:
         return
@@ -211,8 +205,7 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
             "and the arguments give no model chunks per pipeline rank."
         )
         return
-    draft.training["microbatch_group"] = group
-    draft.origins[("training", "microbatch_group")] = setting.key
+    draft.train("microbatch_group", group, setting.key)
 
 
 def _switched_on(draft: Draft, switch: Setting | None) -> Setting | None:
@@ -331,7 +324,6 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
     (:data:`NORMS_LATENT_SWIGLU_MODULES`), which is ``norms-latent-swiglu``, or its selective
     recomputation of other modules, which keeps what no recomputation keeps under flash
     attention."""
-    key = ("training", "activation_checkpointing")
     modules = settings.get(RECOMPUTE_MODULES)
     if (
         granularity.value == "selective"
@@ -339,12 +331,10 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
         and isinstance(modules.value, (list, tuple))
         and set(modules.value) == set(NORMS_LATENT_SWIGLU_MODULES)
     ):
-        draft.training["activation_checkpointing"] = "norms-latent-swiglu"
-        draft.origins[key] = modules.key
+        draft.train("activation_checkpointing", "norms-latent-swiglu", modules.key)
         return
     if granularity.value == "selective":
-        draft.training["activation_checkpointing"] = "none"
-        draft.origins[key] = granularity.key
+        draft.train("activation_checkpointing", "none", granularity.key)
         draft.notes.append(
             "Megatron-LM's selective recomputation recomputes the core attention, which the flash "
             "attention kernel does not keep anyway: training.activation_checkpointing: none "
@@ -360,20 +350,16 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
     layers = settings.get("recompute_num_layers")
     count = None if layers is None or layers.value is None else integer_setting(draft, layers)
     if method is not None and method.value == "uniform" and layers is not None and count:
-        draft.training["activation_checkpointing"] = "full"
-        draft.origins[key] = granularity.key
+        draft.train("activation_checkpointing", "full", granularity.key)
         if count > 1:
             # groups of recompute_num_layers blocks, each recomputed whole from its input
-            draft.training["checkpoint_group"] = count
-            draft.origins[("training", "checkpoint_group")] = layers.key
+            draft.train("checkpoint_group", count, layers.key)
         return
     if method is not None and method.value == "block" and layers is not None and count:
         # the first recompute_num_layers blocks of each model chunk
-        draft.training["activation_checkpointing"] = "full"
-        draft.origins[key] = granularity.key
+        draft.train("activation_checkpointing", "full", granularity.key)
         # validated with the config, and a problem reported at Megatron's key
-        draft.training["checkpoint_first"] = count
-        draft.origins[("training", "checkpoint_first")] = layers.key
+        draft.train("checkpoint_first", count, layers.key)
         return
     how = "" if method is None else f" --recompute-method {method.value}"
     how += "" if layers is None else f" --recompute-num-layers {layers.value}"

@@ -56,8 +56,11 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
         )
     if "fsdp_reshard_after_forward" in table:
         # validated with the config, and a problem reported at torchtitan's key
-        draft.training["reshard_after_forward"] = table["fsdp_reshard_after_forward"]
-        draft.origins[("training", "reshard_after_forward")] = "fsdp_reshard_after_forward"
+        draft.train(
+            "reshard_after_forward",
+            table["fsdp_reshard_after_forward"],
+            "fsdp_reshard_after_forward",
+        )
     schedule = _pipeline(draft, table)
     overlap = table.get("pipeline_parallel_expert_parallel_overlap", True)
     degrees = draft.degrees
@@ -163,8 +166,11 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> PipelineSchedule | None
         draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
     if "pipeline_parallel_layers_per_stage" in table:
         # validated with the config, and a problem reported at torchtitan's key
-        draft.training["layers_per_stage"] = table["pipeline_parallel_layers_per_stage"]
-        draft.origins[("training", "layers_per_stage")] = "pipeline_parallel_layers_per_stage"
+        draft.train(
+            "layers_per_stage",
+            table["pipeline_parallel_layers_per_stage"],
+            "pipeline_parallel_layers_per_stage",
+        )
     elif schedule.looped:
         draft.training["virtual_stages"] = 2
         draft.comments["training.virtual_stages"] = f"torchtitan's default for {torch_name}"
