@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshconf.core.settings import ZeroStage
+from meshconf.core.setting_values import ZeroStage
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
 from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory

@@ -23,7 +23,8 @@ import meshconf.cli.plan as plan_cli
 import meshconf.cli.plan_report as plan_report
 from meshconf.cli import build_parser
 from meshconf.cli.estimate_options import model_request, planned_block
-from meshconf.core.settings import TRAINING_BOUNDS, GpuPreset, ModelPreset
+from meshconf.core.setting_values import GpuPreset, ModelPreset
+from meshconf.core.settings import TRAINING_BOUNDS
 from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.model.training import TrainingOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     Experts,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, strategies as st
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.gpu_overheads import (
     CUDA_CONTEXT_BYTES,
     NCCL_GROUP_BYTES,

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from meshconf.core.degrees import divisors
 from meshconf.core.schedules import Schedule
-from meshconf.core.settings import CHECKPOINTING, Checkpointing, MfuCounts
+from meshconf.core.setting_values import CHECKPOINTING, Checkpointing, MfuCounts
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,

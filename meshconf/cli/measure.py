@@ -23,7 +23,7 @@ from meshconf.cli.common import (
 from meshconf.cli.estimate_options import config_estimate
 from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import MeshconfError, printable
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate.step_inputs import Training

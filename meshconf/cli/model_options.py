@@ -10,7 +10,8 @@ from types import MappingProxyType
 from typing import Any
 
 from meshconf.cli.common import one_of
-from meshconf.core.settings import TRAINING_SETTINGS, TrainingSetting
+from meshconf.core.setting_values import TrainingSetting
+from meshconf.core.settings import TRAINING_SETTINGS
 from meshconf.features.plan.training_request import DEFAULTS
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import plural_units, unit_article
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.step import Estimate
 from meshconf.features.plan.estimate_text import (
     explain_lines,

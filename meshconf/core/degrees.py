@@ -26,12 +26,12 @@ class Degree:
     #: A world factor: the degrees' product is the world size. Otherwise it borrows its ranks
     #: from the world factors (the expert degrees borrow ``dp_shard * cp * tp``).
     world_factor: bool
-    #: Its value when the config leaves it out (``dp_shard``'s is -1, see default_dp_shard).
-    default: int
     #: Its label in a rank's log prefix (``[dpr0 dps1 tp3]``).
     short: str
     #: Values the JSON Schema and the reference show.
     examples: tuple[int, ...]
+    #: Its value when the config leaves it out (``dp_shard``'s is -1, see default_dp_shard).
+    default: int = 1
     #: A world factor's part inside a node, as ``inside_node`` describes it, with an example.
     inside_node: str = ""
     inside_node_example: int = 1
@@ -49,7 +49,6 @@ DEGREES: tuple[Degree, ...] = (
         "pp",
         "Pipeline-parallel stages.",
         world_factor=True,
-        default=1,
         short="pp",
         examples=(4,),
         inside_node="Pipeline stages inside a node.",
@@ -58,7 +57,6 @@ DEGREES: tuple[Degree, ...] = (
         "dp_replicate",
         "Data-parallel replicas (DDP, or HSDP's outer dim).",
         world_factor=True,
-        default=1,
         short="dpr",
         examples=(2,),
         inside_node="Replicas inside a node.",
@@ -78,7 +76,6 @@ DEGREES: tuple[Degree, ...] = (
         "cp",
         "Context-parallel ranks (sequence split).",
         world_factor=True,
-        default=1,
         short="cp",
         examples=(2,),
         inside_node="Context-parallel ranks inside a node.",
@@ -89,7 +86,6 @@ DEGREES: tuple[Degree, ...] = (
         "tp",
         "Tensor-parallel ranks.",
         world_factor=True,
-        default=1,
         short="tp",
         examples=(8,),
         inside_node="Tensor-parallel ranks inside a node.",
@@ -99,7 +95,6 @@ DEGREES: tuple[Degree, ...] = (
         "ep",
         "Expert-parallel ranks, borrowed from dp_shard * cp * tp.",
         world_factor=False,
-        default=1,
         short="ep",
         examples=(8,),
     ),
@@ -107,7 +102,6 @@ DEGREES: tuple[Degree, ...] = (
         "etp",
         "Expert tensor-parallel ranks: 1 or tp.",
         world_factor=False,
-        default=1,
         short="etp",
         examples=(1,),
     ),

@@ -33,8 +33,9 @@ class Mode:
     stride: int
 
 
-def _merge_contiguous(modes: Sequence[Mode]) -> tuple[Mode, ...]:
-    """Drop size-1 modes and fuse an outer mode into the inner one it continues."""
+def canonical_modes(modes: Sequence[Mode]) -> tuple[Mode, ...]:
+    """Modes that enumerate the same ranks in the same order are equal after this: size-1
+    modes dropped, an outer mode fused into the inner one it continues."""
     merged: list[Mode] = []
     for mode in modes:
         if mode.size == 1:
@@ -46,14 +47,9 @@ def _merge_contiguous(modes: Sequence[Mode]) -> tuple[Mode, ...]:
     return tuple(merged)
 
 
-def canonical_modes(modes: Sequence[Mode]) -> tuple[Mode, ...]:
-    """Modes that enumerate the same ranks in the same order are equal after this."""
-    return _merge_contiguous(modes)
-
-
 def group_identity(modes: Sequence[Mode]) -> tuple[Mode, ...]:
     """Modes that give the same *set* of ranks (any order) are equal after this."""
-    return _merge_contiguous(sorted(modes, key=lambda mode: -mode.stride))
+    return canonical_modes(sorted(modes, key=lambda mode: -mode.stride))
 
 
 @dataclass(frozen=True)
@@ -71,11 +67,6 @@ class DimLayout:
     def stride(self) -> int:
         """The stride of the innermost mode: the distance between neighbours in a group."""
         return self.modes[-1].stride
-
-    @property
-    def max_offset(self) -> int:
-        """Distance from the first to the last rank of any one group."""
-        return sum((mode.size - 1) * mode.stride for mode in self.modes)
 
 
 @dataclass(frozen=True)

@@ -185,24 +185,3 @@ def megatron_schedule(interleaved: bool) -> PipelineSchedule:
     rank are given, else 1F1B."""
     spelling = WITH_INTERLEAVING if interleaved else WITHOUT_INTERLEAVING
     return next(row for row in SCHEDULES if row.megatron == spelling)
-
-
-def schedule_mismatch(
-    schedule: str | None, virtual_stages: int | None, layers_per_stage: int | None
-) -> str | None:
-    """Why a schedule and its model chunks per pipeline rank do not go together: ``both``
-    when the chunks are given as a count and as layers per chunk, ``stages`` when a looped
-    schedule has fewer than 2, ``schedule`` when chunks are given without one; None when they
-    fit (chunks given as layers per chunk are checked against the model). Each reader words
-    it with its own option names."""
-    if layers_per_stage is not None:
-        return "both" if virtual_stages is not None else None
-    if SCHEDULE_BY_NAME[schedule or DEFAULT_SCHEDULE].looped:
-        return "stages" if virtual_stages is None or virtual_stages < 2 else None
-    return "schedule" if virtual_stages not in (None, 1) else None
-
-
-def group_mismatch(schedule: str | None, group: int | None) -> bool:
-    """Whether micro-batches are grouped per model chunk (``microbatch_group``) under a
-    schedule that takes no groups."""
-    return group is not None and SCHEDULE_BY_NAME[schedule or DEFAULT_SCHEDULE].grouping is None

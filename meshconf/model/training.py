@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
@@ -27,25 +25,16 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from meshconf.core.errors import describe_value
 from meshconf.core.schedules import (
+    DEFAULT_SCHEDULE,
     GROUPED_LISTED,
     LOOPED_LISTED,
-    group_mismatch,
-    schedule_mismatch,
+    SCHEDULE_BY_NAME,
 )
-from meshconf.core.settings import (
-    BY_ESTIMATE_NAME,
-    FP8_WITHOUT_GATHERS,
-    SETTINGS,
-    SPLIT_CONFLICT,
-    TRAINING_SETTINGS,
-    Bound,
-    TrainingSetting,
-    fp8_without_gathers,
-    recomputation_mismatch,
-    split_conflict,
-)
+from meshconf.core.setting_values import Bound, TrainingSetting
+from meshconf.core.settings import BY_ESTIMATE_NAME, SETTINGS, TRAINING_SETTINGS
 from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
+from meshconf.model.sections import FrozenModel
 
 
 def _boolean(value: Any) -> bool:
@@ -125,10 +114,11 @@ def _field_type(row: TrainingSetting) -> Any:
 # Made from the table of settings, so that a new setting reaches the block without an edit
 # here; type checkers see the keys as attributes of any type.
 if TYPE_CHECKING:
-    _Keys = BaseModel
+    _Keys = FrozenModel
 else:
     _Keys = create_model(
         "_Keys",
+        __base__=FrozenModel,
         **{
             row.key: (
                 _field_type(row) | None,
@@ -143,10 +133,6 @@ class TrainingOptions(_Keys):
     """What the estimate reads: the model, the GPU, the batch and how training uses the
     dims; a key left out takes the estimate's default (docs/plan.md), and a command-line
     option of the same name replaces it."""
-
-    # strict=False: the field types check and convert values themselves; unknown keys are
-    # refused and a validated block cannot change.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
     if TYPE_CHECKING:
 
@@ -164,18 +150,14 @@ class TrainingOptions(_Keys):
                 f"{name('model')} and {name('model_file')} exclude each other: both name the "
                 "model estimated",
             )
-        if fp8_without_gathers(self.zero_stage, self.fp8_param_gather):
+        if self.fp8_param_gather and self.zero_stage == 0:
             self._refuse(
                 "fp8_param_gather",
                 "fp8_without_gathers",
-                f"{name('fp8_param_gather')} needs {name('zero_stage')} 1, 2 or 3: "
-                f"{FP8_WITHOUT_GATHERS}",
+                f"{name('fp8_param_gather')} needs {name('zero_stage')} 1, 2 or 3: ZeRO 0 keeps "
+                "the parameters whole on every rank and gathers none",
             )
-        parts = [
-            key
-            for key in ("cuda_context_gib", "nccl_communicator_gib", "allocator_gib")
-            if getattr(self, key) is not None
-        ]
+        parts = self._given("cuda_context_gib", "nccl_communicator_gib", "allocator_gib")
         if self.runtime_gib is not None and parts:
             # runtime_gib is the whole term: a part given beside it would be dropped
             self._refuse(
@@ -185,58 +167,63 @@ class TrainingOptions(_Keys):
                 "is the whole runtime term, the second one of its parts; give the total or the "
                 "parts",
             )
-        recomputation = recomputation_mismatch(
-            self.activation_checkpointing,
-            self.checkpoint_every,
-            self.checkpoint_first,
-            self.checkpoint_group,
-        )
-        if recomputation is not None:
-            why, setting, before = recomputation
+        chosen = self._given("checkpoint_every", "checkpoint_first", "checkpoint_group")
+        if len(chosen) > 1:
             self._refuse(
-                setting,
+                chosen[-1],
                 "recomputation_mismatch",
-                f"{name(before)} and {name(setting)} exclude each other: both choose the blocks "
-                "recomputed"
-                if why == "both"
-                else f"{name(setting)} needs {name('activation_checkpointing')} full: only full "
+                f"{name(chosen[0])} and {name(chosen[-1])} exclude each other: both choose the "
+                "blocks recomputed",
+            )
+        if chosen and self.activation_checkpointing not in (None, "full"):
+            self._refuse(
+                chosen[0],
+                "recomputation_mismatch",
+                f"{name(chosen[0])} needs {name('activation_checkpointing')} full: only full "
                 "checkpointing recomputes whole blocks",
             )
-        weights = (self.embedding_as_layers, self.output_as_layers)
-        if split_conflict((self.first_stage_layers, self.last_stage_layers), weights):
-            weighted = (
-                "embedding_as_layers"
-                if self.embedding_as_layers is not None
-                else "output_as_layers"
-            )
+        weights = self._given("embedding_as_layers", "output_as_layers")
+        if weights and self._given("first_stage_layers", "last_stage_layers"):
+            # Megatron-LM refuses them together too
             self._refuse(
-                weighted,
+                weights[0],
                 "split_conflict",
-                f"{name(weighted)} and {name('first_stage_layers')} or "
-                f"{name('last_stage_layers')} exclude each other: {SPLIT_CONFLICT}",
+                f"{name(weights[0])} and {name('first_stage_layers')} or "
+                f"{name('last_stage_layers')} exclude each other: both set the layers of the "
+                "first and last pipeline chunks",
             )
-        mismatch = schedule_mismatch(self.pp_schedule, self.virtual_stages, self.layers_per_stage)
-        if mismatch is not None:
-            schedule, stages = name("pp_schedule"), name("virtual_stages")
+        schedule = SCHEDULE_BY_NAME[self.pp_schedule or DEFAULT_SCHEDULE]
+        schedule_key, stages_key = name("pp_schedule"), name("virtual_stages")
+        if self.layers_per_stage is not None and self.virtual_stages is not None:
             self._refuse(
                 "virtual_stages",
                 "schedule_stages",
-                {
-                    "stages": f"{schedule} {self.pp_schedule} needs {stages} >= 2",
-                    "schedule": f"{stages} needs {schedule} {LOOPED_LISTED}",
-                    "both": f"{stages} and {name('layers_per_stage')} exclude each other: both "
-                    "set the model chunks per pipeline rank",
-                }[mismatch],
+                f"{stages_key} and {name('layers_per_stage')} exclude each other: both set the "
+                "model chunks per pipeline rank",
             )
-        if group_mismatch(self.pp_schedule, self.microbatch_group):
+        if self.layers_per_stage is None and schedule.looped and (self.virtual_stages or 0) < 2:
+            self._refuse(
+                "virtual_stages",
+                "schedule_stages",
+                f"{schedule_key} {self.pp_schedule} needs {stages_key} >= 2",
+            )
+        if not schedule.looped and self.virtual_stages not in (None, 1):
+            self._refuse(
+                "virtual_stages",
+                "schedule_stages",
+                f"{stages_key} needs {schedule_key} {LOOPED_LISTED}",
+            )
+        if self.microbatch_group is not None and schedule.grouping is None:
             self._refuse(
                 "microbatch_group",
                 "schedule_group",
-                f"{name('microbatch_group')} needs {name('pp_schedule')} "
-                f"{GROUPED_LISTED}: no other schedule groups the micro-batches of a "
-                "model chunk",
+                f"{name('microbatch_group')} needs {schedule_key} {GROUPED_LISTED}: no other "
+                "schedule groups the micro-batches of a model chunk",
             )
         return self
+
+    def _given(self, *keys: str) -> list[str]:
+        return [key for key in keys if getattr(self, key) is not None]
 
     def _refuse(self, key: str, code: str, message: str) -> NoReturn:
         """Refuse the block at ``key``, which does not go with the keys before it."""

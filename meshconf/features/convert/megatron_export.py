@@ -19,7 +19,8 @@ from typing import Any
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.errors import ConfigError, Diagnostic, KeyPath
 from meshconf.core.schedules import megatron_schedule
-from meshconf.core.settings import SETTINGS, Spelling
+from meshconf.core.setting_values import Spelling
+from meshconf.core.settings import SETTINGS
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
 from meshconf.features.convert.megatron_input import (

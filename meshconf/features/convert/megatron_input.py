@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshconf.core.errors import describe_value
-from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS, UNSET
+from meshconf.core.setting_values import UNSET
+from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS
 from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.shell import commands as shell_commands

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.memory import Memory
 from meshconf.features.plan.estimate.step import Estimate

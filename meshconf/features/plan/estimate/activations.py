@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from meshconf.core.settings import FP8_BYTES, Checkpointing, NormKernel, SequenceParallel
+from meshconf.core.setting_values import FP8_BYTES, Checkpointing, NormKernel, SequenceParallel
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
     GroupedQueryAttention,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from statistics import median
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.step_inputs import Training
 
 #: The CUDA context PyTorch creates on each GPU with CUDA's lazy module loading

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
-from meshconf.core.settings import Checkpointing
+from meshconf.core.setting_values import Checkpointing
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stages

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from meshconf.core.schedules import SCHEDULE_BY_NAME, Placement
-from meshconf.core.settings import TRAINING_BOUNDS, Ends
+from meshconf.core.setting_values import Ends
+from meshconf.core.settings import TRAINING_BOUNDS
 from meshconf.features.plan.estimate.architecture import Architecture, LayerKind
 
 #: The kinds of blocks, in model order.

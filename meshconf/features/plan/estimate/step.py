@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
 )

@@ -16,7 +16,7 @@ from meshconf.core.schedules import (
     Placement,
     Schedule,
 )
-from meshconf.core.settings import (
+from meshconf.core.setting_values import (
     DTYPE_BYTES,
     FP8_BYTES,
     FP8_OR_WIDER_BYTES,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from meshconf.core.settings import GIB
+from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate import gpu_overheads as runtime_terms
 from meshconf.features.plan.estimate.memory import Gathered
 from meshconf.features.plan.estimate.step import Estimate

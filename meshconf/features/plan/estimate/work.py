@@ -16,7 +16,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 from meshconf.core.schedules import Placement
-from meshconf.core.settings import Checkpointing, Ends
+from meshconf.core.setting_values import Checkpointing, Ends
 from meshconf.features.plan.estimate import activations
 from meshconf.features.plan.estimate.architecture import (
     Architecture,
