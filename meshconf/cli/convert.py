@@ -67,7 +67,9 @@ def _key_line(text: str, comment: str | None) -> str:
 
 
 def _scalar(value: object) -> str:
-    """A validated value as YAML writes it: booleans as true and false."""
+    """A validated value as YAML writes it: booleans as true and false, lists in flow style."""
+    if isinstance(value, list):
+        return f"[{', '.join(str(item) for item in value)}]"
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -77,10 +79,6 @@ def _body(conversion: Conversion) -> list[str]:
     """The keys as YAML, nested mappings as blocks after a blank line."""
     lines: list[str] = []
     for key, value in conversion.data.items():
-        if isinstance(value, list):
-            flow = f"[{', '.join(str(item) for item in value)}]"
-            lines.append(_key_line(f"{key}: {flow}", conversion.comments.get(key)))
-            continue
         if not isinstance(value, dict):
             lines.append(_key_line(f"{key}: {_scalar(value)}", conversion.comments.get(key)))
             continue
@@ -89,12 +87,7 @@ def _body(conversion: Conversion) -> list[str]:
         lines.append(f"{key}:")
         for inner, inner_value in value.items():
             comment = conversion.comments.get(f"{key}.{inner}")
-            text = (
-                f"[{', '.join(str(item) for item in inner_value)}]"
-                if isinstance(inner_value, list)
-                else _scalar(inner_value)
-            )
-            lines.append(_key_line(f"  {inner}: {text}", comment))
+            lines.append(_key_line(f"  {inner}: {_scalar(inner_value)}", comment))
     return lines
 
 
@@ -119,7 +112,11 @@ def render(conversion: Conversion, source_path: str, schema: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(out: str, text: str) -> int:
+def _write(out: str | None, text: str) -> int:
+    """The text to ``out``, or to standard output."""
+    if out is None:
+        emit(lambda: print(text, end=""))
+        return EXIT_OK
     try:
         write_file(out, text, create_folder=True)
     except OSError as error:
@@ -151,11 +148,7 @@ def _to_megatron(args: argparse.Namespace) -> int:
         f"# Megatron-LM's arguments for {args.path}, on {config.resolved_world_size} ranks; "
         "meshconf convert --from megatron reads them back.\n"
     )
-    text = head + arguments.command_line()
-    if args.out is not None:
-        return _write(args.out, text)
-    emit(lambda: print(text, end=""))
-    return EXIT_OK
+    return _write(args.out, head + arguments.command_line())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,11 +160,7 @@ def run(args: argparse.Namespace) -> int:
     except ConversionError as error:
         raise InvalidInput([problem.render(where) for problem in error.problems]) from None
     source = "the command line of --args" if args.path is None else args.path
-    text = render(converted, source, schema_reference(args.out))
-    if args.out is not None:
-        return _write(args.out, text)
-    emit(lambda: print(text, end=""))
-    return EXIT_OK
+    return _write(args.out, render(converted, source, schema_reference(args.out)))
 
 
 def add_parser(subparsers: Any) -> None:

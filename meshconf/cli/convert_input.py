@@ -176,8 +176,18 @@ def _recognise(path: str) -> tuple[Source, str, dict[str, Any] | None]:
         found = recognise(text, suffix, document)
     if len(found) == 1:
         return found[0], text, document
-    if document is not None:
-        _detect(path, document)
+    if document is not None:  # the TOML tables of no source, or of more than one
+        tables = spoken_list(
+            [f"a [{source.table}] table ({source.tool})" for source in TOML_SOURCES]
+        )
+        has = f"both {tables}" if found else f"neither {tables.replace(' and ', ' nor ')}"
+        toml_choices = " or ".join(f"--from {source.name}" for source in TOML_SOURCES)
+        others = ", ".join(
+            f"--from {source.name} for {source.tool}'s arguments"
+            for source in SOURCES
+            if source.table is None
+        )
+        raise UsageError(f"{path}: has {has}; pass {toml_choices} (or {others})")
     choices = " or ".join(f"--from {source.name}" for source in SOURCES)
     if found:
         tools = spoken_list([f"{source.tool}'s" for source in found])
@@ -198,20 +208,3 @@ def _read_arguments(args: argparse.Namespace, source: Source) -> Mapping[str, An
         raise UsageError(f"--from {args.source} needs PATH or --args")
     text = _read_text(args.path, "a script or YAML file", "")
     return source.read(text, Path(args.path).suffix)
-
-
-def _detect(path: str, document: dict[str, Any]) -> Source:
-    """The TOML source whose table the file has, when exactly one has."""
-    present = [source for source in TOML_SOURCES if source.table in document]
-    if len(present) == 1:
-        return present[0]
-    tables = [f"a [{source.table}] table ({source.tool})" for source in TOML_SOURCES]
-    joined = spoken_list(tables)
-    has = f"both {joined}" if present else f"neither {joined.replace(' and ', ' nor ')}"
-    choices = " or ".join(f"--from {source.name}" for source in TOML_SOURCES)
-    others = ", ".join(
-        f"--from {source.name} for {source.tool}'s arguments"
-        for source in SOURCES
-        if source.table is None
-    )
-    raise UsageError(f"{path}: has {has}; pass {choices} (or {others})")

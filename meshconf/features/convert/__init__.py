@@ -82,7 +82,18 @@ def _toml_source(
         document: Mapping[str, Any] | None = None,
     ) -> Conversion:
         draft = Draft(table, world_size, gpus_per_node, document=document)
-        return _convert_table(name, tool, build, draft, settings)
+        if settings is None:
+            settings = {}
+            draft.notes.append(
+                f"The file has no [{table}] table: every setting is {tool}'s default."
+            )
+        if not isinstance(settings, Mapping):
+            draft.fail(None, f"expected a table, got {describe_value(settings)}")
+            draft.check()
+        draft.key_order = tuple(settings)
+        build(draft, settings)
+        config = validate(draft)
+        return draft.conversion(name, [world_size_note(tool, draft, config), *draft.notes])
 
     return Source(name, tool, reads, table, convert_table)
 
@@ -144,18 +155,15 @@ def recognise(text: str, suffix: str, document: Mapping[str, Any] | None) -> lis
     ]
 
 
-def _yaml_data(text: str, suffix: str) -> Any:
-    """The data of a YAML file (``suffix`` ``.yaml``, ``.yml`` or ``.json``), or None."""
-    if suffix.lower() not in (".yaml", ".yml", ".json"):
-        return None
-    try:
-        return yaml_document(text).data
-    except ConversionError:
-        return None
-
-
 def _meshconf_config(text: str, suffix: str) -> bool:
-    data = _yaml_data(text, suffix)
+    """Whether a YAML file (``suffix`` ``.yaml``, ``.yml`` or ``.json``) is a meshconf
+    config."""
+    if suffix.lower() not in (".yaml", ".yml", ".json"):
+        return False
+    try:
+        data = yaml_document(text).data
+    except ConversionError:
+        return False
     return isinstance(data, Mapping) and "degrees" in data
 
 
@@ -191,25 +199,3 @@ __all__ = [
     "looks_like",
     "recognise",
 ]
-
-
-def _convert_table(
-    name: str,
-    tool: str,
-    build: Callable[[Draft, Mapping[str, Any]], None],
-    draft: Draft,
-    table: Any,
-) -> Conversion:
-    if table is None:
-        table = {}
-        draft.notes.append(
-            f"The file has no [{draft.table}] table: every setting is {tool}'s default."
-        )
-    if not isinstance(table, Mapping):
-        draft.fail(None, f"expected a table, got {describe_value(table)}")
-        draft.check()
-    draft.key_order = tuple(table)
-    build(draft, table)
-    config = validate(draft)
-    notes = [world_size_note(tool, draft, config), *draft.notes]
-    return draft.conversion(name, notes)

@@ -12,7 +12,13 @@ import re
 from collections.abc import Mapping
 
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
+from meshconf.features.convert.arguments import (
+    Setting,
+    located,
+    nothing_found,
+    settings_from_words,
+    yaml_document,
+)
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.shell import commands
 from meshconf.features.convert.shell_words import Word, source_error
@@ -58,8 +64,6 @@ _CONFIG_KEYS = (
 
 
 def _is_accelerate_config(data: object) -> bool:
-    """Whether YAML data is a config ``accelerate config`` writes: a mapping with one of its
-    keys."""
     return isinstance(data, Mapping) and any(key in data for key in _CONFIG_KEYS)
 
 
@@ -75,32 +79,19 @@ def recognises_accelerate(text: str, suffix: str) -> bool:
         return False
 
 
-def _nothing_found() -> ConversionError:
-    return source_error(
-        None,
-        "no accelerate config or launch line found: expected the YAML `accelerate config` "
-        "writes (num_processes, distributed_type, parallelism_config, ...) or a script or "
-        "command line that runs `accelerate launch`",
-        None,
-    )
+_NOTHING_FOUND = (
+    "accelerate config or launch line",
+    "the YAML `accelerate config` writes (num_processes, distributed_type, parallelism_config, "
+    "...) or a script or command line that runs `accelerate launch`",
+)
 
 
 def _read_config_file(text: str) -> dict[str, Setting]:
-    document = yaml_document(text)
+    document = yaml_document(text, "accelerate's config")
     data = document.data
-    if not isinstance(data, Mapping):
-        raise source_error(
-            None,
-            f"expected accelerate's config, a mapping, got {describe_value(data)}",
-            (1, 1),
-        )
     if not _is_accelerate_config(data):
-        raise _nothing_found()
+        raise nothing_found(*_NOTHING_FOUND)
     found: dict[str, Setting] = {}
-
-    def position(path: tuple[str, ...]) -> tuple[int, int] | None:
-        at = document.positions.get(path)
-        return None if at is None else (at.line, at.column)
 
     def take(path: tuple[str, ...], name: str, value: object) -> None:
         if name in _INTEGERS and isinstance(value, str):
@@ -110,9 +101,9 @@ def _read_config_file(text: str) -> dict[str, Setting]:
                 "its config's values (ClusterConfig in accelerate/commands/config/"
                 "config_args.py), so its launcher would compare a string with numbers; "
                 "write it without quotes",
-                position(path),
+                located(document, path),
             )
-        found[name] = Setting(name, ".".join(path), value, position(path))
+        found[name] = Setting(name, ".".join(path), value, located(document, path))
 
     for key in LAUNCH:
         if key in data:
@@ -120,7 +111,9 @@ def _read_config_file(text: str) -> dict[str, Setting]:
     for table in ("fsdp_config", "parallelism_config"):
         if data.get(table) is not None and not isinstance(data[table], Mapping):
             raise source_error(
-                table, f"expected a mapping, got {describe_value(data[table])}", position((table,))
+                table,
+                f"expected a mapping, got {describe_value(data[table])}",
+                located(document, (table,)),
             )
     fsdp = data.get("fsdp_config") or {}
     if "fsdp_version" in fsdp:
@@ -146,7 +139,7 @@ def _read_launch(text: str) -> dict[str, Setting]:
     lines = list(commands(text, environments=environments))
     index = next((i for i, line in enumerate(lines) if _is_launch(line)), None)
     if index is None and len(lines) != 1:
-        raise _nothing_found()
+        raise nothing_found(*_NOTHING_FOUND)
     at = 0 if index is None else index
     launch, environment = lines[at], environments[at]
     launcher = settings_from_words(
@@ -159,7 +152,7 @@ def _read_launch(text: str) -> dict[str, Setting]:
     if _CONFIG_FILE in launcher:
         _config_file(launcher[_CONFIG_FILE])
     if index is None and not launcher:
-        raise _nothing_found()
+        raise nothing_found(*_NOTHING_FOUND)
     found: dict[str, Setting] = {}
     for word in environment:
         variable, _, value = word.text.partition("=")
@@ -195,7 +188,8 @@ def _check_parallelism_switch(switch: Setting, launcher: Mapping[str, Setting]) 
     Raises:
         ConversionError: the line lacks ``--use_fsdp`` or ``--fsdp_version 2``.
     """
-    if "use_fsdp" in launcher and str(_value(launcher, "fsdp_version")).strip() == "2":
+    version = launcher.get("fsdp_version")
+    if "use_fsdp" in launcher and version is not None and str(version.value).strip() == "2":
         return
     raise source_error(
         switch.key,
@@ -205,11 +199,6 @@ def _check_parallelism_switch(switch: Setting, launcher: Mapping[str, Setting]) 
         "--use_fsdp --fsdp_version 2, or leave --use_parallelism_config out",
         switch.position,
     )
-
-
-def _value(settings: Mapping[str, Setting], name: str) -> object:
-    setting = settings.get(name)
-    return None if setting is None else setting.value
 
 
 def _not_applied(setting: Setting) -> None:

@@ -97,12 +97,8 @@ def convert_accelerate(
 def _past_the_bound(
     draft: Draft, sizes: Mapping[str, int], keys: Mapping[str, str], product_written: str
 ) -> None:
-    """Sizes whose product (``product_written``, the product and its factors) is more ranks
-    than torch numbers: reported at the size that takes the product past the bound, in
-    accelerate's order.
-
-    Raises:
-        ConversionError: always.
+    """Raises :class:`ConversionError` at the size that takes the product of the sizes
+    (``product_written``, with its factors) past the ranks torch numbers, in accelerate's order.
     """
     product = 1
     for name in SIZE_DEGREES:

@@ -6,14 +6,14 @@ reads them; shared by the readers of Megatron-LM's and accelerate's settings.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import describe_value
 from meshconf.core.messages import shorten
-from meshconf.features.convert.draft import Draft, integer_problem
+from meshconf.features.convert.draft import ConversionError, Draft, integer_problem
 from meshconf.features.convert.shell_words import Word, source_error, unexpanded
 from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
 
@@ -31,8 +31,9 @@ class Setting:
     position: tuple[int, int] | None
 
 
-def _destination(flag: str) -> str:
-    """The name argparse stores an option under: ``--tp-size`` is ``tp_size``."""
+def destination(flag: str) -> str:
+    """The name argparse stores an option under, and NeMo's YAML writes: ``--tp-size`` is
+    ``tp_size``."""
     return flag[2:].replace("-", "_")
 
 
@@ -42,7 +43,7 @@ def settings_from_words(
     switches: tuple[str, ...],
     *,
     tool: str,
-    name_of: Callable[[str], str] = _destination,
+    name_of: Callable[[str], str] = destination,
     listed: tuple[str, ...] = (),
 ) -> dict[str, Setting]:
     """``--name value``, ``--name=value`` and switches among ``words``, each named by
@@ -62,6 +63,7 @@ def settings_from_words(
             continue
         flag, equals, inline = word.text.partition("=")
         name = name_of(flag)
+        at = (word.line, word.column)
         if name in switches:
             if equals:
                 raise source_error(
@@ -69,44 +71,52 @@ def settings_from_words(
                     f"is a switch and takes no value, as {tool}'s parser refuses "
                     f"{shorten(word.text)!r}: give {flag} to turn it on, leave it out to keep it "
                     "off",
-                    (word.line, word.column),
+                    at,
                 )
-            found[name] = Setting(name, flag, True, (word.line, word.column))
-            continue
-        if name in listed:
-            if equals:
-                at = (word.line, word.column + len(flag) + 1)
-                found[name] = Setting(name, flag, (inline,), at)
-                continue
+            found[name] = Setting(name, flag, True, at)
+        elif equals and (name in listed or name in valued):
+            given = (inline,) if name in listed else inline
+            found[name] = Setting(name, flag, given, (word.line, word.column + len(flag) + 1))
+        elif name in listed:
             start = index
             while index < len(words) and not words[index].text.startswith("--"):
                 index += 1
             values = tuple(value.text for value in words[start:index])
-            found[name] = Setting(name, flag, values, (word.line, word.column))
-            continue
-        if name not in valued:
-            continue
-        if equals:
-            found[name] = Setting(name, flag, inline, (word.line, word.column + len(flag) + 1))
-            continue
-        if index >= len(words) or words[index].text.startswith("--"):
-            raise source_error(flag, "needs a value", (word.line, word.column))
-        value = words[index]
-        index += 1
-        found[name] = Setting(name, flag, value.text, (value.line, value.column))
+            found[name] = Setting(name, flag, values, at)
+        elif name in valued:
+            if index >= len(words) or words[index].text.startswith("--"):
+                raise source_error(flag, "needs a value", at)
+            value = words[index]
+            index += 1
+            found[name] = Setting(name, flag, value.text, (value.line, value.column))
     return found
 
 
-def yaml_document(text: str) -> YamlDocument:
-    """``text`` read as YAML, with its positions.
+def yaml_document(text: str, what: str | None = None) -> YamlDocument:
+    """``text`` read as YAML, with its positions; when ``what`` names it, a mapping.
 
-    Raises :class:`ConversionError` for YAML that cannot be read, at its line and column.
+    Raises :class:`ConversionError` for YAML that cannot be read, at its line and column, or
+    that is not ``what``.
     """
     try:
-        return read_yaml(text)
+        document = read_yaml(text)
     except YamlError as error:
         position = None if error.position is None else (error.position.line, error.position.column)
         raise source_error(None, f"invalid YAML: {error.message}", position) from None
+    if what is not None and not isinstance(document.data, Mapping):
+        got = describe_value(document.data)
+        raise source_error(None, f"expected {what}, a mapping, got {got}", (1, 1))
+    return document
+
+
+def located(document: YamlDocument, path: tuple[str | int, ...]) -> tuple[int, int] | None:
+    """The line and column of the key at ``path``."""
+    at = document.positions.get(path)
+    return None if at is None else (at.line, at.column)
+
+
+def nothing_found(what: str, expected: str) -> ConversionError:
+    return source_error(None, f"no {what} found: expected {expected}", None)
 
 
 def integer_setting(draft: Draft, setting: Setting) -> int | None:

@@ -53,9 +53,7 @@ class SourceProblem:
 
     def render(self, path: str) -> str:
         """``PATH:LINE:COLUMN: key: message``, or ``PATH: [table].key: message``."""
-        where = (
-            f"{path}" if self.position is None else f"{path}:{self.position[0]}:{self.position[1]}"
-        )
+        where = path if self.position is None else f"{path}:{self.position[0]}:{self.position[1]}"
         if not self.table and self.key is None:
             return f"{where}: {self.message}"
         return f"{where}: {self.where}: {self.message}"

@@ -105,20 +105,11 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
     raise ConfigError([failure])
 
 
-def _placement_key(config: MeshConfig) -> KeyPath:
-    if config.inside:
-        return ("inside",)
-    if config.inside_node is not None:
-        return ("inside_node",)
-    return ("order",)
-
-
 def _candidate_orders(
     config: MeshConfig, problems: list[Diagnostic], *, command_line: bool
 ) -> list[str]:
-    """Megatron orders that may number the ranks as ``config`` does: the config's own order
-    in Megatron's tokens, and the two the command line spells (which differ from it only in
-    dims of size 1, or not at all)."""
+    """Megatron orders that may number the ranks as ``config`` does: the two the command line
+    spells and, without ``command_line``, the config's own order in Megatron's tokens."""
     sizes = config.resolved_degrees
     outer_first = [name for name in (config.order or WORLD_FACTORS) if sizes[name] > 1]
     if "dp_replicate" in outer_first and "dp_shard" in outer_first:
@@ -141,9 +132,7 @@ def _candidate_orders(
     tokens.insert(tokens.index("cp") + 1, "ep")
     own = "-".join(tokens)
     orders = [DEFAULT_ORDER, TP_PP_DP_ORDER]
-    if command_line:
-        return orders
-    return [*orders, own] if own not in orders else orders
+    return orders if command_line or own in orders else [*orders, own]
 
 
 def _training_arguments(
@@ -251,7 +240,8 @@ def _round_trip_problem(
     if theirs != ours:
         return Diagnostic(("degrees",), "Megatron's sizes for these arguments differ")
     if back.layout_over("world", WORLD_FACTORS) != config.layout_over("world", WORLD_FACTORS):
-        key = _placement_key(config)
+        placed = "inside_node" if config.inside_node is not None else "order"
+        key = ("inside",) if config.inside else (placed,)
         return Diagnostic(
             key,
             f"Megatron numbers the ranks otherwise than {'.'.join(map(str, key))} does, so its "

@@ -136,14 +136,8 @@ def checked_grids(
     draft: Draft, keys: Mapping[str, str], sizes: Mapping[str, int], world: int, order: str
 ) -> tuple[Grid, Grid] | None:
     """Megatron's own checks at start-up; its two grids when they pass."""
-    tp, pp, cp = (
-        sizes[name]
-        for name in (
-            "tensor_model_parallel_size",
-            "pipeline_model_parallel_size",
-            "context_parallel_size",
-        )
-    )
+    tp, pp = sizes["tensor_model_parallel_size"], sizes["pipeline_model_parallel_size"]
+    cp = sizes["context_parallel_size"]
     ep, etp = sizes["expert_model_parallel_size"], sizes["expert_tensor_parallel_size"]
     instances = sizes["num_distributed_optimizer_instances"]
     model = tp * pp * cp

@@ -14,13 +14,19 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from meshconf.core.errors import describe_value
 from meshconf.core.setting_values import UNSET
 from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS
-from meshconf.features.convert.arguments import Setting, settings_from_words, yaml_document
+from meshconf.features.convert.arguments import (
+    Setting,
+    destination,
+    located,
+    nothing_found,
+    settings_from_words,
+    yaml_document,
+)
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.shell import commands as shell_commands
-from meshconf.features.convert.shell_words import source_error
+from meshconf.features.convert.shell_words import Word, source_error
 
 #: Megatron's arguments that set a mesh size, by their name with ``_`` for ``-``, and the
 #: meshconf degree of each.
@@ -34,33 +40,25 @@ SIZE_DEGREES = {
 }
 
 
-def megatron_name(argument: str) -> str:
-    """Megatron's name of an argument, as its parser and NeMo's YAML spell it: ``--seq-length``
-    is ``seq_length``."""
-    return argument[2:].replace("-", "_")
-
-
 def _names(key: str) -> tuple[str, ...]:
     """Megatron's names of the argument that gives the training setting ``key``."""
     spelling = SETTINGS[key].megatron
     assert spelling is not None, f"{key} has a Megatron-LM argument"
-    return tuple(megatron_name(name) for name in spelling.names)
+    return tuple(destination(name) for name in spelling.names)
 
 
 #: The training settings that Megatron's arguments give as a switch, by its name: present, it
 #: gives the setting's value of :attr:`~meshconf.core.settings.Spelling.on`.
 SWITCHED = {
-    megatron_name(row.megatron.name): row
+    destination(row.megatron.name): row
     for row in TRAINING_ROWS
     if row.megatron is not None and row.megatron.on is not None
 }
-#: Megatron's arguments that are one training setting's integer itself, and the key of a
-#: config's ``training`` block each one is: the first and last pipeline stage's own layers,
-#: and group-limited routing's groups per token (DeepSeek-V3's node limit, with a group of
-#: experts per node). The model chunks per rank and their groups of micro-batches, which
-#: imply the interleaved schedule, are read apart.
+#: Megatron's arguments that are one training setting's integer itself, and the setting's
+#: key. The model chunks per rank and their groups of micro-batches, which imply the
+#: interleaved schedule, are read apart.
 TRAINING_SETTINGS = {
-    megatron_name(row.megatron.name): row.key
+    destination(row.megatron.name): row.key
     for row in TRAINING_ROWS
     if row.kind == "integer"
     and row.megatron is not None
@@ -81,7 +79,7 @@ NUM_LAYERS = "num_layers"
 #: ``full`` how layers are grouped (``uniform``) or which are recomputed (``block``).
 RECOMPUTE_SETTINGS = (
     *_names("activation_checkpointing"),
-    megatron_name(SETTINGS["checkpoint_group"].megatron.beside[0]),  # type: ignore[union-attr]
+    destination(SETTINGS["checkpoint_group"].megatron.beside[0]),  # type: ignore[union-attr]
     *_names("checkpoint_group"),
 )
 #: Megatron's modules recomputed under ``selective`` granularity, any number of names
@@ -110,8 +108,6 @@ SPLIT_WEIGHT_SETTINGS = {
 }
 #: Switches: present means true.
 FLAG_SETTINGS = ("use_tp_pp_dp_mapping", *SWITCHED, RECOMPUTE_SWITCH)
-#: Megatron-Core's ``initialize_model_parallel(order=...)``, such as ``tp-cp-ep-dp-pp``.
-ORDER_SETTING = "order"
 #: torchrun's options that give the world size.
 LAUNCH_SETTINGS = ("nproc_per_node", "nnodes")
 #: NeMo's trainer keys that give the world size.
@@ -129,13 +125,23 @@ _VALUED = (
     NUM_LAYERS,
     *RECOMPUTE_SETTINGS,
     *MOMENT_DTYPE_SETTINGS,
-    ORDER_SETTING,
+    "order",  # Megatron-Core's initialize_model_parallel(order=...): tp-cp-ep-dp-pp
 )
 #: Options that take any number of values.
 _LISTED = (RECOMPUTE_MODULES,)
-MEGATRON_LM = "Megatron-LM"
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
 _SCRIPT = re.compile(r".*\.py$")
+#: A Megatron-LM training script: ``pretrain_gpt.py``, ``pretrain_mamba.py``, ...
+_MEGATRON_SCRIPT = re.compile(r"(.*/)?pretrain_[A-Za-z0-9_]+\.py$")
+_COMMAND_LINE = (
+    "Megatron-LM launch line or arguments",
+    "a script or command line that runs torchrun or a Megatron-LM training script "
+    "(pretrain_gpt.py, ...), or Megatron-LM's arguments (--tensor-model-parallel-size, ...)",
+)
+
+
+def _runs_megatron(word: Word) -> bool:
+    return bool(_LAUNCHERS.fullmatch(word.text) or _MEGATRON_SCRIPT.fullmatch(word.text))
 
 
 def read_command_line(text: str) -> dict[str, Setting]:
@@ -158,38 +164,17 @@ def read_command_line(text: str) -> dict[str, Setting]:
         None,
     )
     if launch is None and len(commands) > 1:
-        raise _nothing_found("Megatron-LM launch line or arguments", _COMMAND_LINE)
+        raise nothing_found(*_COMMAND_LINE)
     launch = launch or (commands[0] if commands else [])
     script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
     settings = settings_from_words(
-        launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool=MEGATRON_LM, listed=_LISTED
+        launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool="Megatron-LM", listed=_LISTED
     )
     launcher = launch[: max(script, 0)]
     settings = {**settings_from_words(launcher, LAUNCH_SETTINGS, (), tool="torchrun"), **settings}
-    megatron = any(
-        _LAUNCHERS.fullmatch(word.text) or _MEGATRON_SCRIPT.fullmatch(word.text) for word in launch
-    )
-    if not settings and not megatron:
-        raise _nothing_found("Megatron-LM launch line or arguments", _COMMAND_LINE)
+    if not settings and not any(_runs_megatron(word) for word in launch):
+        raise nothing_found(*_COMMAND_LINE)
     return settings
-
-
-_COMMAND_LINE = (
-    "a script or command line that runs torchrun or a Megatron-LM training script "
-    "(pretrain_gpt.py, ...), or Megatron-LM's arguments (--tensor-model-parallel-size, ...)"
-)
-_NEMO = (
-    "NeMo's YAML with Megatron-LM's parallelism settings (model.tensor_model_parallel_size, "
-    "trainer.devices, ...)"
-)
-
-
-def _nothing_found(what: str, expected: str) -> ConversionError:
-    return source_error(None, f"no {what} found: expected {expected}", None)
-
-
-#: A Megatron-LM training script: ``pretrain_gpt.py``, ``pretrain_mamba.py``, ...
-_MEGATRON_SCRIPT = re.compile(r"(.*/)?pretrain_[A-Za-z0-9_]+\.py$")
 
 
 def recognises_megatron(text: str, suffix: str) -> bool:
@@ -204,9 +189,7 @@ def recognises_megatron(text: str, suffix: str) -> bool:
         return False
     sizes = {f"--{name.replace('_', '-')}" for name in SIZE_DEGREES}
     return any(
-        _LAUNCHERS.fullmatch(word.text)
-        or _MEGATRON_SCRIPT.fullmatch(word.text)
-        or word.text.split("=", 1)[0] in sizes
+        _runs_megatron(word) or word.text.split("=", 1)[0] in sizes
         for line in lines
         for word in line
     )
@@ -220,11 +203,7 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
     Raises :class:`ConversionError` for YAML that cannot be read, or a setting written twice
     with different values.
     """
-    document = yaml_document(text)
-    if not isinstance(document.data, Mapping):
-        raise source_error(
-            None, f"expected NeMo's config, a mapping, got {describe_value(document.data)}", (1, 1)
-        )
+    document = yaml_document(text, "NeMo's config")
     found: dict[str, Setting] = {}
     wanted = (*_VALUED, *FLAG_SETTINGS, *_LISTED)
 
@@ -233,13 +212,11 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
             return
         for key, value in node.items():
             here = (*path, key)
-            name = NEMO_WORLD.get(here[-2:]) if len(here) >= 2 else None
-            name = name or (str(key) if key in wanted else None)
+            name = NEMO_WORLD.get(here[-2:]) or (str(key) if key in wanted else None)
             if name is None:
                 walk(value, here)
                 continue
-            at = document.positions.get(here)
-            position = None if at is None else (at.line, at.column)
+            position = located(document, here)
             dotted = ".".join(str(part) for part in here)
             if name in found and found[name].value != value:
                 first = found[name]
@@ -252,5 +229,9 @@ def read_nemo_yaml(text: str) -> dict[str, Setting]:
 
     walk(document.data, ())
     if not found:
-        raise _nothing_found("NeMo parallelism settings", _NEMO)
+        raise nothing_found(
+            "NeMo parallelism settings",
+            "NeMo's YAML with Megatron-LM's parallelism settings "
+            "(model.tensor_model_parallel_size, trainer.devices, ...)",
+        )
     return found

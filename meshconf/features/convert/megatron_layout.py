@@ -48,15 +48,12 @@ def _sizes(draft: Draft, settings: Mapping[str, Setting]) -> dict[str, int]:
     sizes = {name: 1 for name in SIZE_DEGREES}
     for name in SIZE_DEGREES:
         setting = settings.get(name)
-        if setting is None or (name == "expert_tensor_parallel_size" and setting.value is None):
-            continue
-        value = integer_setting(draft, setting)
-        if value is not None:
-            sizes[name] = value
-    if "expert_tensor_parallel_size" not in settings or (
-        settings["expert_tensor_parallel_size"].value is None
-    ):
-        sizes["expert_tensor_parallel_size"] = sizes["tensor_model_parallel_size"]
+        if name == "expert_tensor_parallel_size" and (setting is None or setting.value is None):
+            sizes[name] = sizes["tensor_model_parallel_size"]  # Megatron's default
+        elif setting is not None:
+            value = integer_setting(draft, setting)
+            if value is not None:
+                sizes[name] = value
     return sizes
 
 
@@ -79,13 +76,8 @@ def _order(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, in
         )
         return DEFAULT_ORDER
     names = written.value.lower().split("-")
-    by_token = {
-        "tp": sizes["tensor_model_parallel_size"],
-        "pp": sizes["pipeline_model_parallel_size"],
-        "cp": sizes["context_parallel_size"],
-        "ep": sizes["expert_model_parallel_size"],
-        "dp": 2,
-    }
+    # dp, what the others leave of the world, may be above 1: an order must name it
+    by_token = {SIZE_DEGREES[name]: size for name, size in sizes.items()} | {"dp": 2}
     unknown = [name for name in names if name not in TOKENS]
     repeated = sorted({name for name in names if names.count(name) > 1})
     missing = [name for name in TOKENS if name not in names and by_token[name] > 1]

@@ -31,9 +31,7 @@ from meshconf.features.convert.megatron_input import (
 
 def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int]) -> None:
     """The config's ``training`` block from Megatron's settings, with the mesh ``sizes`` by
-    Megatron's names: the ZeRO stage its distributed optimizer gives, the pipeline split's
-    weights (:data:`SPLIT_WEIGHT_SETTINGS`), each of :data:`TRAINING_SETTINGS` given, the
-    model chunks per rank, the recomputation and the experts' overlap."""
+    Megatron's names."""
     optimizer = settings.get("use_distributed_optimizer")
     draft.training["zero_stage"] = 0 if _switched_on(draft, optimizer) is None else 1
     if optimizer is not None:
@@ -59,18 +57,8 @@ def training_block(draft: Draft, settings: Mapping[str, Setting], sizes: Mapping
         _recomputation(draft, settings, granularity)
     _sequence_parallelism(draft, settings.get(SEQUENCE_PARALLEL_SWITCH), sizes)
     _moments(draft, settings)
-    overlap = settings.get(EP_OVERLAP_SWITCH)
-    if overlap is not None:
-        chunks = (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE)
-        # given, even if wrongly (reported as such), as Megatron-Core's check reads it
-        chunked = any(name in settings and settings[name].value is not None for name in chunks)
-        recomputing = [
-            settings[name]
-            for name in ("recompute_method", "recompute_num_layers")
-            if name in settings and settings[name].value is not None
-        ]
-        full = granularity is not None and granularity.value == "full"
-        _expert_overlap(draft, overlap, sizes, chunked, recomputing, full=full)
+    full = granularity is not None and granularity.value == "full"
+    _expert_overlap(draft, settings, sizes, full=full)
 
 
 def partial_distopt_problem(fix: str) -> str:
@@ -81,18 +69,6 @@ def partial_distopt_problem(fix: str) -> str:
         "Megatron-Core asserts 'Partial DistOpt cannot be used without DistOpt' "
         "(DistributedDataParallel, megatron/core/distributed/distributed_data_parallel.py); "
         f"{fix}, or run one instance (dp_replicate 1, its ranks to dp_shard)"
-    )
-
-
-def microbatch_group_problem(group: int, pp: int) -> str:
-    """Why the interleaved schedule cannot run ``group`` micro-batches per model chunk over
-    ``pp`` pipeline stages."""
-    return (
-        f"{group} micro-batches per model chunk are fewer than pp ({pp}): Megatron-Core's "
-        "interleaved schedule raises ValueError 'The number of contiguous micro-batches in a "
-        "virtual pipeline stage should range in [PP, M]' "
-        "(forward_backward_pipelining_with_interleaving, "
-        f"megatron/core/pipeline_parallel/schedules.py); give at least {pp}"
     )
 
 
@@ -136,24 +112,21 @@ def _moments(draft: Draft, settings: Mapping[str, Setting]) -> None:
 
 
 def _expert_overlap(
-    draft: Draft,
-    overlap: Setting,
-    sizes: Mapping[str, int],
-    chunked: bool,
-    recomputing: list[Setting],
-    *,
-    full: bool,
+    draft: Draft, settings: Mapping[str, Setting], sizes: Mapping[str, int], *, full: bool
 ) -> None:
     """``training.ep_overlap`` from ``--overlap-moe-expert-parallel-comm``, refused where
     Megatron-Core's config refuses it (``TransformerConfig.__post_init__``,
     megatron/core/transformer/transformer_config.py): without expert parallelism, over a
-    pipeline without model chunks (``chunked``: some setting gives them), with
-    ``--recompute-granularity full`` (``full``, converted or not: "disable full recomputation
-    when enabling overlap_moe_expert_parallel_comm"), or with a recomputation method or a
-    number of layers to recompute given (``recomputing``)."""
-    if _switched_on(draft, overlap) is None:
+    pipeline without model chunks, with ``--recompute-granularity full`` (``full``, converted
+    or not: "disable full recomputation when enabling overlap_moe_expert_parallel_comm"), or
+    with a recomputation method or a number of layers to recompute given."""
+    overlap = _switched_on(draft, settings.get(EP_OVERLAP_SWITCH))
+    if overlap is None:
         return
     pp, ep = sizes["pipeline_model_parallel_size"], sizes["expert_model_parallel_size"]
+    # given, even if wrongly (reported as such), as Megatron-Core's check reads them
+    chunked = _given(settings, (*VIRTUAL_STAGE_SETTINGS, LAYERS_PER_VIRTUAL_STAGE))
+    recomputing = _given(settings, ("recompute_method", "recompute_num_layers"))
     why = None
     if ep == 1:
         why = "only with expert parallelism (an expert-model-parallel size above 1)"
@@ -197,7 +170,14 @@ def _interleaving(draft: Draft, settings: Mapping[str, Setting], pp: int) -> Non
         return
     setting, group = group_setting
     if chunks_setting is not None and group < pp:
-        draft.fail(setting.key, microbatch_group_problem(group, pp))
+        draft.fail(
+            setting.key,
+            f"{group} micro-batches per model chunk are fewer than pp ({pp}): Megatron-Core's "
+            "interleaved schedule raises ValueError 'The number of contiguous micro-batches in "
+            "a virtual pipeline stage should range in [PP, M]' "
+            "(forward_backward_pipelining_with_interleaving, "
+            f"megatron/core/pipeline_parallel/schedules.py); give at least {pp}",
+        )
         return
     if chunks_setting is None:
         draft.notes.append(
@@ -219,18 +199,23 @@ def _switched_on(draft: Draft, switch: Setting | None) -> Setting | None:
     return switch if switch.value is True else None
 
 
+def _given(settings: Mapping[str, Setting], names: tuple[str, ...]) -> list[Setting]:
+    """Each of ``names`` given a value: NeMo writes null for a setting it leaves to
+    Megatron's default."""
+    return [
+        settings[name] for name in names if name in settings and settings[name].value is not None
+    ]
+
+
 def _integers(
     draft: Draft, settings: Mapping[str, Setting], names: tuple[str, ...]
 ) -> list[tuple[Setting, int]]:
     """Each of ``names`` given, with its integer; problems reported."""
     found = []
-    for name in names:
-        setting = settings.get(name)
-        # NeMo writes null for a setting it leaves to Megatron's default
-        if setting is not None and setting.value is not None:
-            value = integer_setting(draft, setting)
-            if value is not None:
-                found.append((setting, value))
+    for setting in _given(settings, names):
+        value = integer_setting(draft, setting)
+        if value is not None:
+            found.append((setting, value))
     return found
 
 
@@ -262,11 +247,9 @@ def _chunks_from_layers(
     layers_per_chunk = integer_setting(draft, per_chunk)
     if layers_per_chunk is None:
         return None
-    ends = [
-        settings[name]
-        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
-        if name in settings and settings[name].value is not None
-    ]
+    ends = _given(
+        settings, ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+    )
     if ends:
         draft.fail(
             per_chunk.key,
@@ -349,17 +332,13 @@ def _recomputation(draft: Draft, settings: Mapping[str, Setting], granularity: S
     method = settings.get("recompute_method")
     layers = settings.get("recompute_num_layers")
     count = None if layers is None or layers.value is None else integer_setting(draft, layers)
-    if method is not None and method.value == "uniform" and layers is not None and count:
+    if method is not None and method.value in ("uniform", "block") and layers is not None and count:
         draft.train("activation_checkpointing", "full", granularity.key)
-        if count > 1:
-            # groups of recompute_num_layers blocks, each recomputed whole from its input
-            draft.train("checkpoint_group", count, layers.key)
-        return
-    if method is not None and method.value == "block" and layers is not None and count:
-        # the first recompute_num_layers blocks of each model chunk
-        draft.train("activation_checkpointing", "full", granularity.key)
-        # validated with the config, and a problem reported at Megatron's key
-        draft.train("checkpoint_first", count, layers.key)
+        # uniform: groups of N blocks, each recomputed whole from its input (1 by default);
+        # block: the first N blocks of each model chunk, validated with the config
+        if method.value == "block" or count > 1:
+            key = "checkpoint_first" if method.value == "block" else "checkpoint_group"
+            draft.train(key, count, layers.key)
         return
     how = "" if method is None else f" --recompute-method {method.value}"
     how += "" if layers is None else f" --recompute-num-layers {layers.value}"

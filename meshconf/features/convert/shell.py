@@ -41,17 +41,11 @@ def commands(
     assignments: list[Word] | None = None,
     environments: list[list[Word]] | None = None,
 ) -> Iterator[list[Word]]:
-    """The script's commands, each after the assignments before it took effect; each
-    assignment's word (``NAME=value``, expanded) is added to ``assignments`` when given, for
-    a source that reads the environment a script sets: those of a line of assignments, and
-    those a command starts with (``NAME=value cmd``, ``env NAME=value cmd``).
-
-    When ``environments`` is given, the environment each command is started with is added
-    to it before the command is yielded, as the assignment words that set it: the variables
-    exported so far (``export NAME=value``, ``declare -x``, ``export NAME`` after
-    ``NAME=value``, or a later assignment to an exported name) and the command's own
-    (``NAME=value cmd``, ``env NAME=value cmd``), which take precedence. A variable assigned
-    but never exported is the shell's alone, as bash keeps it.
+    """The script's commands, each after the assignments before it took effect. Each
+    assignment word (``NAME=value``, expanded) goes to ``assignments`` when given; the
+    environment each command starts with, as the assignment words that set it (the
+    variables exported so far, then the command's own), goes to ``environments`` when given,
+    before the command is yielded.
 
     Raises:
         ConversionError: the script or its expansions pass a bound of this module, bash
@@ -126,7 +120,7 @@ def commands(
             if word.text.startswith("-"):
                 exporting = exporting or "x" in word.text[1:]
             elif exporting:
-                environment.export(word.text)
+                environment.exported.add(word.text)  # now, or once it is assigned
             continue
         elif word.text == "env" or word.text.endswith("/env"):
             env_options = True
@@ -153,20 +147,14 @@ class _Environment:
         self.prefix: list[Word] = []
 
     def assigned(self, *, exporting: bool) -> None:
-        """The prefix was a line of assignments: the shell's from now on, and exported too
-        if ``exporting``."""
+        """The prefix was a line of assignments: the shell's from now on."""
         for word in self.prefix:
             name = word.text.split("=", 1)[0]
             self.values[name] = word
             if exporting:
                 self.exported.add(name)
 
-    def export(self, name: str) -> None:
-        """``export NAME``: the variable goes to the environment, now or once assigned."""
-        self.exported.add(name)
-
     def of_command(self) -> list[Word]:
-        """The environment of the command now read: the exported variables, then its own."""
         words = {name: word for name, word in self.values.items() if name in self.exported}
         for word in self.prefix:
             words[word.text.split("=", 1)[0]] = word

@@ -54,13 +54,10 @@ def from_torchtitan(draft: Draft, table: Mapping[str, Any]) -> None:
             "while expert_parallel_degree is 1, but meshconf checks etp even without experts: "
             "it must be 1 or tp."
         )
-    if "fsdp_reshard_after_forward" in table:
+    resharding = "fsdp_reshard_after_forward"
+    if resharding in table:
         # validated with the config, and a problem reported at torchtitan's key
-        draft.train(
-            "reshard_after_forward",
-            table["fsdp_reshard_after_forward"],
-            "fsdp_reshard_after_forward",
-        )
+        draft.train("reshard_after_forward", table[resharding], resharding)
     schedule = _pipeline(draft, table)
     overlap = table.get("pipeline_parallel_expert_parallel_overlap", True)
     degrees = draft.degrees
@@ -164,13 +161,10 @@ def _pipeline(draft: Draft, table: Mapping[str, Any]) -> PipelineSchedule | None
     draft.training["pp_schedule"] = schedule.name
     if "pipeline_parallel_schedule" in table:
         draft.origins[("training", "pp_schedule")] = "pipeline_parallel_schedule"
-    if "pipeline_parallel_layers_per_stage" in table:
+    per_stage = "pipeline_parallel_layers_per_stage"
+    if per_stage in table:
         # validated with the config, and a problem reported at torchtitan's key
-        draft.train(
-            "layers_per_stage",
-            table["pipeline_parallel_layers_per_stage"],
-            "pipeline_parallel_layers_per_stage",
-        )
+        draft.train("layers_per_stage", table[per_stage], per_stage)
     elif schedule.looped:
         draft.training["virtual_stages"] = 2
         draft.comments["training.virtual_stages"] = f"torchtitan's default for {torch_name}"
