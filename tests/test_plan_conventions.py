@@ -1,5 +1,6 @@
 """Conventions of the estimate against their sources: ZeRO stages against the ZeRO paper's
-model-state memory, and what --mfu counts against PaLM's definitions.
+model-state memory, what --mfu counts against PaLM's definitions, and the estimate's
+settings against the settings table.
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
 (SC 2020), figure 1: with ``Psi`` parameters, fp16 parameters and gradients and ``K = 12``
@@ -16,11 +17,15 @@ ZeRO stages 0 and 1 with fp32 gradients.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from meshconf.core.setting_values import ZeroStage
+from meshconf.core.settings import MODEL_SETTINGS, SETTINGS, TRAINING_SETTINGS
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
 from meshconf.features.plan.estimate.communication import traffic
+from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.memory import ADAM_STEP_BYTES, estimate_memory
 from meshconf.features.plan.estimate.step import estimate
 from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
@@ -139,3 +144,14 @@ def test_an_mfu_the_layout_cannot_reach_over_the_step_is_said() -> None:
     at_peak = estimate(ARCH, par, Training(global_batch_tokens=8192 * RANKS, mfu=1.0), {})
     assert found.compute_mfu is None
     assert found.step_seconds == pytest.approx(at_peak.step_seconds, rel=1e-12)
+
+
+def test_every_setting_s_default_is_its_row_s() -> None:
+    training = Training()
+    gpu = GPUS[SETTINGS["gpu"].default]
+    rows = [row for row in TRAINING_SETTINGS if row.key not in MODEL_SETTINGS]
+    assert {field.name for field in fields(Training)} == {row.attribute for row in rows}
+    for row in rows:
+        figure = row.gpu_figure not in ("", "name")
+        expected = getattr(gpu, row.gpu_figure) if figure else row.default
+        assert getattr(training, row.attribute) == expected, row.key

@@ -11,9 +11,7 @@ This module is the pure logic: no torch, no command line, no I/O.
 Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
 the ranking never builds a config per assignment: :class:`NodeLocality` answers locality
 by arithmetic on the degrees and the order. Only the rows that are shown or emitted are
-built as :class:`MeshConfig` and so checked by every rule of meshconf. The request and its
-checks are in ``meshconf.features.plan.request``, the enumeration in
-``meshconf.features.plan.assignments``.
+built as :class:`MeshConfig` and so checked by every rule of meshconf.
 """
 
 from __future__ import annotations
@@ -98,11 +96,15 @@ def make_plan(request: Request, count: int) -> Plan:
     valid = ValidAssignments(request)
     if request.model is not None:
         _check_estimated(request, valid)
-    rows = _KeptInside(request, valid) if request.inside else _Numbered(locality, valid)
+    rows: ValidAssignments | _KeptInside = valid
+    crossings = locality.crossings
+    if request.inside:
+        rows = _KeptInside(request, valid)
+        crossings = rows.crossings
     if request.model is None:
         # plain tuples compare fastest; keys end with every degree, so they never tie
         ranked = (
-            (_locality_key(request, locality, degrees, rows.crossings(degrees)), degrees)
+            (_locality_key(request, locality, degrees, crossings(degrees)), degrees)
             for degrees in rows
         )
         best = [_Ranked(key, degrees) for key, degrees in heapq.nsmallest(count, ranked)]
@@ -111,7 +113,7 @@ def make_plan(request: Request, count: int) -> Plan:
         fits = _FitCounter()
         bandwidths = level_bandwidths(request.topology, request.training)
         estimated = (
-            fits.count(_estimated(request, locality, bandwidths, degrees, rows.crossings(degrees)))
+            fits.count(_estimated(request, locality, bandwidths, degrees, crossings(degrees)))
             for degrees in rows
         )
         best = heapq.nsmallest(count, estimated)
@@ -148,32 +150,11 @@ def _check_estimated(request: Request, valid: ValidAssignments) -> None:
         )
 
 
-class _Numbered:
-    """The valid assignments numbered in the request's order, each dim's crossings found by
-    arithmetic on the degrees (:class:`NodeLocality`)."""
-
-    def __init__(self, locality: NodeLocality, valid: ValidAssignments) -> None:
-        self._locality = locality
-        self._valid = valid
-
-    def __iter__(self) -> Iterator[dict[str, int]]:
-        return iter(self._valid)
-
-    @property
-    def seen(self) -> int:
-        return self._valid.seen
-
-    def crossings(self, degrees: Mapping[str, int]) -> dict[str, int]:
-        return self._locality.crossings(degrees)
-
-    def no_assignment_message(self) -> str:
-        return self._valid.no_assignment_message()
-
-
 class _KeptInside:
     """The valid assignments whose config keeps the request's ``inside``: each built as a
     config, so numbered in bands as meshconf numbers it and checked by every rule, its
-    dims' crossings read from its own layouts."""
+    dims' crossings read from its own layouts (:class:`NodeLocality` finds the others' by
+    arithmetic on the degrees)."""
 
     def __init__(self, request: Request, valid: ValidAssignments) -> None:
         self._request = request
@@ -252,11 +233,8 @@ def _estimated(
     degrees: dict[str, int],
     crosses: Mapping[str, int],
 ) -> _Ranked:
-    """With a model: layouts that fit first, the most tokens per second per GPU first (the
-    tokens each step runs, which may overshoot the global batch asked for, over its time
-    and the world); those that do not fit after them, closest to fitting first, so that a
-    plan where nothing fits leads with what needs the least change. Node locality breaks
-    the ties that remain."""
+    """With a model: those that do not fit after those that do, closest to fitting first,
+    so that a plan where nothing fits leads with what needs the least change."""
     assert request.model is not None
     found = estimate(request.model, Parallelism.of(degrees), request.training, crosses, bandwidths)
     # With --mfu over the step, the steps that reach it are equal: the layout whose compute

@@ -69,7 +69,6 @@ class Request:
 
     @property
     def rank_order(self) -> tuple[str, ...]:
-        """The order ranks number the world factors in."""
         return WORLD_FACTORS if self.order is None else self.order
 
     @property

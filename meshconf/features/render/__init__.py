@@ -1,10 +1,7 @@
 """Pictures of one domain's rank grid: a ``DomainLayout`` in, a ``Drawing`` (shapes in pixels)
 out, then SVG or PNG. Both writers draw the same ``Drawing``, so both formats show the same
-picture.
-
-``grid`` lays the ranks out as cells, ``picture`` turns the cells, headers and legend
-(``legend``) into shapes (``shapes``), and ``svg`` and ``png`` write them. The package imports
-the core math and nothing else of meshconf; matplotlib only inside ``to_png``.
+picture. The package imports the core math and nothing else of meshconf; matplotlib only
+inside ``to_png``.
 """
 
 from meshconf.features.render.picture import draw_domain

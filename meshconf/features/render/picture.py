@@ -42,12 +42,15 @@ def _cell_shapes(grid: Grid, colours: dict[str, str], left: float, top: float) -
     home = grid.rank // grid.per_cell
     widest = str(grid.layout.world_size - grid.per_cell)
     label_font = _fit_font(widest, cell, cell * 0.42)
+    box = cell - 2 * inset
+    half = cell / 2
     for index, (x, y, _, _) in enumerate(grid.placements):
         x, y = left + x, top + y
         groups = grid.groups_of(index)
         selected = index == home
         fill = RANK_FILL if selected else colours[groups[0]] if groups else CELL_FILL
         classes = ["cell", *(["selected"] if selected else []), *(f"group-{g}" for g in groups)]
+        css = " ".join(classes)
         first = index * grid.per_cell
         if grid.per_cell == 1:
             data = (("data-rank", str(first)),)
@@ -55,28 +58,12 @@ def _cell_shapes(grid: Grid, colours: dict[str, str], left: float, top: float) -
             data = (("data-ranks", f"{first}-{first + grid.per_cell - 1}"),)
         tooltip = None if label_font is not None else _cell_tooltip(grid, first)
         shapes.append(
-            Rect(
-                x + inset,
-                y + inset,
-                cell - 2 * inset,
-                cell - 2 * inset,
-                fill,
-                css_class=" ".join(classes),
-                data=data,
-                tooltip=tooltip,
-            )
+            Rect(x + inset, y + inset, box, box, fill, css_class=css, data=data, tooltip=tooltip)
         )
         if label_font is not None:
             colour = "#ffffff" if selected else "#000000"
             shapes.append(
-                Text(
-                    x + cell / 2,
-                    y + cell / 2,
-                    str(first),
-                    label_font,
-                    fill=colour,
-                    css_class="rank",
-                )
+                Text(x + half, y + half, str(first), label_font, fill=colour, css_class="rank")
             )
     return shapes
 
@@ -326,11 +313,5 @@ def draw_domain(
         _MARGIN + max(text_width(text, TEXT_PX) for text in texts),
     )
     height = legend_top + legend_height
-    return Drawing(
-        round(width + _MARGIN),
-        round(height + _MARGIN),
-        tuple(shapes),
-        grid.x.count,
-        grid.y.count,
-        grid.per_cell,
-    )
+    size = (round(width + _MARGIN), round(height + _MARGIN))
+    return Drawing(*size, tuple(shapes), grid.x.count, grid.y.count, grid.per_cell)

@@ -74,7 +74,6 @@ def _svg_lines(lines: Lines) -> str:
 
 
 def to_svg(drawing: Drawing) -> str:
-    """``drawing`` as a standalone SVG document."""
     width, height = _number(drawing.width), _number(drawing.height)
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '

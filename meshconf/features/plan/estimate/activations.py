@@ -10,21 +10,7 @@ every tensor outside the attention and feed-forward cores by tp, as in the paper
 4.2.2, but for a norm's output, which DTensor's sequence parallelism gathers whole for the
 products that follow and keeps so (the paper's implementation gathers it again in the
 backward pass instead); the low-rank projections of latent attention, which tp does not
-split, are not split either.
-``selective`` is torchtitan's per-op policy (``SelectiveAC`` in
-torchtitan/distributed/activation_checkpoint.py): a block keeps the outputs of the attention
-kernel, of top-k, of the collectives that carry tokens (reduce-scatter, all-to-all) and of
-every other matrix product, counted in the order the forward pass runs them, and recomputes
-the rest in the backward pass. ``norms-latent-swiglu`` is what the DeepSeek-V3 report
-(arXiv:2412.19437) states for its training: every RMSNorm and latent attention's
-up-projections recomputed, their outputs not stored (section 3.2.3); the SwiGLU's inputs in a
-mixture of experts kept and its output recomputed; under fp8 activations the linear layers'
-inputs and those SwiGLU inputs in fp8, and the input of the linear after attention, which the
-attention's backward pass reads too, in 12 bits (E5M6; section 3.3.3); everything else as
-``none`` keeps it, but for the experts' gate, which the report does not place: it weights
-the SwiGLU's output inside each expert, as Megatron-Core, the public implementation of these
-recomputations (``--recompute-modules layernorm mla_up_proj moe_act``), does, so no expert's
-output is kept. Every formula is written out in docs/plan.md.
+split, are not split either. Every formula is written out in docs/plan.md.
 """
 
 from __future__ import annotations
@@ -58,16 +44,15 @@ E5M6_BITS = 12
 class PerToken:
     """Stored elements per token, by how tensor parallelism splits them: ``split`` by tp (the
     attention and feed-forward cores), ``whole`` not at all, ``outside`` over the sequence
-    under sequence parallelism and not without it (what the cores' inputs and outputs are
-    made from: the norms' inputs, the residual stream), ``gathered`` (the norms' outputs,
-    inputs of the products that follow) whole under torchtitan's sequence parallelism and
-    without any, split under Megatron-LM's; ``fp32`` elements kept in fp32 whatever the
-    compute dtype, divided by tp, ``outside_fp32`` split as ``outside`` is and
-    ``whole_fp32`` not split. Of ``split`` and ``whole``, ``split_linear`` and
-    ``whole_linear`` are what ``fp8`` activations keep in fp8, as they do ``gathered``: the
-    inputs of linear layers, and under ``norms-latent-swiglu`` the SwiGLU's inputs in a
-    mixture of experts; ``split_wide_linear``, split by tp and not part of ``split``, is the
-    input of the linear after attention that ``norms-latent-swiglu`` keeps in E5M6 under
+    under sequence parallelism and not without it (the norms' inputs, the residual stream),
+    ``gathered`` (the norms' outputs, inputs of the products that follow) whole under
+    torchtitan's sequence parallelism and without any, split under Megatron-LM's. ``fp32``,
+    ``outside_fp32`` and ``whole_fp32`` are kept in fp32 whatever the compute dtype, split as
+    ``split``, ``outside`` and ``whole`` are. ``split_linear`` and ``whole_linear``, parts of
+    ``split`` and ``whole``, are what ``fp8`` activations keep in fp8, as they do
+    ``gathered``: the inputs of linear layers (and the SwiGLU's inputs in a mixture of experts
+    under ``norms-latent-swiglu``); ``split_wide_linear``, split and not part of ``split``, is
+    the input of the linear after attention, which ``norms-latent-swiglu`` keeps in E5M6 under
     ``fp8`` activations (:data:`E5M6_BITS`)."""
 
     split: int = 0
@@ -90,7 +75,7 @@ class PerToken:
         return PerToken(*(max(0, a - b) for a, b in pairs))
 
     def _counts(self) -> tuple[int, ...]:
-        # every field, in order (dataclasses.astuple, without its deep copies)
+        # dataclasses.astuple, without its deep copies
         return tuple(getattr(self, name) for name in _FIELDS)
 
     def bytes(
@@ -129,6 +114,9 @@ class PerToken:
         return -(-split * tokens // (tp * tile)) + -(-whole * tokens // tile)
 
 
+_FIELDS = tuple(field.name for field in fields(PerToken))
+
+
 @lru_cache(maxsize=1024)
 def block(
     arch: Architecture,
@@ -140,13 +128,10 @@ def block(
     sequence_parallel: SequenceParallel = "dtensor",
 ) -> PerToken:
     """What one block stores per token under ``mode`` until its backward pass; ``full``
-    stores only its input. ``tensor_parallel`` and ``expert_parallel`` say whether tp and ep
-    are above 1, which adds the collectives that ``selective`` keeps (a reduce-scatter under
-    sequence parallelism; no all-reduce without). An ``eager`` norm keeps
-    an fp32 copy of its input where a fused one keeps the input, and its normalized input
-    besides: 4 bytes more per element whatever the compute dtype
-    (tests/test_plan_precision.py); the norms ``norms-latent-swiglu`` recomputes keep neither.
-    """
+    stores only its input. ``tensor_parallel`` and ``expert_parallel`` (tp and ep above 1)
+    add the collectives that ``selective`` keeps. An ``eager`` norm keeps an fp32 copy of its
+    input where a fused one keeps the input, and its normalized input besides: 4 bytes more
+    per element whatever the compute dtype (tests/test_plan_precision.py)."""
     if mode == "full":
         return PerToken(outside=arch.hidden)
     if mode == "selective":
@@ -161,10 +146,8 @@ def block(
 
 
 def _eager_norms(arch: Architecture) -> PerToken:
-    """What a block's eager norms keep beyond fused ones: per element normed, 4 bytes (an
-    fp32 copy in place of the input, and the normalized input): the block's two norms of the
-    hidden width, Qwen3's norms of each query and key head, and latent attention's norms of
-    its low-rank projections."""
+    """What a block's eager norms keep beyond fused ones, 4 bytes per element normed: the
+    hidden width twice, Qwen3's query and key heads, latent attention's low-rank projections."""
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
         heads = attention.heads + attention.kv_heads
@@ -172,10 +155,6 @@ def _eager_norms(arch: Architecture) -> PerToken:
         return PerToken(outside_fp32=2 * arch.hidden, fp32=per_head)
     low_rank = attention.q_lora_rank + attention.kv_lora_rank
     return PerToken(outside_fp32=2 * arch.hidden, whole_fp32=low_rank)
-
-
-#: PerToken's fields, in order.
-_FIELDS = tuple(field.name for field in fields(PerToken))
 
 
 @lru_cache(maxsize=1024)
@@ -201,10 +180,10 @@ def backward_working_set(
     )
     kept = block(arch, kind, "none", norm_kernel=norm_kernel)
     experts = arch.experts
-    copies = experts.top_k if kind == "moe" and experts is not None else 0
-    in_flight = PerToken(
-        outside=2 * arch.hidden * (1 + copies), split=3 * _feed_forward_width(arch, kind)
-    )
+    copies, width = 0, arch.ffn
+    if kind == "moe" and experts is not None:
+        copies, width = experts.top_k, (experts.top_k + experts.shared) * experts.ffn
+    in_flight = PerToken(outside=2 * arch.hidden * (1 + copies), split=3 * width)
     if sequence_parallel == "megatron" and tensor_parallel:
         in_flight += PerToken(whole=arch.hidden)
     return kept.beyond(stored) + in_flight
@@ -212,24 +191,19 @@ def backward_working_set(
 
 def matmuls(arch: Architecture, kind: LayerKind) -> tuple[Weight, ...]:
     """The matrix products that ``selective`` counts, in the order the forward pass runs
-    them: every linear layer of the block but the router, which torchtitan always
-    recomputes, and the routed experts, whose grouped products are not on its list."""
+    them: not the router, which torchtitan always recomputes, nor the routed experts'."""
     return tuple(weight for weight in arch.layer_weights(kind) if weight.dense_linear)
 
 
-#: fp32 copies of the logits alive at the peak of the loss's backward pass, per logit:
-#: log-softmax's saved output, the gradient the negative log-likelihood hands it, and the
-#: gradient it returns, before that is cast back to the compute dtype. The loss is torchtitan's
-#: (``cross_entropy`` on the logits cast to fp32, the logits deleted before ``backward``);
-#: tests/test_plan_loss_memory.py measures 12 bytes per logit with torch's MemTracker under
-#: fake tensors, in bf16 and fp32.
+#: fp32 copies of the logits alive at the peak of torchtitan's loss's backward pass (its
+#: ``cross_entropy`` on the logits cast to fp32): log-softmax's saved output, the gradient
+#: it is handed and the one it returns (tests/test_plan_loss_memory.py measures 12 bytes).
 LOSS_FP32_COPIES = 3
 
 
 def output_head(arch: Architecture) -> PerToken:
     """The last stage's final norm (input and output) and the loss's fp32 copies of the
-    logits at the peak of its backward pass (:data:`LOSS_FP32_COPIES`); loss parallelism
-    splits the vocabulary by tp."""
+    logits at the peak of its backward pass; loss parallelism splits the vocabulary by tp."""
     return PerToken(split=2 * arch.hidden, fp32=LOSS_FP32_COPIES * arch.vocab)
 
 
@@ -248,11 +222,7 @@ def recomputed_weights(
         )
     if mode != "selective":
         return 0
-    total = sum(
-        weight.elements
-        for index, weight in enumerate(matmuls(arch, kind), start=1)
-        if index % 2 == 0
-    )
+    total = sum(weight.elements for weight in matmuls(arch, kind)[1::2])
     experts = arch.experts
     if kind == "moe" and experts is not None:
         total += experts.routed * arch.hidden
@@ -265,56 +235,35 @@ _UP_PROJECTIONS = frozenset({"wq_b", "wkv_b"})
 
 
 def _kept_by_report(arch: Architecture, kind: LayerKind) -> PerToken:
-    """What ``norms-latent-swiglu`` keeps. Every norm keeps its input, not its output or its
-    reciprocal RMS: the block's input and the residual between attention and feed-forward
-    (two hidden widths). Latent attention keeps its down-projections' outputs, the norms'
-    inputs (``q_lora_rank``, and ``kv_lora_rank`` with the rotary key), not the
-    up-projections' outputs nor the q, k and v made from them; grouped-query attention keeps
-    q, k and v as ``none`` does (its projections are not up-projections), and Qwen3's head
-    norms their inputs besides. The kernel's output (the input of the linear after it) and
-    its fp32 log-sum-exp. A dense feed-forward keeps what ``none`` keeps but its norm's
-    output; a mixture of experts keeps the router's fp32 scores and, per routed copy of a
-    token, its dispatched input (the experts' up-projections' input), its two SwiGLU inputs,
-    its score and three int64 indices, as ``none`` does them; the shared experts' two
-    SwiGLU inputs. Not the expert's output: the report's equation 12 weights it by the
-    gate, but does not say where; Megatron-Core, whose ``--recompute-modules layernorm
-    mla_up_proj moe_act`` are these recomputations, applies the gate inside the expert, to
-    the SwiGLU's output before the down-projection (``TEGroupedMLP.forward``'s
-    ``weighted_bias_swiglu_impl`` in megatron/core/transformer/moe/experts.py), so the
-    combine (``unpermute`` without probabilities, moe_utils.py) keeps only indices and the
-    gate's gradient reads the recomputed SwiGLU output."""
-    hidden = arch.hidden
+    """What ``norms-latent-swiglu`` keeps, as the DeepSeek-V3 report (arXiv:2412.19437)
+    states: every RMSNorm and latent attention's up-projections recomputed (section 3.2.3),
+    so the norms keep their inputs and latent attention its down-projections' outputs, not
+    the q, k and v made from them (grouped-query attention, without up-projections, keeps
+    them as ``none`` does); the kernel's output, kept in E5M6 under fp8 (section 3.3.3), and
+    its log-sum-exp. A dense feed-forward keeps what ``none`` keeps but its norm's output; a
+    mixture of experts its SwiGLU's inputs, not its output nor the expert's: the report's
+    equation 12 weights that by the gate without saying where, and Megatron-Core, whose
+    ``--recompute-modules layernorm mla_up_proj moe_act`` are these recomputations, applies
+    the gate to the SwiGLU's output inside the expert (``weighted_bias_swiglu_impl`` in
+    megatron/core/transformer/moe/experts.py), so the combine (``unpermute`` without
+    probabilities, moe_utils.py) keeps only indices."""
     attention = arch.attention
-    kept = PerToken(outside=2 * hidden)
+    kernel = _kernel(arch)
+    kept = PerToken(outside=2 * arch.hidden, split_wide_linear=kernel.split, fp32=kernel.fp32)
     if isinstance(attention, GroupedQueryAttention):
-        query = attention.heads * attention.head_dim
-        kv = 2 * attention.kv_heads * attention.head_dim
-        kept += PerToken(
-            split=query + kv,
-            split_wide_linear=query,
-            fp32=attention.heads,
-        )
-        if attention.qk_norm:
-            kept += PerToken(split=query + kv // 2)
+        kept += _qkv(attention, norm_fp32=False)
     else:
-        heads = attention.heads
         low_rank = attention.q_lora_rank + attention.kv_lora_rank + attention.qk_rope_head_dim
         # without a low-rank query, q is projected from the hidden state: no up-projection
-        qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
-        kept += PerToken(
-            whole=low_rank,
-            split=0 if attention.q_lora_rank else qk,
-            split_wide_linear=heads * attention.v_head_dim,
-            fp32=heads,
-        )
+        qk = attention.heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
+        kept += PerToken(whole=low_rank, split=0 if attention.q_lora_rank else qk)
     experts = arch.experts
     if kind == "dense" or experts is None:
-        return kept + PerToken(split=4 * arch.ffn, split_linear=arch.ffn)
+        return kept + _swiglu(arch.ffn)
     swiglu = 2 * experts.ffn
-    per_copy = hidden + swiglu + 1
     return kept + PerToken(
-        split=experts.top_k * per_copy + experts.shared * swiglu,
-        split_linear=experts.top_k * (hidden + swiglu) + experts.shared * swiglu,
+        split=experts.top_k * (arch.hidden + swiglu + 1) + experts.shared * swiglu,
+        split_linear=experts.top_k * (arch.hidden + swiglu) + experts.shared * swiglu,
         fp32=experts.routed + 6 * experts.top_k,
     )
 
@@ -326,20 +275,19 @@ def _kept_by_policy(
     expert_parallel: bool,
     scattered: bool,
 ) -> PerToken:
-    attention = arch.attention
-    if isinstance(attention, GroupedQueryAttention):
-        kernel = PerToken(split=attention.heads * attention.head_dim, fp32=attention.heads)
-    else:
-        kernel = PerToken(split=attention.heads * attention.v_head_dim, fp32=attention.heads)
-    kept = PerToken(outside=arch.hidden) + kernel
-    for index, weight in enumerate(matmuls(arch, kind), start=1):
+    """What torchtitan's ``selective`` per-op policy (``SelectiveAC`` in
+    torchtitan/distributed/activation_checkpoint.py) keeps: the outputs of the attention
+    kernel, of top-k, of the collectives that carry tokens (reduce-scatter, all-to-all) and
+    of every other matrix product (:func:`matmuls`); the rest is recomputed."""
+    kept = PerToken(outside=arch.hidden) + _kernel(arch)
+    for index, weight in enumerate(matmuls(arch, kind)):
         # under tp a row-wise product gives every token's partial sum, which the kept
         # reduce-scatter then splits over the sequence (an all-reduce, not kept, without
         # sequence parallelism)
         row_wise = tensor_parallel and weight.split == "cols"
         if row_wise and scattered:
             kept += PerToken(outside=weight.rows)
-        if index % 2 == 1:
+        if index % 2 == 0:
             whole = row_wise or weight.split == "none"
             kept += PerToken(whole=weight.rows) if whole else PerToken(split=weight.rows)
     experts = arch.experts
@@ -354,80 +302,68 @@ def _kept_by_policy(
     return kept
 
 
-def _feed_forward_width(arch: Architecture, kind: LayerKind) -> int:
-    experts = arch.experts
-    if kind == "dense" or experts is None:
-        return arch.ffn
-    return (experts.top_k + experts.shared) * experts.ffn
+def _norm(arch: Architecture) -> PerToken:
+    """A norm's input, its output and its fp32 reciprocal RMS."""
+    return PerToken(outside=arch.hidden, gathered=arch.hidden, outside_fp32=1)
+
+
+def _kernel(arch: Architecture) -> PerToken:
+    """The attention kernel's output (the input of the linear after it, in the compute dtype:
+    the kernel's backward pass reads it) and its fp32 log-sum-exp."""
+    attention = arch.attention
+    if isinstance(attention, GroupedQueryAttention):
+        return PerToken(split=attention.heads * attention.head_dim, fp32=attention.heads)
+    return PerToken(split=attention.heads * attention.v_head_dim, fp32=attention.heads)
+
+
+def _qkv(attention: GroupedQueryAttention, norm_fp32: bool) -> PerToken:
+    """q, k and v after rotary embedding; with Qwen3's head norms, their inputs, and a
+    reciprocal RMS per head where the norms are not recomputed (``norm_fp32``)."""
+    query = attention.heads * attention.head_dim
+    kv = 2 * attention.kv_heads * attention.head_dim
+    kept = PerToken(split=query + kv)
+    if attention.qk_norm:
+        rms = attention.heads + attention.kv_heads if norm_fp32 else 0
+        kept += PerToken(split=query + kv // 2, fp32=rms)
+    return kept
+
+
+def _swiglu(ffn: int) -> PerToken:
+    """A dense SwiGLU's w1 and w3 outputs, the SiLU output and their product (w2's input)."""
+    return PerToken(split=4 * ffn, split_linear=ffn)
 
 
 def _attention(arch: Architecture) -> PerToken:
-    hidden = arch.hidden
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
-        query = attention.heads * attention.head_dim
-        kv = 2 * attention.kv_heads * attention.head_dim
-        # norm input, output and fp32 reciprocal RMS; q k v after rotary embedding; the
-        # kernel's output and log-sum-exp (the output, also wo's input, in the compute dtype:
-        # the kernel's backward pass reads it)
-        kept = PerToken(
-            outside=hidden,
-            gathered=hidden,
-            outside_fp32=1,
-            split=query + kv + query,
-            fp32=attention.heads,
-        )
-        if attention.qk_norm:
-            # the query and key heads' norms: their inputs and a reciprocal RMS per head
-            heads = attention.heads + attention.kv_heads
-            kept += PerToken(split=query + kv // 2, fp32=heads)
-        return kept
-    heads = attention.heads
-    qk = heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
-    value = heads * attention.v_head_dim
+        return _norm(arch) + _qkv(attention, norm_fp32=True) + _kernel(arch)
+    qk = attention.heads * (attention.qk_nope_head_dim + attention.qk_rope_head_dim)
     latent = attention.kv_lora_rank + attention.qk_rope_head_dim
-    # norm in/out and its reciprocal RMS; low-rank projections and their norms (not split
-    # by tp; the norms' outputs are the up-projections' inputs); q, k, v; the kernel's
-    # output and log-sum-exp
-    low_rank = 2 * attention.q_lora_rank + latent + attention.kv_lora_rank
-    return PerToken(
-        outside=hidden,
-        gathered=hidden,
-        split=2 * qk + 2 * value,
-        whole=low_rank,
-        whole_linear=attention.q_lora_rank + attention.kv_lora_rank,
-        outside_fp32=1,
-        fp32=heads,
+    # the low-rank projections and their norms (not split by tp; the norms' outputs are the
+    # up-projections' inputs); q, k and v
+    return (
+        _norm(arch)
+        + _kernel(arch)
+        + PerToken(
+            split=2 * qk + attention.heads * attention.v_head_dim,
+            whole=2 * attention.q_lora_rank + latent + attention.kv_lora_rank,
+            whole_linear=attention.q_lora_rank + attention.kv_lora_rank,
+        )
     )
 
 
 def _feed_forward(arch: Architecture, kind: LayerKind) -> PerToken:
-    hidden = arch.hidden
     experts = arch.experts
     if kind == "dense" or experts is None:
-        # norm in/out and its reciprocal RMS, w1 and w3 outputs, silu output, their product
-        # (w2's input)
-        return PerToken(
-            outside=hidden,
-            gathered=hidden,
-            outside_fp32=1,
-            split=4 * arch.ffn,
-            split_linear=arch.ffn,
-        )
-    # norm in/out and its reciprocal RMS; per routed copy of a token: its permuted input,
-    # four ffn tensors, the expert's output and the score that weights it, and three int64
-    # indices (its expert, its place in expert order, its token); the shared experts' four
-    # tensors; the router's fp32 scores. The linear layers' inputs: the norm's output (the
-    # router's and shared experts'), each copy's permuted input and product, the shared
-    # experts' product.
-    per_copy = 2 * hidden + 4 * experts.ffn + 1
-    shared = 4 * experts.shared * experts.ffn
-    fp32 = experts.routed + 6 * experts.top_k
-    return PerToken(
-        outside=hidden,
-        gathered=hidden,
-        outside_fp32=1,
-        split=experts.top_k * per_copy + shared,
-        split_linear=experts.top_k * (hidden + experts.ffn) + experts.shared * experts.ffn,
-        fp32=fp32,
+        return _norm(arch) + _swiglu(arch.ffn)
+    # per routed copy of a token: its permuted input, four ffn tensors, the expert's output
+    # and the score that weights it, and three int64 indices (its expert, its place in expert
+    # order, its token); the shared experts' four tensors; the router's fp32 scores. The
+    # linear layers' inputs: each copy's permuted input and product, the shared experts'
+    # product (the norm's output is the router's and the shared experts').
+    return _norm(arch) + PerToken(
+        split=experts.top_k * (2 * arch.hidden + 4 * experts.ffn + 1)
+        + 4 * experts.shared * experts.ffn,
+        split_linear=experts.top_k * (arch.hidden + experts.ffn) + experts.shared * experts.ffn,
+        fp32=experts.routed + 6 * experts.top_k,
     )

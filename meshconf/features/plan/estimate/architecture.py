@@ -97,7 +97,6 @@ class Architecture:
         return "moe" if experts is not None and layer >= experts.dense_layers else "dense"
 
     def layer_weights(self, kind: LayerKind) -> tuple[Weight, ...]:
-        """The weights of one block of this kind."""
         return (
             Weight("attention_norm", self.hidden, 1, "none"),
             *self._attention_weights(),
@@ -118,47 +117,36 @@ class Architecture:
         return norm, Weight("output", self.vocab, self.hidden, "rows")
 
     def parameter_count(self) -> int:
-        """Every parameter of the model."""
         blocks = sum(_elements(self.layer_weights(self.kind(i))) for i in range(self.layers))
         return blocks + _elements(self.embedding_weights()) + _elements(self.output_weights())
 
     def active_parameter_count(self) -> int:
-        """The parameters one token passes through (``top_k`` of the routed experts), without
-        the embedding, which is a look-up: the ``N`` of ``6 N`` FLOPs per token."""
-        total = 0
-        for layer in range(self.layers):
-            for weight in self.layer_weights(self.kind(layer)):
-                share = weight.elements
-                if (
-                    weight.experts
-                    and self.experts is not None
-                    and weight.name.startswith("experts")
-                ):
-                    share = share * self.experts.top_k // weight.experts
-                total += share
-        return total + _elements(self.output_weights())
+        """The parameters one token passes through, without the embedding, which is a
+        look-up: the ``N`` of ``6 N`` FLOPs per token."""
+        blocks = sum(self.active_elements(self.kind(layer)) for layer in range(self.layers))
+        return blocks + _elements(self.output_weights())
+
+    def active_elements(self, kind: LayerKind) -> int:
+        """Weight elements a token passes through in one block: ``top_k`` of the routed
+        experts."""
+        top_k = 0 if self.experts is None else self.experts.top_k
+        return sum(
+            weight.rows * weight.cols * top_k if weight.experts else weight.elements
+            for weight in self.layer_weights(kind)
+        )
 
     def _attention_weights(self) -> tuple[Weight, ...]:
         hidden = self.hidden
         attention = self.attention
         if isinstance(attention, GroupedQueryAttention):
-            heads, kv = (
-                attention.heads * attention.head_dim,
-                attention.kv_heads * attention.head_dim,
-            )
-            norms = (
-                (
-                    Weight("q_norm", attention.head_dim, 1, "none"),
-                    Weight("k_norm", attention.head_dim, 1, "none"),
-                )
-                if attention.qk_norm
-                else ()
-            )
+            heads = attention.heads * attention.head_dim
+            kv = attention.kv_heads * attention.head_dim
+            norms = ("q_norm", "k_norm") if attention.qk_norm else ()
             return (
                 Weight("wq", heads, hidden, "rows"),
                 Weight("wk", kv, hidden, "rows"),
                 Weight("wv", kv, hidden, "rows"),
-                *norms,
+                *(Weight(name, attention.head_dim, 1, "none") for name in norms),
                 Weight("wo", hidden, heads, "cols"),
             )
         qk_head = attention.qk_nope_head_dim + attention.qk_rope_head_dim

@@ -14,11 +14,7 @@ from dataclasses import dataclass
 
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture, GroupedQueryAttention
-from meshconf.features.plan.estimate.step_inputs import (
-    Parallelism,
-    Training,
-    microbatches,
-)
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training, microbatches
 from meshconf.features.plan.estimate.work import StageWork, busiest_stage
 
 #: Dims whose traffic overlaps with compute (issued ahead by FSDP, or once a step).
@@ -86,7 +82,7 @@ def traffic(
     sent = _bytes(arch, par, training, work)
     found: dict[str, DimTraffic] = {}
     for name in COMM_DIMS:
-        size = _size(par, name)
+        size = getattr(par, name)
         if size == 1 or (arch.experts is None and name in EXPERT_DIMS):
             continue
         crossed = int(crosses.get(name, 0))
@@ -105,16 +101,10 @@ def traffic(
 
 
 def _bandwidth(training: Training, bandwidths: Sequence[float], crossed: int) -> float:
-    """GB/s for groups that cross ``crossed`` levels: the level's own bandwidth, or with
-    no levels given, the network's for a group that crosses and the node's for one that
-    does not."""
+    """GB/s for groups that cross ``crossed`` levels (:func:`traffic`)."""
     if bandwidths:
         return bandwidths[min(crossed, len(bandwidths) - 1)]
     return training.inter_node_gb_s if crossed else training.intra_node_gb_s
-
-
-def _size(par: Parallelism, name: str) -> int:
-    return par.fsdp if name == "fsdp" else par.efsdp if name == "efsdp" else getattr(par, name)
 
 
 def _ring(ranks: int) -> float:
@@ -151,6 +141,9 @@ def _bytes(
     gathered = dense * p - work.linear_elements * (p - training.linear_bytes)
     shards = (dense / par.fsdp + expert / par.efsdp) * g
     kv_per_token = _kv_per_token(arch, par)
+    # dispatch (in the dispatch dtype) and combine all-to-all per pass, tokens split by tp
+    ep_passes = (training.dispatch_bytes + p) / p * passes * work.moe_layers * through
+    etp_passes = 2 * gathering_passes * work.moe_layers * through
     sent = {
         "fsdp": (gathers * gathered + reductions * dense * g) * _ring(par.fsdp),
         "efsdp": (gathers * expert * p + reductions * expert * g) * _ring(par.efsdp),
@@ -161,28 +154,8 @@ def _bytes(
         # ring attention: every rank receives the other cp-1 key/value chunks per pass,
         # and in backward also their gradients
         "cp": (passes + 1) * work.layers * through * tokens * kv_per_token * p * (par.cp - 1),
-        # dispatch (in the dispatch dtype) and combine all-to-all per pass, tokens split by tp
-        "ep": (training.dispatch_bytes + p)
-        / p
-        * passes
-        * work.moe_layers
-        * through
-        * tokens
-        * top_k
-        * hidden
-        * p
-        * _ring(par.ep)
-        / par.tp,
-        "etp": 2
-        * gathering_passes
-        * work.moe_layers
-        * through
-        * tokens
-        * top_k
-        * hidden
-        * p
-        * _ring(par.etp)
-        / par.tp,
+        "ep": ep_passes * tokens * top_k * hidden * p * _ring(par.ep) / par.tp,
+        "etp": etp_passes * tokens * top_k * hidden * p * _ring(par.etp) / par.tp,
         "pp": _pp_sends(par.pp, training) * m * tokens * hidden * p / par.tp
         # mirrored, each chunk's two copies sum their gradient shards once a step, an
         # all-reduce between the mirror ranks

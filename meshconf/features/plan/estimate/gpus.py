@@ -158,5 +158,3 @@ GPUS: Mapping[str, Gpu] = MappingProxyType(
         )
     }
 )
-#: The GPU an estimate assumes when none is named.
-DEFAULT_GPU = "h100-sxm"

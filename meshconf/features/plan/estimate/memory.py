@@ -43,10 +43,8 @@ MASTER_BYTES = 4
 #: loss's backward pass, when FSDP gathers the final norm and the output again for the norm's
 #: backward pass, or in the embedding's backward pass (docs/plan.md, "Gathers").
 Phase = Literal["block", "loss", "output", "embedding"]
-#: What FSDP holds gathered at the peak (``Memory.gathered``): nothing, as ZeRO 0 and 1 keep
-#: the weights whole or no dim shards them; ZeRO 2's one block's gradient; in a block's
-#: backward pass, one block resharded after its forward pass, or every block kept, its
-#: gradients accumulated unsharded under a pipeline; or a phase's end weights (``Phase``).
+#: What FSDP holds gathered at the peak, as ``meshconf.features.plan.estimate.terms.GATHERED``
+#: words each.
 Gathered = Literal[
     "whole",
     "unsharded",
@@ -62,13 +60,8 @@ Gathered = Literal[
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes on one rank, at the ``phase`` of the step where its total peaks. ``gathers`` is
-    FSDP's unsharded working set then. In a block's backward pass, when it reshards after the
-    forward pass, one block's parameters gathered, the next one prefetched and the previous
-    block's gradient in its reduce-scatter buffer; when it does not, every block of the rank
-    gathered and, under a pipeline, every gradient accumulated unsharded until the last
-    micro-batch. The other phases hold the final norm and output, or the embedding
-    (docs/plan.md, "Gathers")."""
+    """Bytes on one rank, at the ``phase`` of the step where its total peaks; ``gathers`` is
+    FSDP's unsharded working set then, which holds ``gathered`` (docs/plan.md, "Gathers")."""
 
     params: int
     grads: int
@@ -84,11 +77,9 @@ class Memory:
     block_backward: int = 0
     #: Chunk-micro-batches whose activations the rank holds at its peak.
     in_flight: int = 0
-    #: Where in the step the rank's memory peaks.
     phase: Phase = "block"
     #: The CUDA context, NCCL's buffers and the allocator's reserve (:mod:`~.gpu_overheads`).
     runtime: int = 0
-    #: What ``gathers`` holds.
     gathered: Gathered = "whole"
 
     @property
@@ -116,7 +107,6 @@ def estimate_memory(arch: Architecture, par: Parallelism, training: Training) ->
 def rank_memory(
     arch: Architecture, par: Parallelism, training: Training, stage: RankStage
 ) -> Memory:
-    """The memory of one pipeline rank."""
     layers = stage.layers
     shard = _rank_shard(arch, par, layers, stage.first, stage.last)
     # ZeRO 3 (FSDP) keeps a shard of everything; 2 the parameters whole (after tp/ep/etp),
@@ -155,8 +145,7 @@ def _phases(
     held: _Held,
     block: Memory,
 ) -> list[Memory]:
-    """The rank's memory at each phase of the step that may be its peak, from ``block``'s
-    (in a block's backward pass)."""
+    """The rank's memory at each phase of the step that may be its peak, from ``block``'s."""
     phases = [block]
     # FSDP groups the final norm with the output and keeps them gathered from their forward
     # pass through the loss's backward pass (torchtitan's apply_fsdp); FSDP2 gathers the
@@ -164,49 +153,32 @@ def _phases(
     # reduce-scatter buffer. The embedding's backward pass comes last, every activation freed.
     grouped = training.zero_stage == 3 and training.reshards(par.pp) and block.gathers > 0
     p, g = training.param_bytes, training.grad_bytes
+
+    def at(name: Literal["loss", "output", "embedding"], gathers: int, activations: int) -> Memory:
+        return replace(
+            block,
+            gathers=gathers,
+            activations=activations,
+            block_backward=0,
+            phase=name,
+            gathered=name if grouped else block.gathered,
+        )
+
     if stage.last:
         output = gathered(arch.output_weights(), par)
-        phases.append(
-            replace(
-                block,
-                gathers=output * p if grouped else block.gathers,
-                activations=held.stored + held.output_head,
-                output_head=held.output_head,
-                block_backward=0,
-                phase="loss",
-                gathered="loss" if grouped else block.gathered,
-            )
-        )
+        loss = at("loss", output * p if grouped else block.gathers, held.stored + held.output_head)
+        phases.append(replace(loss, output_head=held.output_head))
         if grouped:
-            phases.append(
-                replace(
-                    block,
-                    gathers=output * (2 * p + g),
-                    activations=held.stored,
-                    block_backward=0,
-                    phase="output",
-                    gathered="output",
-                )
-            )
+            phases.append(at("output", output * (2 * p + g), held.stored))
     if grouped and stage.first:
-        phases.append(
-            replace(
-                block,
-                gathers=gathered(arch.embedding_weights(), par) * (2 * p + g),
-                activations=0,
-                block_backward=0,
-                in_flight=0,
-                phase="embedding",
-                gathered="embedding",
-            )
-        )
+        embedding = gathered(arch.embedding_weights(), par) * (2 * p + g)
+        phases.append(replace(at("embedding", embedding, 0), in_flight=0))
     return phases
 
 
 def _rank_shard(
     arch: Architecture, par: Parallelism, layers: dict[LayerKind, int], first: bool, last: bool
 ) -> Shard:
-    """The rank's shard, from one shard per kind of block (many rows share them)."""
     elements = tensors = 0
     for kind, count in layers.items():
         if count:
@@ -272,7 +244,7 @@ def _parameter_bytes(split: tuple[int, int], training: Training) -> int:
 @dataclass(frozen=True)
 class _Held:
     """Activations of a rank: what its blocks store for the micro-batches in flight, the
-    loss's at its peak (the last stage), and one block's backward pass."""
+    loss's (the last stage), and one block's backward pass."""
 
     stored: int
     output_head: int

@@ -151,14 +151,7 @@ class ModelFile(BaseModel):
                 attention.heads, attention.kv_heads, head_dim, attention.qk_norm
             )
         else:
-            built = LatentAttention(
-                attention.heads,
-                attention.q_lora_rank,
-                attention.kv_lora_rank,
-                attention.qk_nope_head_dim,
-                attention.qk_rope_head_dim,
-                attention.v_head_dim,
-            )
+            built = LatentAttention(**attention.model_dump(exclude={"kind"}))
         experts = None if self.experts is None else Experts(**self.experts.model_dump())
         return Architecture(
             self.name,

@@ -35,12 +35,8 @@ def stage_layers(
 
 
 def chunk_ids(pp: int, chunks_per_stage: int, rank: int, placement: Placement = "rounds") -> range:
-    """The model chunks a pipeline rank runs, in model order. In rounds, chunk ``c`` runs on
-    rank ``c % pp`` (torch's ``Interleaved1F1B``); in a V (two chunks a rank), rank ``r`` runs
-    chunks ``r`` and ``2 pp - 1 - r`` (``ZBVZeroBubble``, ``DualPipeV``); mirrored (one chunk
-    a rank), rank ``r`` runs chunk ``r`` for the micro-batches that enter at the first rank
-    and a copy of chunk ``pp - 1 - r`` for those that enter at the last (DeepSeek's
-    ``DualPipe``)."""
+    """The model chunks a pipeline rank runs, in model order, placed in rounds, in a V or
+    mirrored as ``meshconf.core.schedules.Chunks`` says."""
     if placement == "v":
         return range(rank, 2 * pp - rank, 2 * (pp - rank) - 1)
     if placement == "mirror":
@@ -92,10 +88,8 @@ def rank_chunks(
 @dataclass(frozen=True)
 class EndSplit:
     """A split of ``count`` (at least 2) chunks whose first or last chunk's layers are
-    given: the other chunks, the free ones, share the rest, the earlier ones taking one
-    more. Each chunk's size and first layer come in a few operations, whatever the count
-    (:func:`split_problem` says when the rest cannot be shared; a size is then never below
-    0)."""
+    given (:func:`rank_chunks`), each chunk's size and first layer in a few operations,
+    whatever the count; a size is never below 0."""
 
     count: int
     first: int | None
@@ -131,7 +125,6 @@ class EndSplit:
         return head + before * self.base + min(before, self.extra)
 
     def chunk_of(self, layer: int) -> int:
-        """The chunk that holds a layer."""
         return _chunk_holding(layer, self.count, self.start)
 
 
@@ -180,17 +173,14 @@ def weighted_ends(layers: int, count: int, embedding: int, output: int) -> Ends:
     and ``..._last_...``; Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
     ``--account-for-loss-in-pipeline-split`` are weights of 1, on a split that divides
     evenly). The ``layers + embedding + output`` weighted layers are shared evenly, the
-    earlier chunks taking one more; :class:`EndSplit` then gives the middle chunks
-    exactly that. :func:`weights_problem` says when a weight is more than a chunk holds (a
-    size is then never below 0)."""
+    earlier chunks taking one more, as :class:`EndSplit` then shares the middle chunks."""
     base, extra = divmod(layers + embedding + output, count)
     return (max(0, base + (1 if extra else 0) - embedding), max(0, base - output))
 
 
 def weights_problem(layers: int, count: int, embedding: int, output: int) -> str | None:
-    """Why the embedding and output cannot count as ``embedding`` and ``output`` layers in
-    a split of ``layers`` into ``count`` chunks, at least 2 (torchtitan refuses the same), or
-    None."""
+    """Why the ends cannot count as ``embedding`` and ``output`` layers in a split of
+    ``layers`` into ``count`` chunks (torchtitan refuses the same), or None."""
     weighted = layers + embedding + output
     per_chunk = weighted // count
     counted = f"the embedding and output counted as {embedding} and {output} layers"
@@ -286,8 +276,7 @@ def candidate_ranks(
 
 
 def _chunk_holding(layer: int, count: int, start: Callable[[int], int]) -> int:
-    """The chunk of ``count`` that holds a layer, by binary search on the chunks' first
-    layers (``start``)."""
+    """The chunk of ``count`` that holds a layer, by binary search on their first layers."""
     low, high = 0, count - 1
     while low < high:
         middle = (low + high + 1) // 2
@@ -314,7 +303,7 @@ class RankStage:
 
     @cached_property
     def chunk_sizes(self) -> tuple[tuple[int, ...], ...]:
-        """Each chunk's layers of each kind (in :data:`KINDS` order), hashable."""
+        """Each chunk's layers of each kind, hashable."""
         return tuple(tuple(chunk[kind] for kind in KINDS) for chunk in self.chunks)
 
 
@@ -339,7 +328,6 @@ def rank_stage(
     ends: Ends = (None, None),
     placement: Placement = "rounds",
 ) -> RankStage:
-    """What pipeline rank ``rank`` holds."""
     chunks = rank_chunks(arch.layers, pp, chunks_per_stage, rank, ends, placement)
     ids = chunk_ids(pp, chunks_per_stage, rank, placement)
     kinds = tuple(kind_counts(arch, chunk) for chunk in chunks)
@@ -347,8 +335,7 @@ def rank_stage(
 
 
 def kind_counts(arch: Architecture, layers: range) -> dict[LayerKind, int]:
-    """How many of ``layers`` are dense and how many have experts (those from
-    ``dense_layers`` on)."""
+    """How many of ``layers`` are dense and how many have experts."""
     first_moe = arch.layers if arch.experts is None else arch.experts.dense_layers
     dense = max(0, min(layers.stop, first_moe) - layers.start)
     return {"dense": dense, "moe": len(layers) - dense}

@@ -169,9 +169,8 @@ ORDERS: Mapping[Order, OrderCosts] = {
 
 def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) -> int:
     """Chunk-micro-batches whose activations a pipeline rank holds at its peak, from their
-    forward pass until their backward pass for the weights ends, as the schedule's order
-    says (:data:`ORDERS`). Without a pipeline (``pp`` 1) no schedule runs: the micro-batches
-    accumulate one after the other."""
+    forward pass until their backward pass for the weights ends (:data:`ORDERS`); without a
+    pipeline the micro-batches accumulate one after the other."""
     v = training.chunks_per_stage
     if pp == 1:
         return v
@@ -180,9 +179,8 @@ def in_flight_chunks(pp: int, rank: int, training: Training, microbatches: int) 
 
 
 def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassFlops) -> float:
-    """The time a rank waits in a step, as a fraction of the time it computes, as the
-    schedule's order says (:data:`ORDERS`). Without a pipeline (``pp`` 1) no rank waits,
-    whatever the schedule: 0."""
+    """The time a rank waits in a step over the time it computes (:data:`ORDERS`); 0
+    without a pipeline."""
     if pp == 1:
         return 0.0
     costs = ORDERS[training.pipeline_schedule.order]
@@ -191,9 +189,8 @@ def bubble_fraction(pp: int, microbatches: int, training: Training, flops: PassF
 
 def pipeline_ranks_problem(pp: int, training: Training) -> str | None:
     """Why the schedule cannot run over ``pp`` pipeline ranks, whatever the micro-batches, or
-    None: mirrored, the two halves of the pipeline mirror each other, so DeepSeek's
-    ``DualPipe`` asserts an even number of ranks (``num_ranks % 2 == 0`` in
-    ``DualPipe.step``). Without a pipeline (``pp`` 1) no schedule runs."""
+    None: mirrored, DeepSeek's ``DualPipe`` asserts an even number of ranks (``num_ranks % 2
+    == 0`` in ``DualPipe.step``)."""
     schedule = training.pipeline_schedule
     if schedule.chunks == "mirror" and pp % 2 and pp > 1:
         return (
@@ -205,12 +202,9 @@ def pipeline_ranks_problem(pp: int, training: Training) -> str | None:
 
 def schedule_problem(pp: int, microbatches: int, training: Training) -> str | None:
     """Why the schedule cannot run (or the estimate cannot tell its step) over ``pp`` ranks
-    with this many micro-batches a step, or None: the ranks it cannot run over
-    (:func:`pipeline_ranks_problem`); with micro-batch groups (``microbatch_group``),
-    Megatron-LM's interleaved schedule a group outside ``pp`` to ``m``, or a last group of
-    fewer than ``pp``, Llama 3's a group of more than ``m``; without them, torch's
-    ``ScheduleInterleaved1F1B`` rounds of unequal size (:func:`round_size`); and the counts
-    its order refuses (:data:`ORDERS`). Without a pipeline (``pp`` 1) no schedule runs."""
+    with this many micro-batches a step, or None: its ranks (:func:`pipeline_ranks_problem`),
+    its micro-batch groups, torch's rounds of unequal size (:func:`round_size`) and the
+    counts its order refuses (:data:`ORDERS`)."""
     if pp == 1:
         return None
     schedule = training.pipeline_schedule
@@ -238,9 +232,8 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
 
 
 def _group_problem(pp: int, microbatches: int, group: int) -> str | None:
-    """Megatron-LM's checks of its micro-batch groups, where its interleaved schedule makes
-    them: each chunk runs ``pp`` to ``m`` micro-batches before the next, and a last group
-    that is not whole still has ``pp``, so that no rank waits on its own chunk."""
+    """Megatron-LM's checks of its interleaved schedule's micro-batch groups: ``pp`` to
+    ``m``, and a last group of at least ``pp``, so that no rank waits on its own chunk."""
     m = microbatches
     if not pp <= group <= m:
         return (

@@ -7,9 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from meshconf.core.setting_values import GIB
-from meshconf.features.plan.estimate.architecture import (
-    Architecture,
-)
+from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import DimTraffic, overlapped_dims, traffic
 from meshconf.features.plan.estimate.gpu_overheads import Runtime, runtime_memory
 from meshconf.features.plan.estimate.memory import Memory, estimate_memory
@@ -49,8 +47,7 @@ class Estimate:
     def tokens_per_second_per_gpu(self, world: int) -> float:
         """What the layout delivers: the step's tokens (``batch_tokens``, as the layout runs
         them, whether or not they are the batch asked for) over the step time and the
-        ``world`` GPUs that run it. Every step of a model takes time, so the division is
-        safe for any estimate."""
+        ``world`` GPUs that run it."""
         return self.batch_tokens / self.step_seconds / world
 
 

@@ -1,16 +1,17 @@
 """What the estimators need besides the model: the parallel degrees of a layout, and the
-training settings (with their defaults, which ``docs/plan.md`` states)."""
+training settings (with the defaults of ``meshconf.core.settings``, which ``docs/plan.md``
+states)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_SIZE_OF
 from meshconf.core.schedules import (
-    DEFAULT_SCHEDULE,
     SCHEDULE_BY_NAME,
     PipelineSchedule,
     Placement,
@@ -32,86 +33,69 @@ from meshconf.core.setting_values import (
     SequenceParallel,
     ZeroStage,
 )
-from meshconf.features.plan.estimate.gpus import DEFAULT_GPU, GPUS
+from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS
+from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.pipeline import (
     chunks_from_layers,
     weighted_ends,
     weights_problem,
 )
 
+#: Each setting's default, by the estimate's name: its row's, or for a figure of the GPU
+#: preset, the default GPU's.
+_DEFAULTS: Mapping[str, Any] = {
+    row.attribute: getattr(GPUS[SETTINGS["gpu"].default], row.gpu_figure)
+    if row.gpu_figure not in ("", "name")
+    else row.default
+    for row in TRAINING_SETTINGS
+}
+
 
 @dataclass(frozen=True)
 class Training:
-    """Training settings. ``global_batch_tokens`` ``None`` means one micro-batch per GPU
-    (``world_size * micro_batch * seq_len`` tokens)."""
+    """Training settings: each field is a setting, described by its row of
+    ``meshconf.core.settings.TRAINING_SETTINGS`` (found by the estimate's name), whose
+    default it takes (the default GPU's figure, for a figure of the GPU)."""
 
-    seq_len: int = 8192
-    micro_batch: int = 1
-    global_batch_tokens: int | None = None
-    param_dtype: str = "bf16"
-    grad_dtype: str = "fp32"
-    checkpointing: Checkpointing = "full"
-    #: With ``full`` checkpointing, only every this many-th block of a pipeline rank is
-    #: recomputed and the others keep their activations (torchtitan's layer-wise selective
-    #: checkpointing); None, every block.
-    checkpoint_every: int | None = None
-    #: With ``full`` checkpointing, only the first this many blocks of each model chunk are
-    #: recomputed (Megatron-LM's ``--recompute-method block``); None, every block.
-    checkpoint_first: int | None = None
-    #: With ``full`` checkpointing, the blocks of each model chunk are recomputed in groups of
-    #: this many, each keeping only its input (Megatron-LM's ``--recompute-method uniform``);
-    #: None, each block alone.
-    checkpoint_group: int | None = None
-    schedule: Schedule = DEFAULT_SCHEDULE
-    virtual_stages: int = 1
-    #: Under the interleaved and Llama 3 schedules, the micro-batches each model chunk runs
-    #: before the next chunk's (Megatron-LM's
-    #: ``--microbatch-group-size-per-virtual-pipeline-stage``, Llama 3's ``N``); None,
-    #: torch's rounds (:func:`~.schedule.round_size`).
-    microbatch_group: int | None = None
-    reshard_after_forward: Resharding = "default"
-    zero_stage: ZeroStage = 3
-    #: Layers of each model chunk, the ends' weights counted: the chunks per pipeline rank
-    #: then follow from the model (:meth:`for_model`), and ``virtual_stages`` is not given.
-    layers_per_stage: int | None = None
-    first_stage_layers: int | None = None
-    last_stage_layers: int | None = None
-    #: How many layers the embedding and the output count as when the layers are shared
-    #: among pipeline chunks (torchtitan's split); None and None, the even split.
-    embedding_as_layers: int | None = None
-    output_as_layers: int | None = None
-    #: Node-limited routing: each token goes to experts on at most this many units of the
-    #: level its expert group crosses (DeepSeek-V3: 4 nodes); None, no limit.
-    moe_max_nodes: int | None = None
-    #: Whether the experts' dispatch and combine run under other compute (DualPipe).
-    ep_overlap: bool = False
-    #: The dtype tokens are dispatched to their experts in; None, the parameters'.
-    dispatch_dtype: DispatchDtype | None = None
-    #: Whether the blocks' dense linear weights are gathered (and, unsharded, kept) in fp8.
-    fp8_param_gather: bool = False
-    #: The dtype activations are kept in for the backward pass; ``fp8`` the linear layers'
-    #: inputs only, the rest in ``param_dtype``; None, ``param_dtype``.
-    activation_dtype: ActivationDtype | None = None
-    optimizer_dtype: OptimizerDtype = "fp32"
-    sequence_parallel: SequenceParallel = "dtensor"
-    norm_kernel: NormKernel = "fused"
-    #: GiB of each runtime term (:mod:`~.gpu_overheads`), None where the published figure holds;
-    #: ``runtime_gib`` replaces all of them at once.
-    runtime_gib: float | None = None
-    cuda_context_gib: float | None = None
-    nccl_communicator_gib: float | None = None
-    allocator_gib: float | None = None
-    #: The GPU preset (:data:`~.gpus.GPUS`) the next four figures come from, unless given.
-    gpu: str = DEFAULT_GPU
-    gpu_memory_gib: float = GPUS[DEFAULT_GPU].memory_gib
-    #: GB/s per GPU, each way, between GPUs of one node.
-    intra_node_gb_s: float = GPUS[DEFAULT_GPU].scale_up_gb_s
-    #: GB/s per GPU across nodes.
-    inter_node_gb_s: float = GPUS[DEFAULT_GPU].network_gb_s
-    peak_tflops: float = GPUS[DEFAULT_GPU].peak_tflops
-    mfu: float = 0.4
-    mfu_counts: MfuCounts = "model"
-    mfu_over: MfuOver = "compute"
+    seq_len: int = _DEFAULTS["seq_len"]
+    micro_batch: int = _DEFAULTS["micro_batch"]
+    global_batch_tokens: int | None = _DEFAULTS["global_batch_tokens"]
+    param_dtype: str = _DEFAULTS["param_dtype"]
+    grad_dtype: str = _DEFAULTS["grad_dtype"]
+    checkpointing: Checkpointing = _DEFAULTS["checkpointing"]
+    checkpoint_every: int | None = _DEFAULTS["checkpoint_every"]
+    checkpoint_first: int | None = _DEFAULTS["checkpoint_first"]
+    checkpoint_group: int | None = _DEFAULTS["checkpoint_group"]
+    schedule: Schedule = _DEFAULTS["schedule"]
+    virtual_stages: int = _DEFAULTS["virtual_stages"]
+    microbatch_group: int | None = _DEFAULTS["microbatch_group"]
+    reshard_after_forward: Resharding = _DEFAULTS["reshard_after_forward"]
+    zero_stage: ZeroStage = _DEFAULTS["zero_stage"]
+    layers_per_stage: int | None = _DEFAULTS["layers_per_stage"]
+    first_stage_layers: int | None = _DEFAULTS["first_stage_layers"]
+    last_stage_layers: int | None = _DEFAULTS["last_stage_layers"]
+    embedding_as_layers: int | None = _DEFAULTS["embedding_as_layers"]
+    output_as_layers: int | None = _DEFAULTS["output_as_layers"]
+    moe_max_nodes: int | None = _DEFAULTS["moe_max_nodes"]
+    ep_overlap: bool = _DEFAULTS["ep_overlap"]
+    dispatch_dtype: DispatchDtype | None = _DEFAULTS["dispatch_dtype"]
+    fp8_param_gather: bool = _DEFAULTS["fp8_param_gather"]
+    activation_dtype: ActivationDtype | None = _DEFAULTS["activation_dtype"]
+    optimizer_dtype: OptimizerDtype = _DEFAULTS["optimizer_dtype"]
+    sequence_parallel: SequenceParallel = _DEFAULTS["sequence_parallel"]
+    norm_kernel: NormKernel = _DEFAULTS["norm_kernel"]
+    runtime_gib: float | None = _DEFAULTS["runtime_gib"]
+    cuda_context_gib: float | None = _DEFAULTS["cuda_context_gib"]
+    nccl_communicator_gib: float | None = _DEFAULTS["nccl_communicator_gib"]
+    allocator_gib: float | None = _DEFAULTS["allocator_gib"]
+    gpu: str = _DEFAULTS["gpu"]
+    gpu_memory_gib: float = _DEFAULTS["gpu_memory_gib"]
+    intra_node_gb_s: float = _DEFAULTS["intra_node_gb_s"]
+    inter_node_gb_s: float = _DEFAULTS["inter_node_gb_s"]
+    peak_tflops: float = _DEFAULTS["peak_tflops"]
+    mfu: float = _DEFAULTS["mfu"]
+    mfu_counts: MfuCounts = _DEFAULTS["mfu_counts"]
+    mfu_over: MfuOver = _DEFAULTS["mfu_over"]
 
     @property
     def param_bytes(self) -> int:
@@ -160,9 +144,8 @@ class Training:
 
     def for_model(self, layers: int, pp: int) -> tuple[Training, str | None]:
         """These settings resolved for a model of ``layers`` layers over ``pp`` ranks, as
-        the estimators take them: the model chunks per rank that ``layers_per_stage`` gives,
-        and the first and last chunk's layers that the embedding's and output's weights leave
-        (torchtitan's split); with why the pipeline cannot be split so, or None."""
+        the estimators take them: the chunks per rank that ``layers_per_stage`` gives and
+        the end chunks' layers the ends' weights leave; with why they cannot be, or None."""
         resolved, problem = self, None
         if self.layers_per_stage is not None:
             per_rank, problem = chunks_from_layers(
@@ -185,8 +168,7 @@ class Training:
 
     @property
     def stage_ends(self) -> Ends:
-        """Layers of the first and the last pipeline chunk, where given (or, resolved for a
-        model by :meth:`for_model`, left by the ends' weights)."""
+        """Layers of the first and the last pipeline chunk, where given."""
         return (self.first_stage_layers, self.last_stage_layers)
 
     def reshards(self, pp: int) -> bool:
@@ -197,7 +179,6 @@ class Training:
 
     @property
     def pipeline_schedule(self) -> PipelineSchedule:
-        """The schedule's row of ``meshconf.core.schedules.SCHEDULES``."""
         return SCHEDULE_BY_NAME[self.schedule]
 
     @property
@@ -207,13 +188,11 @@ class Training:
 
     @property
     def placement(self) -> Placement:
-        """Where the schedule places the chunks: in rounds, in a V or mirrored."""
         return self.pipeline_schedule.placement
 
     def chunk_share(self, pp: int) -> float:
-        """The share of a rank's chunks each micro-batch passes through: all of them, but
-        half mirrored, where half the micro-batches enter at each end of the pipeline and
-        pass through one of the rank's two chunks (one chunk, without a pipeline)."""
+        """The share of a rank's chunks each micro-batch passes through: half mirrored,
+        where half the micro-batches enter at each end of the pipeline."""
         return 0.5 if self.placement == "mirror" and pp > 1 else 1.0
 
 

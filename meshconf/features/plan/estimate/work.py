@@ -3,10 +3,7 @@ pace is set by (the most FLOPs), its layers and weights, the FLOPs per token of 
 pass and its backward passes for the inputs and for the weights, and the FLOPs of every rank
 of a layout per step, exact.
 
-Every rank of a pipeline stage does the same share of the stage's work, ``1 / tp`` of what
-its tp group's tokens cost, whatever the other degrees: the FLOPs summed over the ranks are
-the model's FLOPs per token times the step's tokens (the recomputed ones added, where
-counted). Pure Python. Formulas and sources in docs/plan.md ("Step time").
+Pure Python. Formulas and sources in docs/plan.md ("Step time").
 """
 
 from __future__ import annotations
@@ -103,8 +100,7 @@ def stage_work(
     stage: RankStage,
     recomputation: tuple[Checkpointing, int | None, int | None],
 ) -> StageWork:
-    """What pipeline rank ``stage`` runs, its blocks recomputed as ``recomputation`` (the
-    checkpointing mode, every N-th block, the first N) says."""
+    """What pipeline rank ``stage`` runs, its blocks recomputed as ``recomputation`` says."""
     layers = stage.layers
     dense = expert = linear = 0
     for kind, count in layers.items():
@@ -159,7 +155,6 @@ def pass_flops(
     share, ``1 / tp``, of its group's (:func:`group_passes`). Mirrored (DualPipe), half of
     the rank's chunks' work: each micro-batch passes through one of them."""
     group = group_passes(arch, training, work)
-    # mirrored, a micro-batch passes through one of the rank's two chunks
     share = training.chunk_share(par.pp) / par.tp
     return PassFlops(
         share * group.forward,
@@ -186,9 +181,8 @@ def pipeline_flops(
     arch: Architecture, par: Parallelism, training: Training
 ) -> tuple[Fraction, ...]:
     """FLOPs per step of one rank of each pipeline rank, in rank order (each stands for the
-    ``world / pp`` ranks of its stage, which do the same): exact, as ``--mfu-counts``
-    counts them. Summed over the world, the model's FLOPs per token times the step's tokens
-    (with ``hardware``, and what is recomputed). Raises nothing."""
+    ``world / pp`` ranks of its stage, which do the same), as :func:`step_flops`: summed over
+    the world, the model's FLOPs per token times the step's tokens. Raises nothing."""
     resolved, _ = training.for_model(arch.layers, par.pp)
     m = microbatches(par, resolved)
     recomputation = _recomputation(resolved)
@@ -232,8 +226,7 @@ def group_passes(arch: Architecture, training: Training, work: StageWork) -> Gro
 def _group_passes(
     arch: Architecture, seq_len: int, checkpointing: Checkpointing, work: StageWork
 ) -> GroupPasses:
-    """:func:`group_passes`, once per stage: an estimate asks for it for every candidate rank,
-    its passes and its step's FLOPs."""
+    """:func:`group_passes`, once per stage (asked for each candidate rank, twice)."""
     scores = _scores(arch, seq_len)
     layers: dict[LayerKind, int] = {"dense": work.layers - work.moe_layers, "moe": work.moe_layers}
     recomputed_layers: dict[LayerKind, int] = {
@@ -245,7 +238,7 @@ def _group_passes(
     for kind in KINDS:
         if not layers[kind]:
             continue
-        block = 2 * _block_elements(arch, kind)
+        block = 2 * arch.active_elements(kind)
         weights += layers[kind] * block
         # the blocks' forward pass, which the final norm and the output are not part of
         recomputed += recomputed_layers[kind] * (block + scores)
@@ -254,20 +247,6 @@ def _group_passes(
     return GroupPasses(
         weights + attention, weights + 2 * attention + recomputed, weights, recomputed
     )
-
-
-@lru_cache(maxsize=256)
-def _block_elements(arch: Architecture, kind: LayerKind) -> int:
-    """Weight elements a token passes through in one block: ``top_k`` of the routed
-    experts."""
-    experts = arch.experts
-    total = 0
-    for weight in arch.layer_weights(kind):
-        if weight.experts and experts is not None:
-            total += weight.rows * weight.cols * experts.top_k
-        else:
-            total += weight.elements
-    return total
 
 
 def _output_elements(arch: Architecture) -> int:
