@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
-from meshconf import ConfigError, load_config
+from meshconf import ConfigError, MeshconfError, load_config
 
 MODULES = (
     "meshconf.compat.accelerate",
@@ -139,10 +139,10 @@ def test_fsdp2_takes_only_true_false_or_none(value: Any) -> None:
 
 
 def test_fsdp2_given_as_the_string_false_is_refused_not_read_as_on() -> None:
-    from meshconf.compat.accelerate import AccelerateError, check_config
+    from meshconf.compat.accelerate import check_config
 
     single = load_config({"world_size": 8, "degrees": {"tp": 8}})
-    with pytest.raises(AccelerateError) as raised:
+    with pytest.raises(ConfigError) as raised:
         check_config(single, fsdp2="false")  # type: ignore[arg-type]
     assert str(raised.value) == "fsdp2: expected True, False or None, got the string 'false'"
     check_config(single, fsdp2=False)
@@ -168,9 +168,9 @@ def test_from_parallelism_config_needs_a_world_size_of_ranks(value: Any) -> None
 def test_a_mapping_of_accelerate_s_sizes_is_refused_not_read_as_all_ones(
     sizes: dict[str, int],
 ) -> None:
-    from meshconf.compat.accelerate import AccelerateError, from_parallelism_config
+    from meshconf.compat.accelerate import from_parallelism_config
 
-    with pytest.raises(AccelerateError) as raised:
+    with pytest.raises(ConfigError) as raised:
         from_parallelism_config(sizes, world_size=8)
     assert str(raised.value).startswith(
         "parallelism: expected accelerate's ParallelismConfig (or an object with its "
@@ -198,8 +198,8 @@ def test_torchtitan_s_from_config_names_what_it_was_given() -> None:
 
 
 def _closed_context_is_named() -> None:
-    from meshconf.compat.accelerate import AccelerateError, parallelism_config
-    from meshconf.compat.nemo_automodel import NemoAutomodelError, meshes
+    from meshconf.compat.accelerate import parallelism_config
+    from meshconf.compat.nemo_automodel import meshes
     from meshconf.runtime import DistributedContext, RuntimeSetupError
 
     context = DistributedContext.simulate(CONFIG, rank=0, world_size=8)
@@ -218,10 +218,10 @@ def _closed_context_is_named() -> None:
         "destroyed its process groups; build a new one with meshconf.DistributedContext(config) "
         "on every rank"
     )
-    for function, error in ((parallelism_config, AccelerateError), (meshes, NemoAutomodelError)):
-        with pytest.raises(error) as raised:
+    for function in (parallelism_config, meshes):
+        with pytest.raises(ConfigError) as raised:
             function(context)
-        assert str(raised.value) == closed
+        assert type(raised.value) is ConfigError and str(raised.value) == closed
     for request in (
         lambda: context.mesh_for("dense"),
         lambda: context.get_mesh("tp"),
@@ -278,12 +278,11 @@ def test_megatron_refuses_a_config_for_another_process_group() -> None:
 @settings(max_examples=30, deadline=None)
 @given(wanted=st.integers(2, 4096))
 def test_a_process_started_alone_is_told_how_many_to_start(wanted: int) -> None:
-    from meshconf.runtime import LaunchError
     from meshconf.runtime.inputs import check_launched_world
     from meshconf.runtime.launch import Launch
 
     config = load_config({"world_size": wanted, "degrees": {"dp_shard": wanted}})
-    with pytest.raises(LaunchError) as raised:
+    with pytest.raises(MeshconfError) as raised:
         check_launched_world(config, Launch(0, 1, 0, 1, "none"))
     assert str(raised.value) == (
         f"world_size: the config says {wanted} ranks, but this process was started alone, "

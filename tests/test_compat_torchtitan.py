@@ -13,7 +13,8 @@ import torch.distributed as dist
 from distributed import run_ranks
 
 from meshconf import ConfigError
-from meshconf.compat.torchtitan import MeshNameError, ParallelDims, ParallelDimsError
+from meshconf.compat.torchtitan import ParallelDims, ParallelDimsError
+from meshconf.core.errors import InvalidArgumentError
 
 
 def dims(**degrees: Any) -> ParallelDims:
@@ -98,7 +99,7 @@ def test_unknown_dims_are_refused_before_any_process_group() -> None:
     parallel_dims = dims(world_size=1)
     with pytest.raises(ValueError) as raised:
         parallel_dims.get_optional_mesh("fsdp")  # spmd_types keeps dp and dp_shard instead
-    assert type(raised.value) is MeshNameError
+    assert type(raised.value) is InvalidArgumentError
     assert str(raised.value) == (
         "Invalid mesh dim 'fsdp': the one-dim meshes are pp, batch, loss, dp_replicate, cp, "
         "tp, ep, efsdp, dp, dp_shard"
@@ -133,7 +134,7 @@ def _single_rank(rank: int, environ: dict[str, str], backend: str) -> None:
         assert len(parallel_dims.spmd_meshes()) == (0 if backend == "spmd_types" else 1)
         with_ones = parallel_dims.get_optional_mesh(["pp", "tp"], include_singleton_axes=True)
         assert with_ones is not None and with_ones.shape == (1, 1)
-        with pytest.raises(MeshNameError) as raised:
+        with pytest.raises(InvalidArgumentError) as raised:
             parallel_dims.get_mesh("tp")
         assert str(raised.value) == (
             "mesh ['tp'] is not available: tp=1; use get_optional_mesh to get None instead"
@@ -196,7 +197,7 @@ def _hsdp_tp(rank: int, environ: dict[str, str], backend: str) -> None:
             assert parallel_dims.resolve_mesh(["dp", "cp", "tp", "pp"]) is dense
         if backend == "full_dtensor":
             assert parallel_dims.resolve_mesh(["dp", "cp", "tp"]) is dense
-            with pytest.raises(MeshNameError):
+            with pytest.raises(InvalidArgumentError):
                 parallel_dims.resolve_mesh(["dp_replicate", "tp"])
         if backend == "partial_dtensor":
             assert parallel_dims.resolve_mesh(["dp_replicate", "fsdp"]) is None

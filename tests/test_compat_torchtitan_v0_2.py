@@ -15,10 +15,10 @@ from distributed import run_ranks
 from meshconf import ConfigError
 from meshconf.compat.torchtitan_v0_2 import (
     MESH_DIMS,
-    MeshNameError,
     ParallelDims,
     ParallelDimsError,
 )
+from meshconf.core.errors import InvalidArgumentError
 from meshconf.core.layout import process_group_count
 from meshconf.runtime import all_reduce
 
@@ -177,7 +177,7 @@ def _single_rank(rank: int, environ: dict[str, str]) -> None:
         # fsdp is off at size 1 here, as in torchtitan (DistributedContext keeps it on).
         assert parallel_dims.get_optional_mesh("fsdp") is None
         assert parallel_dims.get_optional_mesh("efsdp") is None
-        with pytest.raises(MeshNameError) as raised:
+        with pytest.raises(InvalidArgumentError) as raised:
             parallel_dims.get_mesh("tp")
         assert str(raised.value) == (
             "mesh ['tp'] is not available: tp=1; use get_optional_mesh to get None instead"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshconf.runtime.launch import Launch, LaunchError, read_launch
+from meshconf.core.errors import MeshconfError
+from meshconf.runtime.launch import Launch, read_launch
 
 
 def test_torchrun_variables_are_read_as_given() -> None:
@@ -41,31 +42,31 @@ def test_torchrun_wins_over_slurm_and_nothing_is_a_world_of_one() -> None:
 
 
 def test_a_node_size_of_zero_or_a_local_rank_outside_the_node_is_an_error() -> None:
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "0"})
     assert str(caught.value) == (
         "rank 3 has LOCAL_WORLD_SIZE=0 (torchrun): a node runs at least one process"
     )
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "0"})
     assert str(caught.value) == (
         "rank 3 has SLURM_NTASKS_PER_NODE=0 (slurm): a node runs at least one process"
     )
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "8", "LOCAL_WORLD_SIZE": "8"})
     assert str(caught.value) == ("rank 3 has LOCAL_RANK=8, outside LOCAL_WORLD_SIZE=8 (torchrun)")
 
 
 def test_inconsistent_environments_are_errors() -> None:
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"SLURM_NTASKS": "8"})
     assert str(caught.value) == (
         "slurm environment incomplete: SLURM_NTASKS is set but SLURM_PROCID is not"
     )
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"RANK": "0", "WORLD_SIZE": "0"})
     assert str(caught.value) == "a rank has RANK=0, outside WORLD_SIZE=0 (torchrun)"
-    with pytest.raises(LaunchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         read_launch({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "8(x)"})
     assert str(caught.value) == (
         "rank 0 has LOCAL_WORLD_SIZE=8(x), which is not an integer from 0 to 2147483647"

@@ -17,10 +17,9 @@ from distributed import environ, in_child, run_ranks
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from meshconf import ConfigError, DistributedContext, load_config
+from meshconf import ConfigError, DistributedContext, MeshconfError, load_config
 from meshconf.core.layout import process_group_count
 from meshconf.runtime import (
-    LaunchError,
     RuntimeSetupError,
     TopologyWarning,
     all_reduce,
@@ -109,16 +108,16 @@ def test_launcher_environment_is_read_and_checked() -> None:
         ).__class__(5, 16, 1, 4, "slurm")
     )
     with pytest.raises(
-        LaunchError, match="torchrun environment incomplete: RANK is set but WORLD_SIZE is not"
+        MeshconfError, match="torchrun environment incomplete: RANK is set but WORLD_SIZE is not"
     ):
         read_launch({"RANK": "0"})
-    with pytest.raises(LaunchError, match="a rank has RANK=4, outside WORLD_SIZE=4"):
+    with pytest.raises(MeshconfError, match="a rank has RANK=4, outside WORLD_SIZE=4"):
         read_launch({"RANK": "4", "WORLD_SIZE": "4"})
     with pytest.raises(
-        LaunchError, match="rank 0 has WORLD_SIZE=eight, which is not an integer from 0"
+        MeshconfError, match="rank 0 has WORLD_SIZE=eight, which is not an integer from 0"
     ):
         read_launch({"RANK": "0", "WORLD_SIZE": "eight"})
-    with pytest.raises(LaunchError, match="has no MASTER_ADDR and MASTER_PORT"):
+    with pytest.raises(MeshconfError, match="has no MASTER_ADDR and MASTER_PORT"):
         DistributedContext(load_config({"world_size": 2}), environ={"RANK": "0", "WORLD_SIZE": "2"})
 
 
@@ -319,12 +318,12 @@ def test_a_missing_private_torch_name_is_one_line_naming_torch_and_the_name(
     from torch.distributed import distributed_c10d
     from torch.distributed.device_mesh import DeviceMesh
 
-    from meshconf.runtime.torch_support import PROBES, UnsupportedTorchError, check_torch
+    from meshconf.runtime.torch_support import PROBES, check_torch
 
     check_torch()
     assert all(probe() for probe in PROBES.values())
     monkeypatch.delattr(distributed_c10d, "_get_default_store")
-    with pytest.raises(UnsupportedTorchError) as caught:
+    with pytest.raises(MeshconfError) as caught:
         check_torch()
     assert str(caught.value) == (
         "meshconf's runtime needs torch.distributed.distributed_c10d._get_default_store, which "
@@ -336,7 +335,7 @@ def test_a_missing_private_torch_name_is_one_line_naming_torch_and_the_name(
         raise NotImplementedError
 
     monkeypatch.setattr(DeviceMesh, "__init__", older_init)
-    with pytest.raises(UnsupportedTorchError, match=r"needs DeviceMesh\(_layout=\.\.\., _rank_map"):
+    with pytest.raises(MeshconfError, match=r"needs DeviceMesh\(_layout=\.\.\., _rank_map"):
         check_torch()
 
 
@@ -350,7 +349,7 @@ def test_importing_the_runtime_probes_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert result.stdout == (
-        "UnsupportedTorchError meshconf's runtime needs DeviceMesh._pg_registry, which torch "
+        "MeshconfError meshconf's runtime needs DeviceMesh._pg_registry, which torch "
         f"{torch.__version__} does not have; meshconf is tested with torch 2.13.0 and 2.14.1\n"
     )
 

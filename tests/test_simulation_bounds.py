@@ -12,11 +12,11 @@ from pathlib import Path
 
 from hypothesis import given, strategies as st
 
+from meshconf.core.errors import MeshconfError
 from meshconf.features.simulation import (
     MAX_SIMULATED_WORK,
     MAX_SIMULATED_WORLD,
     RANK_SET_UP_COST,
-    SimulationTooLarge,
     check_simulation_size,
 )
 from tests.conftest import run_in_subprocess
@@ -32,7 +32,7 @@ def test_a_simulation_is_refused_exactly_when_its_work_is_over_the_bound(
     work = rank_count * max(world_size, RANK_SET_UP_COST)
     try:
         check_simulation_size(world_size, rank_count)
-    except SimulationTooLarge as error:
+    except MeshconfError as error:
         message = str(error)
         assert world_size > MAX_SIMULATED_WORLD or work > MAX_SIMULATED_WORK
         if world_size > MAX_SIMULATED_WORLD:

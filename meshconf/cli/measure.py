@@ -32,7 +32,8 @@ from meshconf.features.simulation import check_simulation_memory, check_simulati
 from meshconf.model.config import MeshConfig
 
 if TYPE_CHECKING:
-    from meshconf.runtime.step_memory import MeasuredMemory, Mismatch
+    from meshconf.runtime.step_memory import MeasuredMemory
+    from meshconf.runtime.step_mismatches import Mismatch
 
 _MIB = 2**20
 #: What the estimate of a measured build is: its model, its settings and the estimate.
@@ -87,7 +88,7 @@ def _compare(
 ) -> list[Mismatch]:
     """Where the estimate's settings differ from what the build ran; adds the estimate and
     those differences to ``report``."""
-    from meshconf.runtime.step_memory import mismatches
+    from meshconf.runtime.step_mismatches import mismatches
 
     model, training, estimated = found
     memory = estimated.memory

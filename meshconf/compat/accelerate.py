@@ -5,10 +5,8 @@ accelerate's dims, the dims it flattens and what it refuses are in
 :mod:`meshconf.trainers.accelerate_mesh`. A ``ParallelismConfig`` whose ``device_mesh`` is set is
 used as it is, so :func:`parallelism_config` hands accelerate a mesh meshconf built:
 accelerate creates no process group, and the ranks are numbered as the config numbers them,
-its ``order``, ``levels`` and ``inside`` kept. What accelerate cannot express or refuses is
-refused here first, at the meshconf key responsible (:func:`check_config`), without torch.
-:func:`parallelism_config` needs accelerate: the ``accelerate`` extra
-(``pip install ".[accelerate]"`` from a clone of meshconf).
+its ``order``, ``levels`` and ``inside`` kept. :func:`parallelism_config` needs accelerate:
+the ``accelerate`` extra (``pip install ".[accelerate]"`` from a clone of meshconf).
 """
 
 from __future__ import annotations
@@ -41,16 +39,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ACCELERATE_DIMS",
     "FLATTENED_DIMS",
-    "AccelerateError",
     "check_config",
     "from_parallelism_config",
     "parallelism_config",
 ]
-
-
-class AccelerateError(ConfigError):
-    """A layout that accelerate cannot express, or would refuse when it starts."""
-
 
 #: What a run on CPUs is told before accelerate refuses it.
 CPU_ONLY = (
@@ -60,29 +52,22 @@ CPU_ONLY = (
     "DeepSpeed (ParallelismConfig._validate_accelerator); launch on GPUs "
     "(accelerate launch without --cpu, on a machine with CUDA devices)"
 )
-#: The sizes :func:`from_parallelism_config` reads; ``sp_size`` is newer, and 1 when absent.
-READ_SIZES = tuple(SIZE_DEGREES)
-
-
-def _config_key(degree: str) -> str:
-    return f"degrees.{degree}"
 
 
 def check_config(config: MeshConfig, *, fsdp2: bool | None = None) -> None:
     """Refuse what accelerate cannot express or would refuse at run time
-    (:data:`meshconf.trainers.accelerate_mesh.REFUSALS`), naming the meshconf key and what to
-    change. Needs no torch and no process group.
+    (:data:`meshconf.trainers.accelerate_mesh.REFUSALS`), at the meshconf key, without torch.
 
-    ``fsdp2``: whether accelerate runs FSDP2 (True or False); ``None`` reads it from the
-    environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``).
+    ``fsdp2``: whether accelerate runs FSDP2; ``None`` reads it from the environment
+    ``accelerate launch`` sets (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``).
 
     Raises:
-        AccelerateError: (a ConfigError) a layout one of the refusals applies to; ``config``
-            not a MeshConfig, or ``fsdp2`` not True, False or None.
+        ConfigError: a layout one of the refusals applies to; ``config`` not a MeshConfig,
+            or ``fsdp2`` not True, False or None.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
-    config = mesh_config(config, AccelerateError)
-    fsdp2 = switch(fsdp2, AccelerateError, "fsdp2")
+    config = mesh_config(config)
+    fsdp2 = switch(fsdp2, "fsdp2")
     if fsdp2 is None:
         launcher = {
             option: os.environ.get(variable) for variable, option in LAUNCH_ENVIRONMENT.items()
@@ -91,10 +76,10 @@ def check_config(config: MeshConfig, *, fsdp2: bool | None = None) -> None:
     launch = Launch(config.resolved_degrees, config.resolved_world_size or 1, fsdp2)
     problems = [
         Diagnostic(("degrees", degree), message)
-        for degree, message in refusals(launch, _config_key)
+        for degree, message in refusals(launch, "degrees.{}".format)
     ]
     if problems:
-        raise AccelerateError(problems)
+        raise ConfigError(problems)
 
 
 def parallelism_config(
@@ -105,18 +90,16 @@ def parallelism_config(
     that ``Accelerator(parallelism_config=...)`` (or ``TrainingArguments``) keeps it and
     creates no group. ``fsdp2`` as :func:`check_config`.
 
-    On ranks without a GPU (the context's device is the CPU) over more than one rank, it
-    warns first: accelerate's ``Accelerator`` then runs as ``MULTI_CPU``, and refuses a
-    ``ParallelismConfig`` of more than one rank outside FSDP2, a multi-GPU run or DeepSpeed
-    (its ``ParallelismConfig._validate_accelerator``); FSDP2 itself needs GPUs. The mesh is
-    built all the same, for code that reads it without an ``Accelerator``.
+    On ranks without a GPU over more than one rank, it warns first (:data:`CPU_ONLY`); FSDP2
+    itself needs GPUs. The mesh is built all the same, for code that reads it without an
+    ``Accelerator``.
 
     Raises:
-        AccelerateError: as :func:`check_config`, before any mesh is built; ``context`` not
-            an open DistributedContext (a MeshConfig, or a closed context).
+        ConfigError: as :func:`check_config`, before any mesh is built; ``context`` not an
+            open DistributedContext (a MeshConfig, or a closed context).
         ImportError: accelerate is not installed (the ``accelerate`` extra).
     """
-    context = open_context(context, AccelerateError)
+    context = open_context(context)
     config = context.config
     check_config(config, fsdp2=fsdp2)
     if context.device.type == "cpu" and context.world_size > 1:
@@ -145,19 +128,18 @@ def from_parallelism_config(
     whose groups are accelerate's. As accelerate does, sizes that are all 1 replicate the
     model over every rank.
 
-    ``parallelism``: accelerate's ``ParallelismConfig``, or any object with its
-    ``dp_replicate_size``, ``dp_shard_size``, ``cp_size`` and ``tp_size`` (and, optionally,
-    ``sp_size``). A mapping, a string or None is refused rather than read as all ones.
+    ``parallelism``: accelerate's ``ParallelismConfig``, or any object with its four sizes
+    (and, optionally, ``sp_size``). A mapping, a string or None is refused rather than read
+    as all ones.
 
     Raises:
-        AccelerateError: ``parallelism`` without those sizes, sp_size above 1
-            (:func:`~meshconf.trainers.accelerate_mesh.sp_size_problem`), a size that is not a
-            positive integer, or ``world_size`` that is not one.
-        ConfigError: the sizes do not multiply to ``world_size``, or ``gpus_per_node`` is not
-            a positive integer.
+        ConfigError: ``parallelism`` without those sizes, sp_size above 1
+            (:func:`~meshconf.trainers.accelerate_mesh.sp_size_problem`), a size or
+            ``world_size`` that is not a positive integer, sizes that do not multiply to
+            ``world_size``, or a ``gpus_per_node`` that is not a positive integer.
     """
     if isinstance(parallelism, str | bytes) or not all(
-        hasattr(parallelism, name) for name in READ_SIZES
+        hasattr(parallelism, name) for name in SIZE_DEGREES
     ):
         hint = (
             "; for a mapping of sizes, pass ParallelismConfig(**sizes)"
@@ -165,14 +147,12 @@ def from_parallelism_config(
             else ""
         )
         raise refused(
-            AccelerateError,
             "parallelism",
             "expected accelerate's ParallelismConfig (or an object with its "
-            f"{', '.join(READ_SIZES)}), got {describe_value(parallelism)}{hint}",
+            f"{', '.join(SIZE_DEGREES)}), got {describe_value(parallelism)}{hint}",
         )
     world_size = world_ranks(
         world_size,
-        AccelerateError,
         "pass world_size=, the number of processes accelerate runs (accelerate launch's "
         "--num_processes, or Accelerator().num_processes)",
     )
@@ -185,7 +165,7 @@ def from_parallelism_config(
     if not problems and (problem := sp_size_problem(sizes[SP_SIZE])) is not None:
         problems.append(Diagnostic((SP_SIZE,), problem))
     if problems:
-        raise AccelerateError(problems)
+        raise ConfigError(problems)
     degrees = {dim: sizes[name] for name, dim in SIZE_DEGREES.items()}
     if all(size == 1 for size in degrees.values()):
         degrees["dp_replicate"] = world_size

@@ -1,7 +1,8 @@
 """The checks every compat function makes of what it is given, before it reads it: a
 validated ``MeshConfig``, an open ``DistributedContext``, a switch, a world size. Each raises
-the calling trainer's own error (a ``ConfigError``) naming the argument, what it takes and
-what it got, so that a wrong argument never surfaces as an ``AttributeError`` deep inside.
+a ``ConfigError`` (Megatron's export error for ``compat.megatron``) naming the argument, what
+it takes and what it got, so that a wrong argument never surfaces as an ``AttributeError``
+deep inside.
 
 Needs no torch: a ``DistributedContext`` exists only once :mod:`meshconf.runtime` is loaded,
 so an argument is checked against it only then.
@@ -24,12 +25,12 @@ MAKE_CONFIG = "meshconf.load_config('mesh.yaml')"
 MAKE_CONTEXT = "meshconf.DistributedContext(config) on every rank"
 
 
-def refused(error: type[ConfigError], name: str, message: str) -> ConfigError:
+def refused(name: str, message: str, error: type[ConfigError] = ConfigError) -> ConfigError:
     """``error`` with one problem, reported on the argument ``name``."""
     return error([Diagnostic((name,), message)])
 
 
-def mesh_config(value: object, error: type[ConfigError], name: str = "config") -> MeshConfig:
+def mesh_config(value: object, error: type[ConfigError] = ConfigError) -> MeshConfig:
     """``value``, when it is a validated :class:`MeshConfig`.
 
     Raises:
@@ -39,23 +40,17 @@ def mesh_config(value: object, error: type[ConfigError], name: str = "config") -
         return value
     hint = f"a path or a mapping goes through {MAKE_CONFIG} first"
     if _is_context(value):
-        hint = f"pass the context's config ({name}=context.config)"
-    raise refused(
-        error,
-        name,
-        f"expected a MeshConfig, got {describe_value(value)}; {hint}",
-    )
+        hint = "pass the context's config (config=context.config)"
+    raise refused("config", f"expected a MeshConfig, got {describe_value(value)}; {hint}", error)
 
 
-def open_context(
-    value: object, error: type[ConfigError], name: str = "context"
-) -> DistributedContext:
+def open_context(value: object) -> DistributedContext:
     """``value``, when it is a :class:`meshconf.runtime.DistributedContext` that is not
     closed: the meshes a trainer is handed are built from its process groups.
 
     Raises:
-        ConfigError: (``error``) anything else (a MeshConfig: build the context from it), or
-            a context whose ``close()`` has destroyed its groups.
+        ConfigError: anything else (a MeshConfig: build the context from it), or a context
+            whose ``close()`` has destroyed its groups.
     """
     if not _is_context(value):
         hint = (
@@ -64,13 +59,12 @@ def open_context(
             else f"build one with {MAKE_CONTEXT}"
         )
         raise refused(
-            error, name, f"expected a DistributedContext, got {describe_value(value)}; {hint}"
+            "context", f"expected a DistributedContext, got {describe_value(value)}; {hint}"
         )
     context: DistributedContext = value  # type: ignore[assignment]
     if context.closed:
         raise refused(
-            error,
-            name,
+            "context",
             "the DistributedContext is closed: close() (or the end of its with block) destroyed "
             f"its process groups; build a new one with {MAKE_CONTEXT}",
         )
@@ -83,29 +77,28 @@ def _is_context(value: object) -> bool:
     return runtime is not None and isinstance(value, runtime.DistributedContext)
 
 
-def switch(value: object, error: type[ConfigError], name: str) -> bool | None:
+def switch(value: object, name: str) -> bool | None:
     """``value``, when it is True, False or None (read from the environment); a string such
     as ``'false'`` is refused rather than read as true.
 
     Raises:
-        ConfigError: (``error``) anything else.
+        ConfigError: anything else.
     """
     if value is None or isinstance(value, bool):
         return value
-    raise refused(error, name, f"expected True, False or None, got {describe_value(value)}")
+    raise refused(name, f"expected True, False or None, got {describe_value(value)}")
 
 
-def world_ranks(value: object, error: type[ConfigError], how: str) -> int:
+def world_ranks(value: object, how: str) -> int:
     """``value``, when it is a number of ranks (an integer >= 1); ``how`` says where the
     caller finds it.
 
     Raises:
-        ConfigError: (``error``) anything else, None included.
+        ConfigError: anything else, None included.
     """
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     raise refused(
-        error,
         "world_size",
         f"expected the number of ranks, an integer >= 1, got {describe_value(value)}; {how}",
     )

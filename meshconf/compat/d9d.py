@@ -169,7 +169,7 @@ class DeviceMeshParameters(BaseModel):
         """A DistributedContext over these parameters, as d9d's ``build()`` gives.
 
         Raises:
-            meshconf.runtime.LaunchError: the launcher started another number of ranks.
+            MeshconfError: the launcher started another number of ranks.
         """
         from meshconf.compat.d9d_context import DistributedContext
 

@@ -39,7 +39,7 @@ class DistributedContext(MeshconfContext):
     when the launcher does not say how many ranks a node runs (d9d counts GPUs instead).
 
     Raises:
-        meshconf.runtime.LaunchError: the launcher started another number of ranks.
+        MeshconfError: the launcher started another number of ranks.
         meshconf.runtime.RuntimeSetupError: the process group or device cannot be set up.
     """
 

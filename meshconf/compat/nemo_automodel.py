@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from meshconf.runtime import DistributedContext
 
-__all__ = ["DEVICE_MESH_DIMS", "NemoAutomodelError", "check_config", "meshes"]
+__all__ = ["DEVICE_MESH_DIMS", "check_config", "meshes"]
 
 #: The device mesh's axes, outer to inner, each the meshconf degree of the same name.
 DEVICE_MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -34,20 +34,16 @@ FLATTENED = {name: dims for name, (dims, _) in FLATTENED_DIMS.items()}
 MOE_MESH_DIMS = {"ep_shard": ("dp_replicate", "efsdp"), "ep": ("ep",)}
 
 
-class NemoAutomodelError(ConfigError):
-    """A layout NeMo AutoModel's FSDP2 strategy refuses or cannot hold."""
-
-
 def check_config(config: MeshConfig) -> None:
     """Refuse what NeMo AutoModel cannot run, at the meshconf key, with what to change.
 
     Raises:
-        NemoAutomodelError: (a ConfigError) etp above 1 with experts (NeMo AutoModel keeps
+        ConfigError: etp above 1 with experts (NeMo AutoModel keeps
             each expert whole on its rank), or dp_replicate above 1 without dp_shard (its
             FSDP2 strategy refuses plain replication); ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
-    config = mesh_config(config, NemoAutomodelError)
+    config = mesh_config(config)
     degrees = config.resolved_degrees
     problems = []
     if degrees["ep"] > 1 and degrees["etp"] > 1:
@@ -67,7 +63,7 @@ def check_config(config: MeshConfig) -> None:
             )
         )
     if problems:
-        raise NemoAutomodelError(problems)
+        raise ConfigError(problems)
 
 
 def meshes(context: DistributedContext) -> tuple[DeviceMesh, DeviceMesh | None]:
@@ -75,10 +71,10 @@ def meshes(context: DistributedContext) -> tuple[DeviceMesh, DeviceMesh | None]:
     for ``MeshContext.from_meshes(device_mesh, moe_mesh, strategy_config=...)``.
 
     Raises:
-        NemoAutomodelError: as :func:`check_config`, before any mesh is built; ``context``
+        ConfigError: as :func:`check_config`, before any mesh is built; ``context``
             not an open DistributedContext (a MeshConfig, or a closed context).
     """
-    context = open_context(context, NemoAutomodelError)
+    context = open_context(context)
     check_config(context.config)
     device_mesh = context.named_mesh({dim: dim for dim in DEVICE_MESH_DIMS}, FLATTENED)
     if context.config.resolved_degrees["ep"] == 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from meshconf.core.errors import ConfigError, Diagnostic, MeshconfError
+from meshconf.core.errors import ConfigError, Diagnostic, InvalidArgumentError
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_config
 
@@ -27,10 +27,6 @@ class ParallelDimsError(ConfigError, AssertionError):
     torchtitan checks its degrees with ``assert``, so code written for it catches
     ``AssertionError``; code written for meshconf catches ``ConfigError``. Both work.
     """
-
-
-class MeshNameError(MeshconfError, ValueError):
-    """A mesh request names a dim that does not exist, or dims that no mesh holds together."""
 
 
 def checked_config(
@@ -82,9 +78,9 @@ def _degree_problem(name: str, value: Any) -> str | None:
 class ParallelDimsMeshes:
     """The release-independent half of ``ParallelDims``.
 
-    A release subclass declares the dataclass fields and says which global meshes it has
-    (:meth:`_domains`, searched in order for multi-dim requests), which one-dim meshes
-    (:meth:`_axis_names`, kept in :meth:`_axis_meshes`) and which of them exist.
+    A release subclass declares the dataclass fields, hands :meth:`_start` its global meshes
+    (searched in order for multi-dim requests), its one-dim meshes and the dict it keeps them
+    in, and says which of them exist (:meth:`_mesh_exist`).
     """
 
     dp_replicate: int
@@ -96,28 +92,27 @@ class ParallelDimsMeshes:
     world_size: int
 
     _config: MeshConfig
+    _domains: dict[str, tuple[str, ...]]
+    _axes: tuple[str, ...]
+    _one_dim: dict[str, DeviceMesh]
     _context: DistributedContext | None
     _world_mesh: DeviceMesh | None
     _multi_dim_cache: dict[tuple[str, ...], DeviceMesh]
 
-    def _start(self, config: MeshConfig) -> None:
+    def _start(
+        self,
+        config: MeshConfig,
+        domains: dict[str, tuple[str, ...]],
+        axes: tuple[str, ...],
+        one_dim: dict[str, DeviceMesh],
+    ) -> None:
         self._config = config
+        self._domains, self._axes, self._one_dim = domains, axes, one_dim
         # As torchtitan does, dp_shard holds the filled-in value from here on.
         self.dp_shard = config.resolved_degrees["dp_shard"]
         self._context = None
         self._world_mesh = None
         self._multi_dim_cache = {}
-
-    # Release hooks ----------------------------------------------------------------------
-
-    def _domains(self) -> dict[str, tuple[str, ...]]:
-        raise NotImplementedError
-
-    def _axis_names(self) -> tuple[str, ...]:
-        raise NotImplementedError
-
-    def _axis_meshes(self) -> dict[str, DeviceMesh]:
-        raise NotImplementedError
 
     def _mesh_exist(self, name: str, size: int) -> bool:
         raise NotImplementedError
@@ -138,7 +133,7 @@ class ParallelDimsMeshes:
         is created per distinct group of ranks, shared by every mesh that has it.
 
         Raises:
-            meshconf.runtime.LaunchError: the process group disagrees with ``world_size``.
+            MeshconfError: the process group disagrees with ``world_size``.
         """
         if self._world_mesh is not None:
             return self._world_mesh
@@ -146,9 +141,8 @@ class ParallelDimsMeshes:
 
         context = DistributedContext(self._config)
         context.build_all()
-        meshes = self._axis_meshes()
-        for name in self._axis_names():
-            meshes[name] = context.mesh_for(self._domain_holding([name]))[name]
+        for name in self._axes:
+            self._one_dim[name] = context.mesh_for(self._domain_holding([name]))[name]
         self._context = context
         self._world_mesh = context.world_mesh
         return self._world_mesh
@@ -167,18 +161,18 @@ class ParallelDimsMeshes:
         return self._context
 
     def _domain_holding(self, names: list[str]) -> str:
-        for domain, dims in self._domains().items():
+        for domain, dims in self._domains.items():
             if set(names) <= set(dims):
                 return domain
-        meshes = "; ".join(f"{domain} {list(dims)}" for domain, dims in self._domains().items())
-        raise MeshNameError(f"no mesh holds all of {names}; the meshes are {meshes}")
+        meshes = "; ".join(f"{domain} {list(dims)}" for domain, dims in self._domains.items())
+        raise InvalidArgumentError(f"no mesh holds all of {names}; the meshes are {meshes}")
 
     def _names(self, dims: str | Sequence[str]) -> list[str]:
         names = [dims] if isinstance(dims, str) else [str(name) for name in dims]
-        valid = self._axis_names()
+        valid = self._axes
         for name in names:
             if name not in valid:
-                raise MeshNameError(
+                raise InvalidArgumentError(
                     f"Invalid mesh dim {name!r}: the one-dim meshes are {', '.join(valid)}"
                 )
         return names
@@ -190,14 +184,14 @@ class ParallelDimsMeshes:
         """The mesh over ``names`` whatever their sizes, built first if need be."""
         self.build_mesh()
         if len(names) == 1:
-            return self._axis_meshes()[names[0]]
+            return self._one_dim[names[0]]
         key = tuple(names)
         mesh = self._multi_dim_cache.get(key)
         if mesh is None:
             domain = self._domain_holding(names)
-            in_order = [dim for dim in self._domains()[domain] if dim in names]
+            in_order = [dim for dim in self._domains[domain] if dim in names]
             if in_order != names:
-                raise MeshNameError(
+                raise InvalidArgumentError(
                     f"mesh dims {names} are all in mesh {domain!r} but in another order; ask "
                     f"for {in_order}"
                 )
@@ -216,7 +210,7 @@ class ParallelDimsMeshes:
         """Like ``get_optional_mesh``, but a dim that does not exist is an error.
 
         Raises:
-            MeshNameError: (a ValueError) an unknown dim, dims that no mesh holds together
+            InvalidArgumentError: (a ValueError) an unknown dim, dims that no mesh holds together
                 or in that order, or a dim that does not exist in this layout.
         """
         mesh: DeviceMesh | None = self._optional_mesh(dims, False)
@@ -226,7 +220,7 @@ class ParallelDimsMeshes:
                 f"{name}={self._config.dim_sizes[name]}" for name in names if not self._exists(name)
             ]
             hint = " (efsdp exists only when ep > 1)" if "efsdp" in names else ""
-            raise MeshNameError(
+            raise InvalidArgumentError(
                 f"mesh {names} is not available: {', '.join(off)}{hint}; use "
                 "get_optional_mesh to get None instead"
             )

@@ -16,20 +16,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from meshconf.compat.parallel_dims_common import (
-    MeshNameError,
     ParallelDimsError,
     ParallelDimsMeshes,
     checked_config,
 )
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS
-from meshconf.core.errors import Diagnostic, describe_value
+from meshconf.core.errors import Diagnostic, InvalidArgumentError, describe_value
 from meshconf.trainers.torchtitan_fields import TORCHTITAN_DEGREES
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["SPMD_BACKENDS", "MeshNameError", "ParallelDims", "ParallelDimsError"]
+__all__ = ["SPMD_BACKENDS", "ParallelDims", "ParallelDimsError"]
 
 SpmdBackend = Literal["partial_dtensor", "full_dtensor", "spmd_types"]
 SPMD_BACKENDS: tuple[SpmdBackend, ...] = ("partial_dtensor", "full_dtensor", "spmd_types")
@@ -154,16 +153,9 @@ class ParallelDims(ParallelDimsMeshes):
         degrees = {name: getattr(self, name) for name in (*WORLD_FACTORS, "ep")}
         derived = {"dp": "dp_replicate * dp_shard"}
         meshes = _global_meshes(self.spmd_backend)
-        self._start(checked_config(degrees, self.world_size, derived=derived, domains=meshes))
-
-    def _domains(self) -> dict[str, tuple[str, ...]]:
-        return _global_meshes(self.spmd_backend)
-
-    def _axis_names(self) -> tuple[str, ...]:
-        return _COMMON_AXES + _BACKEND_AXES[self.spmd_backend]
-
-    def _axis_meshes(self) -> dict[str, DeviceMesh]:
-        return self._single_axis_meshes
+        config = checked_config(degrees, self.world_size, derived=derived, domains=meshes)
+        axes = _COMMON_AXES + _BACKEND_AXES[self.spmd_backend]
+        self._start(config, meshes, axes, self._single_axis_meshes)
 
     def _mesh_exist(self, name: str, size: int) -> bool:
         # fsdp, and dp_shard where it is the storage dim, stay at size 1 so that fully_shard
@@ -177,11 +169,7 @@ class ParallelDims(ParallelDimsMeshes):
         return size > 1
 
     def build_mesh(self) -> DeviceMesh:
-        """Build every mesh and return the 1-D world mesh (see the 0.2 class for the rules).
-
-        Raises:
-            meshconf.runtime.LaunchError: the process group disagrees with ``world_size``.
-        """
+        """:meth:`ParallelDimsMeshes.build_mesh`, and then the SPMD meshes."""
         if self._world_mesh is not None:
             return self._world_mesh
         world = super().build_mesh()
@@ -197,7 +185,7 @@ class ParallelDims(ParallelDimsMeshes):
         (unless ``include_singleton_axes``).
 
         Raises:
-            MeshNameError: (a ValueError) an unknown dim, or dims that no mesh holds
+            InvalidArgumentError: (a ValueError) an unknown dim, or dims that no mesh holds
                 together or in that order.
         """
         mesh: DeviceMesh | None = self._optional_mesh(dims, include_singleton_axes)
@@ -218,7 +206,7 @@ class ParallelDims(ParallelDimsMeshes):
     def get_activated_mesh(self, axes: list[str]) -> DeviceMesh | None:
         """The mesh over those of ``axes`` that exist, or None when none does."""
         self.build_mesh()
-        names = [name for name in _axis_names(axes) if name in self._axis_names()]
+        names = [name for name in _axis_names(axes) if name in self._axes]
         present = [name for name in names if self._exists(name)]
         return self.get_optional_mesh(present) if present else None
 
@@ -232,10 +220,10 @@ class ParallelDims(ParallelDimsMeshes):
         """The dense ``[dp, cp, tp]`` mesh the ``spmd_types`` backend checks types on.
 
         Raises:
-            MeshNameError: the backend is not ``spmd_types``.
+            InvalidArgumentError: the backend is not ``spmd_types``.
         """
         if self.spmd_backend != "spmd_types":
-            raise MeshNameError(
+            raise InvalidArgumentError(
                 f"spmd_dense_mesh exists only with spmd_backend 'spmd_types', not "
                 f"{self.spmd_backend!r}"
             )
@@ -252,14 +240,14 @@ class ParallelDims(ParallelDimsMeshes):
         """The ``tp`` mesh the dense layers compute on under this backend.
 
         Raises:
-            MeshNameError: tp does not exist (partial_dtensor) or no dense mesh does.
+            InvalidArgumentError: tp does not exist (partial_dtensor) or no dense mesh does.
         """
         if self.spmd_backend == "spmd_types":
             return self.spmd_dense_mesh()["tp"]
         if self.spmd_backend == "full_dtensor":
             meshes = self.spmd_meshes()
             if not meshes:
-                raise MeshNameError("no dense SPMD mesh: every dense dim has size 1")
+                raise InvalidArgumentError("no dense SPMD mesh: every dense dim has size 1")
             return meshes[0]["tp"]
         return self.get_mesh("tp")
 
@@ -268,7 +256,7 @@ class ParallelDims(ParallelDimsMeshes):
         in-band dims of this backend, those that exist; None when none does.
 
         Raises:
-            MeshNameError: under full_dtensor, the axes give a mesh that is not one of
+            InvalidArgumentError: under full_dtensor, the axes give a mesh that is not one of
                 :meth:`spmd_meshes`.
         """
         names = _axis_names(axes)
@@ -281,7 +269,7 @@ class ParallelDims(ParallelDimsMeshes):
             return None
         if self.spmd_backend == "full_dtensor" and all(mesh is not m for m in self.spmd_meshes()):
             valid = [list(m.mesh_dim_names or ()) for m in self.spmd_meshes()]
-            raise MeshNameError(
+            raise InvalidArgumentError(
                 f"axes {names} give the mesh {list(mesh.mesh_dim_names or ())}, which is not "
                 f"an SPMD mesh; the SPMD meshes are {valid}"
             )

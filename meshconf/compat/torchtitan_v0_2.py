@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from meshconf.compat.parallel_dims_common import (
-    MeshNameError,
     ParallelDimsError,
     ParallelDimsMeshes,
     checked_config,
@@ -25,7 +24,7 @@ from meshconf.core.domains import DEFAULT_DOMAINS
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MESH_DIMS", "MeshNameError", "ParallelDims", "ParallelDimsError"]
+__all__ = ["MESH_DIMS", "ParallelDims", "ParallelDimsError"]
 
 #: The one-dim meshes torchtitan 0.2 keeps in ``_meshes``, in its order.
 MESH_DIMS = ("pp", "batch", "loss", "dp_replicate", "fsdp", "cp", "tp", "ep", "efsdp", "etp")
@@ -66,16 +65,8 @@ class ParallelDims(ParallelDimsMeshes):
 
     def __post_init__(self) -> None:
         degrees = {name: getattr(self, name) for name in WORLD_FACTORS + EXPERT_DEGREES}
-        self._start(checked_config(degrees, self.world_size))
-
-    def _domains(self) -> dict[str, tuple[str, ...]]:
-        return _GLOBAL_MESHES
-
-    def _axis_names(self) -> tuple[str, ...]:
-        return MESH_DIMS
-
-    def _axis_meshes(self) -> dict[str, DeviceMesh]:
-        return self._meshes
+        config = checked_config(degrees, self.world_size)
+        self._start(config, _GLOBAL_MESHES, MESH_DIMS, self._meshes)
 
     def _mesh_exist(self, name: str, size: int) -> bool:
         # efsdp stays whenever ep > 1, even at size 1: the experts need an FSDP wrapper for
@@ -88,7 +79,7 @@ class ParallelDims(ParallelDimsMeshes):
         """The mesh over one dim or several, or None when one of them does not exist.
 
         Raises:
-            MeshNameError: (a ValueError) an unknown dim, or dims that no mesh holds
+            InvalidArgumentError: (a ValueError) an unknown dim, or dims that no mesh holds
                 together or in that order.
         """
         mesh: DeviceMesh | None = self._optional_mesh(dims, False)

@@ -22,7 +22,7 @@ from meshconf.model.config import MeshConfig
 if TYPE_CHECKING:
     from transformers import DistributedConfig
 
-__all__ = ["TransformersError", "check_config", "distributed_config"]
+__all__ = ["check_config", "distributed_config"]
 
 #: transformers' size arguments, and the meshconf degree each one is.
 SIZE_DEGREES = {
@@ -34,71 +34,58 @@ SIZE_DEGREES = {
 }
 
 
-class TransformersError(ConfigError):
-    """A layout that transformers' DistributedConfig cannot build."""
-
-
 def check_config(config: MeshConfig) -> None:
     """Refuse what transformers' meshes cannot hold, naming the meshconf key and what to
     change. Needs no torch.
 
     Raises:
-        TransformersError: (a ConfigError) cp or etp above 1; ranks numbered other than in
+        ConfigError: cp or etp above 1; ranks numbered other than in
             the default order; ep that is not a multiple of tp or does not divide
             dp_shard * tp; data parallelism beside pipeline parallelism; ``config`` not a
             MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
-    config = mesh_config(config, TransformersError)
+    config = mesh_config(config)
     degrees = config.resolved_degrees
-    problems: list[Diagnostic] = []
-    if degrees["cp"] > 1:
-        problems.append(
-            Diagnostic(
-                ("degrees", "cp"),
-                "transformers' DistributedConfig has no context parallelism; set degrees.cp "
-                "to 1, or train with accelerate's ParallelismConfig (cp_size) or torchtitan",
-            )
-        )
-    if degrees["etp"] > 1:
-        problems.append(
-            Diagnostic(
-                ("degrees", "etp"),
-                "transformers keeps each expert whole on its rank; set degrees.etp to 1",
-            )
-        )
-    layout = config.layout_over("transformers", WORLD_FACTORS)
-    if not layout.is_row_major:
-        key = "order" if config.order is not None else "inside" if config.inside else "levels"
-        problems.append(
-            Diagnostic(
-                (key,),
-                "transformers numbers the ranks pp, dp_replicate, fsdp, tp outer to inner and "
-                f"builds its meshes itself; leave {key} out (or give {key} that keeps that "
-                "order), or hand meshconf's meshes to a trainer that takes them (accelerate, "
-                "torchtitan)",
-            )
-        )
     ep, tp, shard = degrees["ep"], degrees["tp"], degrees["dp_shard"]
-    if ep > 1 and (ep % tp or (shard * tp) % ep):
-        problems.append(
-            Diagnostic(
-                ("degrees", "ep"),
-                f"transformers needs ep to be a multiple of tp ({tp}) that divides dp_shard * "
-                f"tp ({shard * tp}); set degrees.ep to one of "
-                + ", ".join(str(n) for n in range(tp, shard * tp + 1, tp) if (shard * tp) % n == 0),
-            )
-        )
-    if degrees["pp"] > 1 and degrees["dp_replicate"] * shard > 1:
-        problems.append(
-            Diagnostic(
-                ("degrees", "pp"),
-                "transformers does not combine FSDP with pipeline parallelism; set degrees.pp "
-                "to 1, or dp_replicate and dp_shard to 1 (tp and pp only)",
-            )
-        )
+    order = "order" if config.order is not None else "inside" if config.inside else "levels"
+    refused = [
+        (
+            ("degrees", "cp"),
+            degrees["cp"] > 1,
+            "transformers' DistributedConfig has no context parallelism; set degrees.cp to 1, "
+            "or train with accelerate's ParallelismConfig (cp_size) or torchtitan",
+        ),
+        (
+            ("degrees", "etp"),
+            degrees["etp"] > 1,
+            "transformers keeps each expert whole on its rank; set degrees.etp to 1",
+        ),
+        (
+            (order,),
+            not config.layout_over("transformers", WORLD_FACTORS).is_row_major,
+            "transformers numbers the ranks pp, dp_replicate, fsdp, tp outer to inner and "
+            f"builds its meshes itself; leave {order} out (or give {order} that keeps that "
+            "order), or hand meshconf's meshes to a trainer that takes them (accelerate, "
+            "torchtitan)",
+        ),
+        (
+            ("degrees", "ep"),
+            ep > 1 and bool(ep % tp or (shard * tp) % ep),
+            f"transformers needs ep to be a multiple of tp ({tp}) that divides dp_shard * tp "
+            f"({shard * tp}); set degrees.ep to one of "
+            + ", ".join(str(n) for n in range(tp, shard * tp + 1, tp) if (shard * tp) % n == 0),
+        ),
+        (
+            ("degrees", "pp"),
+            degrees["pp"] > 1 and degrees["dp_replicate"] * shard > 1,
+            "transformers does not combine FSDP with pipeline parallelism; set degrees.pp to 1, "
+            "or dp_replicate and dp_shard to 1 (tp and pp only)",
+        ),
+    ]
+    problems = [Diagnostic(key, message) for key, applies, message in refused if applies]
     if problems:
-        raise TransformersError(problems)
+        raise ConfigError(problems)
 
 
 def distributed_config(config: MeshConfig) -> DistributedConfig:
@@ -107,7 +94,7 @@ def distributed_config(config: MeshConfig) -> DistributedConfig:
     ``fsdp_plan``, ...) can be set on the result.
 
     Raises:
-        TransformersError: as :func:`check_config`.
+        ConfigError: as :func:`check_config`.
         ImportError: transformers is not installed (the ``transformers`` extra).
     """
     check_config(config)

@@ -1,5 +1,5 @@
 """What simulating a world costs, known before torch is loaded: the largest world, the work one
-command may ask for, the memory a world's meshes take, and the memory this process has left.
+command may ask for, and the memory a world's meshes take beside what this process has left.
 
 A simulated rank builds torch's DeviceMeshes and process groups, and each of them holds every
 rank of the world: the default group maps every rank to its group rank, and each mesh holds
@@ -10,17 +10,8 @@ number of ranks simulated one after the other (each rank's meshes are freed befo
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from pathlib import Path
-
 from meshconf.core.errors import MeshconfError
-
-try:
-    # Loaded with this module: a process at its memory limit may not load it later.
-    import resource
-except ImportError:  # pragma: no cover - Windows has no resource module
-    resource = None  # type: ignore[assignment]
+from meshconf.sources.host_memory import headroom
 
 #: The largest world a simulation builds: about 1.5 GiB at its peak.
 MAX_SIMULATED_WORLD = 1 << 22
@@ -39,10 +30,6 @@ RANK_SET_UP_COST = 1 << 14
 #: The work one ``meshconf simulate`` builds, in ranks of the world times ranks simulated:
 #: about a second of CPU for each million, so 16 ranks of 2**20 or 4 of 2**22.
 MAX_SIMULATED_WORK = 1 << 24
-
-
-class SimulationTooLarge(MeshconfError):
-    """A simulation that would take more time or memory than meshconf lets one command take."""
 
 
 def mesh_bytes(world_size: int) -> int:
@@ -65,10 +52,10 @@ def check_world_size(world_size: int, *, instead: str = _INSTEAD) -> None:
     with what checks such a world.
 
     Raises:
-        SimulationTooLarge: the message names the limit and the world.
+        MeshconfError: the message names the limit and the world.
     """
     if world_size > MAX_SIMULATED_WORLD:
-        raise SimulationTooLarge(
+        raise MeshconfError(
             f"simulate builds worlds of up to {MAX_SIMULATED_WORLD} ranks, and this one has "
             f"{world_size}: torch's meshes and groups hold every rank, about "
             f"{BYTES_PER_SIMULATED_RANK} bytes each; {instead}"
@@ -80,85 +67,17 @@ def check_simulation_size(world_size: int, rank_count: int) -> None:
     :data:`MAX_SIMULATED_WORK` allows.
 
     Raises:
-        SimulationTooLarge: the message names the limit and the figures of this request.
+        MeshconfError: the message names the limit and the figures of this request.
     """
     check_world_size(world_size)
     cost_per_rank = max(world_size, RANK_SET_UP_COST)
     if rank_count * cost_per_rank > MAX_SIMULATED_WORK:
         most = max(1, MAX_SIMULATED_WORK // cost_per_rank)
-        raise SimulationTooLarge(
+        raise MeshconfError(
             f"{rank_count} ranks of a world of {world_size} are more than one simulate builds: "
             f"each rank builds meshes over the whole world, and one command builds at most "
             f"{most} rank{'s' if most > 1 else ''} of this world; simulate fewer ranks at once"
         )
-
-
-@dataclass(frozen=True)
-class Headroom:
-    """The memory this process may still take, and the bound that sets it."""
-
-    size: int
-    bound: str
-
-
-def _meminfo_available(meminfo: Path) -> int | None:
-    match = re.search(r"^MemAvailable:\s+(\d+) kB$", _read(meminfo) or "", re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
-
-
-def _cgroup_headroom(cgroups: Path, proc_cgroup: Path) -> int | None:
-    # cgroup v2: the process's group is the line "0::/path"; "max" means no limit.
-    match = re.search(r"^0::(/.*)$", _read(proc_cgroup) or "", re.MULTILINE)
-    if match is None:
-        return None
-    folder = cgroups / match.group(1).lstrip("/")
-    limit, current = _read(folder / "memory.max"), _read(folder / "memory.current")
-    if limit is None or current is None or not limit.strip().isdigit():
-        return None
-    return max(0, int(limit) - int(current))
-
-
-def address_space_limit() -> int | None:
-    """The bytes of address space this process may map (``ulimit -v``), None if unlimited."""
-    if resource is None:
-        return None
-    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
-    return None if limit == resource.RLIM_INFINITY else limit
-
-
-def _address_space_headroom(status: Path) -> int | None:
-    limit = address_space_limit()
-    match = re.search(r"^VmSize:\s+(\d+) kB$", _read(status) or "", re.MULTILINE)
-    if limit is None or match is None:
-        return None
-    return max(0, limit - int(match.group(1)) * 1024)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return None
-
-
-def headroom() -> Headroom | None:
-    """The least of the memory this machine has available (``MemAvailable``), what the
-    process's cgroup still allows, and what its address-space limit (``ulimit -v``) leaves;
-    None where none of them can be read (a system without ``/proc``)."""
-    proc = Path("/proc")
-    found = [
-        (_meminfo_available(proc / "meminfo"), "this machine has available"),
-        (
-            _cgroup_headroom(Path("/sys/fs/cgroup"), proc / "self" / "cgroup"),
-            "this process's cgroup allows",
-        ),
-        (
-            _address_space_headroom(proc / "self" / "status"),
-            "this process's address-space limit (ulimit -v) leaves",
-        ),
-    ]
-    known = [Headroom(size, bound) for size, bound in found if size is not None]
-    return min(known, key=lambda room: room.size) if known else None
 
 
 def check_simulation_memory(world_size: int) -> int:
@@ -166,12 +85,12 @@ def check_simulation_memory(world_size: int) -> int:
     (torch loaded), after checking that it is there.
 
     Raises:
-        SimulationTooLarge: the need, and the bound it exceeds, in MiB.
+        MeshconfError: the need, and the bound it exceeds, in MiB.
     """
     need = mesh_bytes(world_size)
     room = headroom()
     if room is not None and need > room.size:
-        raise SimulationTooLarge(
+        raise MeshconfError(
             f"a simulated rank of a world of {world_size} needs about {mebibytes(need)} for "
             f"its meshes and groups, and {room.bound} {mebibytes(room.size)}; {_INSTEAD}"
         )

@@ -8,7 +8,7 @@ command line, ``compat`` or ``integrations``.
 from __future__ import annotations
 
 # Imported before torch: it reads the memory limit that a failed import of torch reports.
-from meshconf.features.simulation import address_space_limit
+from meshconf.sources.host_memory import address_space_limit
 
 try:
     import torch  # noqa: F401
@@ -34,57 +34,43 @@ except (ImportError, OSError, MemoryError) as error:  # pragma: no cover - teste
         f"torch is installed but could not be loaded: {type(error).__name__}{detail}"
     ) from error
 
-from meshconf.runtime.torch_support import UnsupportedTorchError, check_torch
+from meshconf.runtime.torch_support import check_torch
 
 check_torch()
 
 from meshconf.runtime.context import DistributedContext  # noqa: E402
 from meshconf.runtime.groups import GroupCounters  # noqa: E402
-from meshconf.runtime.launch import Launch, LaunchError, read_launch  # noqa: E402
+from meshconf.runtime.launch import Launch, read_launch  # noqa: E402
 from meshconf.runtime.order import CreationOrderError  # noqa: E402
 from meshconf.runtime.reductions import all_reduce  # noqa: E402
-from meshconf.runtime.rendezvous import (  # noqa: E402
-    RankFailedError,
-    RuntimeSetupError,
-    SetupTimeoutError,
-)
+from meshconf.runtime.rendezvous import RankFailedError  # noqa: E402
 from meshconf.runtime.setup import TopologyWarning  # noqa: E402
-from meshconf.runtime.step_memory import (  # noqa: E402
-    BuildError,
-    MeasuredMemory,
-    TrainingStep,
-    measure_memory,
-)
+from meshconf.runtime.step_memory import MeasuredMemory, TrainingStep, measure_memory  # noqa: E402
+from meshconf.runtime.store import RuntimeSetupError, SetupTimeoutError  # noqa: E402
 
 # A traceback names an exception by its module: these read as the names the docs give them,
 # meshconf.runtime.RankFailedError, not the module each is defined in.
 for _exported in (
-    BuildError,
     CreationOrderError,
-    LaunchError,
     RankFailedError,
     RuntimeSetupError,
     SetupTimeoutError,
     TopologyWarning,
-    UnsupportedTorchError,
 ):
     _exported.__module__ = __name__
 del _exported
 
 __all__ = [
-    "BuildError",
     "CreationOrderError",
     "DistributedContext",
     "GroupCounters",
     "Launch",
-    "LaunchError",
     "MeasuredMemory",
     "RankFailedError",
     "RuntimeSetupError",
     "SetupTimeoutError",
     "TopologyWarning",
     "TrainingStep",
-    "UnsupportedTorchError",
     "all_reduce",
     "measure_memory",
     "read_launch",

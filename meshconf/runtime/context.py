@@ -18,6 +18,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+# Importing fake_pg registers torch's "fake" backend (no communication), which meshconf uses
+# for size-1 dims and for simulated worlds.
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
 from meshconf.core.errors import MeshconfError
 from meshconf.core.levels import NODE, environment_name
 from meshconf.core.messages import first_line
@@ -32,15 +36,12 @@ from meshconf.runtime.inputs import (
 )
 from meshconf.runtime.launch import Launch
 from meshconf.runtime.meshes import MeshCache
-from meshconf.runtime.order import CreationOrderError, CreationWatch, GroupStoppedError
+from meshconf.runtime.order import CreationOrderError, CreationWatch
 from meshconf.runtime.placement import check_placement, publish_units
 from meshconf.runtime.rendezvous import (
     RankFailedError,
     RankReasonError,
     Rendezvous,
-    RuntimeSetupError,
-    SetupTimeoutError,
-    StoreGoneError,
     join,
     publish_failure,
 )
@@ -53,6 +54,7 @@ from meshconf.runtime.setup import (
     pick_device,
     warn_topology,
 )
+from meshconf.runtime.store import RuntimeSetupError, SetupTimeoutError, StoreGoneError
 from meshconf.sources.loading import at_world_size, load_config
 
 #: The closing barrier of every closed context, kept until the interpreter exits. gloo's worker
@@ -66,7 +68,6 @@ _ALREADY_KNOWN = (
     RankFailedError,
     SetupTimeoutError,
     CreationOrderError,
-    GroupStoppedError,
     StoreGoneError,
     KeyboardInterrupt,
 )
@@ -82,12 +83,6 @@ def _told(error: MeshconfError) -> MeshconfError:
     return error.with_traceback(None)
 
 
-def _register_fake_backend() -> None:
-    # Importing this module registers torch's "fake" backend (no communication), which
-    # meshconf uses for size-1 dims and for simulated worlds.
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-
 class DistributedContext(MeshRequests):
     """This rank's view of a mesh config: launcher facts, device and meshes.
 
@@ -95,10 +90,6 @@ class DistributedContext(MeshRequests):
     >>> dense = ctx.mesh_for("dense")  # doctest: +SKIP
     """
 
-    config: MeshConfig
-    launch: Launch
-    device: torch.device
-    backend: str
     #: Where the groups sit badly on nodes (``meshconf show``'s warnings, for the node size
     #: in the config or else the launcher's LOCAL_WORLD_SIZE); rank 0 also warns with them.
     topology_warnings: list[str]
@@ -109,7 +100,7 @@ class DistributedContext(MeshRequests):
         ``runtime.build: eager`` (the default), create every domain's groups.
 
         Raises:
-            LaunchError: the launcher's environment is incomplete or disagrees with the config.
+            MeshconfError: the launcher's environment is incomplete or disagrees with the config.
             RuntimeSetupError: this rank could not set up; ``RankFailedError`` when another
                 rank failed (its reason is the message), ``SetupTimeoutError`` when ranks did
                 not arrive within ``runtime.setup_timeout_s`` (they are named).
@@ -136,7 +127,7 @@ class DistributedContext(MeshRequests):
 
         Raises:
             ConfigError: on the rank whose config is invalid.
-            LaunchError, RuntimeSetupError: as the constructor.
+            MeshconfError, RuntimeSetupError: as the constructor.
         """
         environ = environment(environ)
         launch = launch_of(environ)
@@ -250,9 +241,6 @@ class DistributedContext(MeshRequests):
         check_simulated_world(rank, world_size)
         if dist.is_initialized():
             raise RuntimeSetupError("simulate needs a process without a default process group")
-        _register_fake_backend()
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
         config = at_world_size(config, world_size)
         dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
         context = cls.__new__(cls)
@@ -288,7 +276,6 @@ class DistributedContext(MeshRequests):
         self._meshes = MeshCache(self.config, launch.rank, device.type, self._registry)
         self._requests: dict[tuple[str, ...], DeviceMesh | None] = {}
         self.topology_warnings = []
-        _register_fake_backend()
 
     def _check_same_config(self, rendezvous: Rendezvous, environ: Mapping[str, str]) -> None:
         """Every rank must have loaded the same resolved config: each compares its

@@ -9,7 +9,7 @@ so every rank creates just the handful of groups it belongs to. torch names such
 after their ranks and the number of groups made so far, so all ranks must request groups in
 the same order: meshconf walks domains and dims in config order, and the decision to create
 or reuse a group is the same on every member, because it depends only on the dims' modes.
-When meshes are built on first use, ``before_create`` lets the context compare that order
+When meshes are built on first use, the ``check`` hooks let the context compare that order
 across the members before torch would wait on it.
 """
 
@@ -17,25 +17,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from meshconf.core.layout import Mode, RankGroup, group_identity
 from meshconf.runtime.torch_support import set_group_timeout
 
+if TYPE_CHECKING:
+    from meshconf.runtime.order import CreationWatch
+
 GroupKey = tuple[int, tuple[Mode, ...], bool]
-
-
-class CreationCheck(Protocol):
-    """Hooks around each new_group call of a context of several ranks."""
-
-    def before(self, group: RankGroup, identity: str, description: str) -> None:
-        """Called before creating ``group``: ``identity`` is equal on two ranks exactly when
-        they create the same group; ``description`` says what it is for ("dense/tp")."""
-
-    def failed(self, group: RankGroup, identity: str, description: str, error: Exception) -> None:
-        """Called when torch could not create the group; raises a meshconf error."""
 
 
 def key_text(key: GroupKey) -> str:
@@ -68,7 +60,7 @@ class GroupRegistry:
     #: Bound on creating a group (its members meeting in the store); the group then gets
     #: ``timeout`` for its collectives. None: ``timeout`` for both.
     creation_timeout: timedelta | None = None
-    check: CreationCheck | None = None
+    check: CreationWatch | None = None
     _groups: dict[GroupKey, dist.ProcessGroup] = field(default_factory=dict)
     _created: list[dist.ProcessGroup] = field(default_factory=list)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from meshconf.core.errors import argument_type_error
-from meshconf.features.simulation import SimulationTooLarge, check_world_size
+from meshconf.core.errors import MeshconfError, argument_type_error
+from meshconf.features.simulation import check_world_size
 from meshconf.model.config import MeshConfig
-from meshconf.runtime.launch import Launch, LaunchError, read_launch
-from meshconf.runtime.rendezvous import RuntimeSetupError, report_launch_error
+from meshconf.runtime.launch import Launch, read_launch
+from meshconf.runtime.rendezvous import report_launch_error
+from meshconf.runtime.store import RuntimeSetupError
 
 
 def check_config(config: object) -> None:
@@ -41,34 +42,34 @@ def launch_of(environ: Mapping[str, str]) -> Launch:
     rank can reach the store) before the error is raised here.
 
     Raises:
-        LaunchError: as ``read_launch``.
+        MeshconfError: as ``read_launch``.
     """
     try:
         return read_launch(environ)
-    except LaunchError as error:
+    except MeshconfError as error:
         report_launch_error(environ, error)
         raise
 
 
 def check_launched_world(config: MeshConfig, launch: Launch) -> None:
-    """Raises :class:`LaunchError` when the config's world size is not the launcher's (or,
+    """Raises :class:`MeshconfError` when the config's world size is not the launcher's (or,
     without a launcher, the default process group's)."""
     wanted = config.world_size
     if wanted is None or wanted == launch.world_size:
         return
     if launch.source != "none":
-        raise LaunchError(
+        raise MeshconfError(
             f"world_size: the config says {wanted}, but {launch.source} started "
             f"{launch.world_size} ranks"
         )
     if launch.world_size > 1:
-        raise LaunchError(
+        raise MeshconfError(
             f"world_size: the config says {wanted}, but the default process group this "
             f"script initialized has {launch.world_size} ranks"
         )
     # No launcher's variables and no default group: one process alone (``python train.py``,
     # or ``accelerate launch --cpu``, which starts one process unless told how many).
-    raise LaunchError(
+    raise MeshconfError(
         f"world_size: the config says {wanted} ranks, but this process was started alone, "
         "without a launcher's RANK and WORLD_SIZE, so the world is 1 rank; start "
         f"{wanted} processes: `torchrun --nproc_per_node {wanted} train.py`, or `accelerate "
@@ -88,7 +89,7 @@ def check_simulated_world(rank: int, world_size: int) -> None:
         check_world_size(
             world_size, instead="the config's layouts (MeshConfig.layout) answer for any world size"
         )
-    except SimulationTooLarge as error:
+    except MeshconfError as error:
         raise RuntimeSetupError(str(error)) from error
     if not 0 <= rank < world_size:
         raise RuntimeSetupError(f"rank {rank} is outside the world [0, {world_size})")

@@ -17,10 +17,6 @@ from meshconf.core.degrees import MAX_WORLD_SIZE
 from meshconf.core.errors import MeshconfError
 
 
-class LaunchError(MeshconfError):
-    """The launcher's environment is inconsistent or incomplete."""
-
-
 @dataclass(frozen=True)
 class Launch:
     rank: int
@@ -45,12 +41,12 @@ def _integer(environ: Mapping[str, str], name: str, who: str) -> int:
     text = environ[name]
     match = _COUNT.fullmatch(text)
     if match is None or len(match[1]) > len(str(MAX_WORLD_SIZE)):
-        raise LaunchError(
+        raise MeshconfError(
             f"{who} has {name}={_shown(text)}, which is not an integer from 0 to {MAX_WORLD_SIZE}"
         )
     value = int(match[1])
     if value > MAX_WORLD_SIZE:
-        raise LaunchError(f"{who} has {name}={value}, more than torch numbers ({MAX_WORLD_SIZE})")
+        raise MeshconfError(f"{who} has {name}={value}, more than torch numbers ({MAX_WORLD_SIZE})")
     return value
 
 
@@ -61,7 +57,7 @@ def stated_rank(environ: Mapping[str, str]) -> int | None:
         if rank_name in environ:
             try:
                 return _integer(environ, rank_name, "a rank")
-            except LaunchError:
+            except MeshconfError:
                 return None
     return None
 
@@ -70,7 +66,7 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
     """Rank and sizes from torchrun's variables, else SLURM's, else a world of one.
 
     Raises:
-        LaunchError: a variable is missing, is not a number, or disagrees with another.
+        MeshconfError: a variable is missing, is not a number, or disagrees with another.
     """
     for names, source in ((_TORCHRUN, "torchrun"), (_SLURM, "slurm")):
         rank_name, world_name, local_name, local_size_name = names
@@ -79,13 +75,13 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
             continue
         missing = [name for name in (rank_name, world_name) if name not in environ]
         if missing:
-            raise LaunchError(
+            raise MeshconfError(
                 f"{source} environment incomplete: {present[0]} is set but {missing[0]} is not"
             )
         rank = _integer(environ, rank_name, "a rank")
         world_size = _integer(environ, world_name, f"rank {rank}")
         if world_size < 1 or rank >= world_size:
-            raise LaunchError(
+            raise MeshconfError(
                 f"a rank has {rank_name}={rank}, outside {world_name}={world_size} ({source})"
             )
         who = f"rank {rank}"
@@ -93,7 +89,7 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
         if local_size_name in environ:
             local_world_size = _integer(environ, local_size_name, who)
             if local_world_size == 0:
-                raise LaunchError(
+                raise MeshconfError(
                     f"{who} has {local_size_name}=0 ({source}): a node runs at least one process"
                 )
         if local_name not in environ:
@@ -101,7 +97,7 @@ def read_launch(environ: Mapping[str, str]) -> Launch:
         else:
             local_rank = _integer(environ, local_name, who)
             if local_world_size is not None and local_rank >= local_world_size:
-                raise LaunchError(
+                raise MeshconfError(
                     f"{who} has {local_name}={local_rank}, outside "
                     f"{local_size_name}={local_world_size} ({source})"
                 )

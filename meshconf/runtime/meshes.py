@@ -152,11 +152,9 @@ class MeshCache:
         flattened: Mapping[str, Sequence[str]],
         outside: tuple[str, ...],
     ) -> DeviceMesh:
-        """A root mesh over meshconf dims under the names a library reads them by (each name
-        mapped to the meshconf dims it joins, outer first), with ``flattened`` dims (a name
-        mapped to the names it joins) in its flatten mapping, as torch's ``_flatten`` leaves
-        them, over the registry's groups; the ``outside`` dims, outermost, complete the world
-        and are not dims of the mesh (it holds this rank's slice of them). Built once."""
+        """The mesh :meth:`~meshconf.runtime.requests.MeshRequests.named_mesh` describes, each
+        name in ``dims`` mapped to the meshconf dims it joins, over the registry's groups, with
+        ``flattened`` in its flatten mapping as torch's ``_flatten`` leaves it. Built once."""
         key = ("named", *(f"{k}={'*'.join(v)}" for k, v in dims.items()), *outside)
         key += tuple(f"{k}={'*'.join(v)}" for k, v in flattened.items())
         mesh = self.slices.get(key)

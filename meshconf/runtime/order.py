@@ -23,13 +23,8 @@ import time
 
 from meshconf.core.layout import RankGroup
 from meshconf.core.messages import first_line
-from meshconf.runtime.rendezvous import (
-    Rendezvous,
-    RuntimeSetupError,
-    SetupTimeoutError,
-    failure_error,
-    ranks_named,
-)
+from meshconf.runtime.rendezvous import Rendezvous, failure_error, ranks_named
+from meshconf.runtime.store import RuntimeSetupError, SetupTimeoutError
 
 #: How long a member whose group creation failed waits for the others to say they failed too;
 #: members that started the same group time out within moments of each other.
@@ -40,12 +35,8 @@ class CreationOrderError(RuntimeSetupError):
     """Ranks asked for meshes in different orders (``runtime.build: lazy``)."""
 
 
-class GroupStoppedError(RuntimeSetupError):
-    """A member of a process group stopped answering while the group was being created."""
-
-
 class CreationWatch:
-    """The ``before_create`` and ``failed`` hooks of a context's group registry."""
+    """The hooks around each ``new_group`` call of a context's group registry."""
 
     def __init__(self, rendezvous: Rendezvous, *, same_order: bool) -> None:
         """``same_order``: compare each group's place in the members' creation orders
@@ -56,6 +47,8 @@ class CreationWatch:
 
     def before(self, group: RankGroup, identity: str, description: str) -> None:
         """Publish the group this rank is about to create; lazily, compare its place.
+        ``identity`` is equal on two ranks exactly when they create the same group;
+        ``description`` says what it is for ("dense/tp").
 
         Raises:
             CreationOrderError: a member's k-th group is another one.
@@ -114,9 +107,9 @@ class CreationWatch:
         else say what torch said.
 
         Raises:
-            RankFailedError, SetupTimeoutError: another rank failed first.
-            GroupStoppedError: members of the group stopped answering.
-            SetupTimeoutError: otherwise.
+            RankFailedError: members of the group stopped answering, or another rank failed
+                first.
+            SetupTimeoutError: ranks timed out first, or torch gave up for another reason.
         """
         rendezvous, rank = self.rendezvous, self.rendezvous.launch.rank
         rendezvous.check_failures()
@@ -141,10 +134,8 @@ class CreationWatch:
                 f"{ranks_named(stopped)} stopped answering {where} the group {description} "
                 f"(ranks {_group_text(group)})"
             )
-            published = rendezvous.publish(reason, gone=stopped)
-            if published.partition("\n")[2] == reason:
-                raise GroupStoppedError(reason)
-            raise failure_error(published)
+            # The first failure published, this one or another rank's, is the one raised.
+            raise failure_error(rendezvous.publish(reason, gone=stopped))
         if silent:  # a failure is on its way from the group they wait on
             deadline = time.monotonic() + ANSWER_S
             while time.monotonic() < deadline:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from meshconf.core.errors import MeshconfError
-from meshconf.runtime.launch import Launch, LaunchError, stated_rank
+from meshconf.runtime.launch import Launch, stated_rank
 from meshconf.runtime.store import (
     Address,
     GuardedStore,
@@ -36,7 +36,6 @@ from meshconf.runtime.store import (
     SetupTimeoutError,
     StoreGoneError,
     connect,
-    gone_text,
     store_address,
 )
 
@@ -51,20 +50,6 @@ _MISSING_SHOWN = 8  # ranks named in a message; the rest are counted
 _FIRST_PAUSE_S = 0.001
 _PAUSE_PER_RANK_S = 50e-6
 _LONGEST_PAUSE_RANGE_S = (0.05, 1.0)
-
-__all__ = [
-    "PHASES",
-    "RankFailedError",
-    "RankReasonError",
-    "Rendezvous",
-    "RuntimeSetupError",
-    "SetupTimeoutError",
-    "StoreGoneError",
-    "failure_error",
-    "join",
-    "publish_failure",
-    "report_launch_error",
-]
 
 
 class RankFailedError(RuntimeSetupError):
@@ -101,7 +86,11 @@ class Rendezvous:
         self.launch = launch
         self.timeout_s = timeout_s
         self.hosts_store = hosts_store
-        gone = gone_text(address)
+        gone = (
+            "the default process group's store is gone"
+            if address is None
+            else f"the store at {address} is gone: {address.host_is} stopped"
+        )
         # The n-th context of every rank shares one key space, even in a job that makes several.
         generation = GuardedStore(store, gone).add(f"meshconf/contexts/{launch.rank}", 1)
         self.store = GuardedStore(PrefixStore(f"meshconf/{generation}", store), gone)
@@ -111,31 +100,6 @@ class Rendezvous:
         self._longest_pause_s = min(longest, max(shortest, launch.world_size * _PAUSE_PER_RANK_S))
         if bound_known:
             self._publish_bound()
-
-    @classmethod
-    def connect(
-        cls,
-        launch: Launch,
-        environ: Mapping[str, str],
-        timeout_s: float,
-        *,
-        bound_known: bool = True,
-    ) -> Rendezvous:
-        """Join the store at MASTER_ADDR:MASTER_PORT: rank 0 hosts it unless the launcher's
-        agent already does (torchrun sets TORCHELASTIC_USE_AGENT_STORE). ``bound_known``
-        False: ``timeout_s`` is a default, since this rank could not read its config.
-
-        Raises:
-            LaunchError: MASTER_ADDR or MASTER_PORT is not set to a host and a port.
-            RuntimeSetupError: rank 0 cannot host the store.
-            SetupTimeoutError: the store is not reachable within ``timeout_s``.
-        """
-        address = store_address(environ, f"rank {launch.rank}")
-        hosts = launch.rank == 0 and address.host_is == "rank 0"
-        store = connect(address, hosts=hosts, world_size=launch.world_size, timeout_s=timeout_s)
-        return cls(
-            store, launch, timeout_s, hosts_store=hosts, address=address, bound_known=bound_known
-        )
 
     def _publish_bound(self) -> None:
         """Raise ``bound_ms`` to this rank's bound if it is longer."""
@@ -289,11 +253,14 @@ def failure_error(published: str) -> RuntimeSetupError:
 def join(
     launch: Launch, environ: Mapping[str, str], timeout_s: float, *, bound_known: bool = True
 ) -> Rendezvous | None:
-    """This rank's handle on the rendezvous store, when it is one of several ranks
-    (``bound_known`` as :meth:`Rendezvous.connect`).
+    """This rank's handle on the rendezvous store, when it is one of several ranks: the
+    default group's, or the one at MASTER_ADDR:MASTER_PORT, which rank 0 hosts unless the
+    launcher's agent already does (torchrun sets TORCHELASTIC_USE_AGENT_STORE).
+    ``bound_known`` False: ``timeout_s`` is a default, since this rank could not read its
+    config.
 
     Raises:
-        LaunchError: MASTER_ADDR or MASTER_PORT is missing or not a host and a port.
+        MeshconfError: MASTER_ADDR or MASTER_PORT is missing or not a host and a port.
         RuntimeSetupError: rank 0 cannot host the store.
         SetupTimeoutError: the store did not answer within ``timeout_s``.
     """
@@ -308,14 +275,19 @@ def join(
         return Rendezvous(store, launch, timeout_s, hosts_store=False, bound_known=bound_known)
     if launch.world_size == 1 or launch.source not in ("torchrun", "slurm"):
         return None
-    return Rendezvous.connect(launch, environ, timeout_s, bound_known=bound_known)
+    address = store_address(environ, f"rank {launch.rank}")
+    hosts = launch.rank == 0 and address.host_is == "rank 0"
+    store = connect(address, hosts=hosts, world_size=launch.world_size, timeout_s=timeout_s)
+    return Rendezvous(
+        store, launch, timeout_s, hosts_store=hosts, address=address, bound_known=bound_known
+    )
 
 
 #: How long a rank whose launch environment is wrong tries to reach the store to say so.
 _REPORT_CONNECT_S = 10.0
 
 
-def report_launch_error(environ: Mapping[str, str], error: LaunchError) -> None:
+def report_launch_error(environ: Mapping[str, str], error: MeshconfError) -> None:
     """Tell the other ranks what is wrong with this rank's launch environment, when it can
     reach the store as a client (torchrun's agent store, or rank 0's when this is another
     rank): they then fail with this message instead of waiting for this rank. A rank that
@@ -324,7 +296,7 @@ def report_launch_error(environ: Mapping[str, str], error: LaunchError) -> None:
     rank = -1 if stated is None else stated
     try:
         address = store_address(environ, "this rank")
-    except LaunchError:
+    except MeshconfError:
         return
     if rank <= 0 and address.host_is == "rank 0":
         return  # this may be rank 0, which would host the store: the others name it

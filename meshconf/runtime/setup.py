@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Store
 
-from meshconf.core.errors import format_key
+from meshconf.core.errors import MeshconfError, format_key
 from meshconf.features.plan.topology import node_key, topology_warnings
 from meshconf.model.config import MeshConfig
-from meshconf.runtime.launch import Launch, LaunchError
-from meshconf.runtime.rendezvous import RuntimeSetupError
+from meshconf.runtime.launch import Launch
+from meshconf.runtime.store import RuntimeSetupError
 
 
 def pick_device(requested: str, launch: Launch) -> torch.device:
@@ -71,7 +71,7 @@ def check_existing_default_group(launch: Launch) -> None:
 
     Raises:
         RuntimeSetupError: it was bound to a device.
-        LaunchError: its size is not the launcher's.
+        MeshconfError: its size is not the launcher's.
     """
     if getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None):
         raise RuntimeSetupError(
@@ -80,7 +80,7 @@ def check_existing_default_group(launch: Launch) -> None:
             "device_id (call torch.cuda.set_device instead) or let meshconf initialize it"
         )
     if dist.get_world_size() != launch.world_size and launch.source != "none":
-        raise LaunchError(
+        raise MeshconfError(
             f"the default process group has {dist.get_world_size()} ranks but "
             f"{launch.source} says {launch.world_size}"
         )

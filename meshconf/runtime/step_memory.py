@@ -27,9 +27,9 @@ from torch import nn
 
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import first_line, shorten
-from meshconf.features.plan.estimate.step_inputs import Training
 from meshconf.model.config import MeshConfig
 from meshconf.runtime.context import DistributedContext
+from meshconf.runtime.step_mismatches import Observed
 from meshconf.runtime.torch_support import MEASURE_PROBES, check_torch
 
 #: The terms of a measurement, as the estimate names them (``other`` is what the tracker
@@ -61,11 +61,6 @@ _TERM_OF_KIND: Mapping[str, str] = MappingProxyType(
 )
 
 
-class BuildError(MeshconfError):
-    """The user's build function could not be loaded, failed, or returned something else
-    than a :class:`TrainingStep`."""
-
-
 @dataclass(frozen=True)
 class TrainingStep:
     """What a build function returns for its rank: the model as parallelized, its optimizer,
@@ -80,20 +75,6 @@ class TrainingStep:
 
 #: A build function: the rank's context in, its training step out.
 BuildFunction = Callable[[DistributedContext], TrainingStep]
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the build ran, as the estimate names it, where the measurement could see it
-    (None where not): the sequences its model was called with (``(micro-batch, tokens)``,
-    read off the first argument of more than one dimension of each call), the dtype its
-    model computed in (that of its output) and its gradients' dtype, and the parameter
-    elements the rank stores (the tracker's bytes over the parameters' element size)."""
-
-    calls: frozenset[tuple[int, int]]
-    compute_dtype: str | None
-    grad_dtype: str | None
-    parameter_elements: int | None
 
 
 @dataclass(frozen=True)
@@ -114,85 +95,19 @@ class MeasuredMemory:
         return sum(self.terms.values())
 
 
-@dataclass(frozen=True)
-class Mismatch:
-    """A setting of the estimate that is not what the build ran: the setting's name in the
-    estimate, the build's value and the estimate's, and the sentence that says so."""
-
-    setting: str
-    build: int | str
-    estimate: int | str
-    message: str
-
-
-#: What each setting that differs says.
-_SAID = {
-    "micro_batch": "the build's micro-batches hold {build} sequences, the estimate's {estimate}",
-    "seq_len": "the build's sequences hold {build} tokens, the estimate's {estimate}",
-    "param_dtype": "the build computes in {build}, the estimate in {estimate}",
-    "grad_dtype": "the build's gradients are {build}, the estimate's {estimate}",
-}
-
-
-def mismatches(
-    observed: Observed,
-    training: Training,
-    parameter_elements: int,
-    options: Mapping[str, str],
-    cp: int = 1,
-) -> list[Mismatch]:
-    """Where the estimate's settings (``training``, and the ``parameter_elements`` it counts
-    on this rank) differ from what the build ran; ``options`` holds the option that sets
-    each. A sequence split over ``cp`` ranks may reach the model as a rank's share."""
-    found: list[Mismatch] = []
-
-    def differ(setting: str, build: int | str, estimate: int | str) -> None:
-        said = _SAID[setting].format(
-            build=f"{build:,}" if isinstance(build, int) else build,
-            estimate=f"{estimate:,}" if isinstance(estimate, int) else estimate,
-        )
-        found.append(Mismatch(setting, build, estimate, f"{said} ({options[setting]} {build})"))
-
-    elements, wanted = observed.parameter_elements, parameter_elements
-    if elements is not None and abs(elements - wanted) > 0.02 * max(wanted, 1):
-        found.append(
-            Mismatch(
-                "model",
-                elements,
-                wanted,
-                f"the build stores {elements:,} parameter elements on this rank, the estimate "
-                f"{wanted:,}: estimate the model the build makes ({options['model']} or "
-                f"{options['model_file']})",
-            )
-        )
-    if observed.calls:
-        batches = {batch for batch, _ in observed.calls}
-        tokens = {length for _, length in observed.calls}
-        seq_len = training.seq_len
-        if training.micro_batch not in batches:
-            differ("micro_batch", min(batches), training.micro_batch)
-        if not tokens & {seq_len, seq_len // cp}:
-            differ("seq_len", max(tokens), seq_len)
-    if observed.compute_dtype not in (None, training.param_dtype):
-        differ("param_dtype", observed.compute_dtype, training.param_dtype)
-    if observed.grad_dtype not in (None, training.grad_dtype):
-        differ("grad_dtype", observed.grad_dtype, training.grad_dtype)
-    return found
-
-
 def load_build(spec: str) -> BuildFunction:
     """The function ``MODULE:FUNCTION`` names; the current directory is searched first, as
     ``python -m`` does.
 
     Raises:
-        BuildError: ``spec`` is not of that form, the module does not import, or it has no
+        MeshconfError: ``spec`` is not of that form, the module does not import, or it has no
             such callable.
     """
     module_name, _, function_name = spec.partition(":")
     if not all(part.isidentifier() for part in module_name.split(".")) or not (
         function_name.isidentifier()
     ):
-        raise BuildError(
+        raise MeshconfError(
             f"--build: expected MODULE:FUNCTION (mypackage.train:build), got {shorten(spec)!r}"
         )
     if os.getcwd() not in sys.path:
@@ -202,17 +117,17 @@ def load_build(spec: str) -> BuildFunction:
     except KeyboardInterrupt:
         raise
     except SystemExit as leaving:
-        raise BuildError(
+        raise MeshconfError(
             f"--build: module {module_name!r} exited while it was imported (SystemExit "
             f"{shorten(repr(leaving.code))})"
         ) from None
     except BaseException as error:
-        raise BuildError(
+        raise MeshconfError(
             f"--build: module {module_name!r} could not be imported: {_described(error)}"
         ) from error
     function = _call(f"--build: module {module_name!r}", getattr, module, function_name, None)
     if not callable(function):
-        raise BuildError(f"--build: module {module_name!r} has no function {function_name!r}")
+        raise MeshconfError(f"--build: module {module_name!r} has no function {function_name!r}")
     built: BuildFunction = function
     return built
 
@@ -225,11 +140,10 @@ def measure_memory(
     ``world_size``. Needs a process without a default process group; leaves none behind.
 
     Raises:
-        UnsupportedTorchError: this torch has no memory tracker meshconf knows.
+        MeshconfError: this torch has no memory tracker meshconf knows; ``build`` raised,
+            returned something else than a :class:`TrainingStep`, or its step raised.
         RuntimeSetupError: as :meth:`DistributedContext.simulate` raises it.
         ConfigError: the config does not fit ``world_size``.
-        BuildError: ``build`` raised, returned something else than a :class:`TrainingStep`,
-            or its step raised.
     """
     check_torch(MEASURE_PROBES)
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -258,10 +172,10 @@ def _checked(step: object) -> TrainingStep:
     """``step`` if it is a :class:`TrainingStep` of a module, an optimizer and a callable.
 
     Raises:
-        BuildError: it is something else, or holds something else.
+        MeshconfError: it is something else, or holds something else.
     """
     if not isinstance(step, TrainingStep):
-        raise BuildError(
+        raise MeshconfError(
             f"the build function returned {type(step).__name__}, not a "
             "meshconf.runtime.TrainingStep(model, optimizer, forward_backward)"
         )
@@ -277,7 +191,7 @@ def _checked(step: object) -> TrainingStep:
     if not callable(step.forward_backward):
         wrong.append(f"forward_backward is a {type(step.forward_backward).__name__}, not callable")
     if wrong:
-        raise BuildError(f"the build function's TrainingStep: {'; '.join(wrong)}")
+        raise MeshconfError(f"the build function's TrainingStep: {'; '.join(wrong)}")
     return step
 
 
@@ -376,7 +290,7 @@ def _terms(snapshot: Mapping[torch.device, Mapping[Any, int]]) -> dict[str, int]
 
 
 def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)``; whatever user code does but return is one :class:`BuildError`
+    """``function(*args)``; whatever user code does but return is one :class:`MeshconfError`
     naming ``what``: an exception, or an exit (``SystemExit``) that would otherwise end
     meshconf with the user's status and no word. An interrupt is the user's to give."""
     try:
@@ -384,9 +298,9 @@ def _call(what: str, function: Callable[..., Any], *args: Any) -> Any:
     except (MeshconfError, KeyboardInterrupt):
         raise
     except SystemExit as leaving:
-        raise BuildError(f"{what} exited (SystemExit {shorten(repr(leaving.code))})") from None
+        raise MeshconfError(f"{what} exited (SystemExit {shorten(repr(leaving.code))})") from None
     except BaseException as error:
-        raise BuildError(f"{what} raised {_described(error)}") from error
+        raise MeshconfError(f"{what} raised {_described(error)}") from error
 
 
 def _described(error: BaseException) -> str:

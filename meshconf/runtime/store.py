@@ -24,7 +24,6 @@ from torch.distributed.distributed_c10d import Store
 
 from meshconf.core.errors import MeshconfError
 from meshconf.core.messages import first_line, shorten
-from meshconf.runtime.launch import LaunchError
 
 _PORT = re.compile(r"[0-9]{1,5}")
 _HOST = re.compile(r"[A-Za-z0-9_.:\[\]%-]{1,253}")
@@ -59,18 +58,18 @@ def store_address(environ: Mapping[str, str], who: str) -> Address:
     rank in the messages (``rank 3``).
 
     Raises:
-        LaunchError: either is missing, or is not a host name and a port from 1 to 65535.
+        MeshconfError: either is missing, or is not a host name and a port from 1 to 65535.
     """
     host, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
     if not host or not port:
-        raise LaunchError(
+        raise MeshconfError(
             f"{who} has no MASTER_ADDR and MASTER_PORT (torchrun sets them; under SLURM, export "
             "the host and port of rank 0)"
         )
     if _HOST.fullmatch(host) is None:
-        raise LaunchError(f"{who} has MASTER_ADDR={shorten(host)!r}, which is not a host name")
+        raise MeshconfError(f"{who} has MASTER_ADDR={shorten(host)!r}, which is not a host name")
     if _PORT.fullmatch(port) is None or not 1 <= int(port) <= 65535:
-        raise LaunchError(f"{who} has MASTER_PORT={shorten(port)!r}, not a port (1 to 65535)")
+        raise MeshconfError(f"{who} has MASTER_PORT={shorten(port)!r}, not a port (1 to 65535)")
     agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     return Address(host, int(port), "torchrun's agent" if agent else "rank 0")
 
@@ -161,10 +160,3 @@ class GuardedStore:
                 raise StoreGoneError(f"{self._gone} ({first_line(error)})") from None
 
         return guarded
-
-
-def gone_text(address: Address | None) -> str:
-    """What a rank says when the store stops answering."""
-    if address is None:
-        return "the default process group's store is gone"
-    return f"the store at {address} is gone: {address.host_is} stopped"

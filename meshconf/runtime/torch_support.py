@@ -11,6 +11,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,10 +19,6 @@ import torch.distributed as dist
 from meshconf.core.errors import MeshconfError
 
 TESTED_TORCH = "2.13.0 and 2.14.1"
-
-
-class UnsupportedTorchError(MeshconfError):
-    """The installed torch lacks a private name the runtime needs."""
 
 
 def _module_attribute(module: str, name: str) -> Callable[[], bool]:
@@ -34,31 +31,10 @@ def _module_attribute(module: str, name: str) -> Callable[[], bool]:
     return probe
 
 
-def _mesh_init_takes(*names: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        from torch.distributed.device_mesh import DeviceMesh
+def _device_mesh() -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
 
-        return set(names) <= set(inspect.signature(DeviceMesh.__init__).parameters)
-
-    return probe
-
-
-def _mesh_get_group_reads(name: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        return name in DeviceMesh.get_group.__code__.co_names
-
-    return probe
-
-
-def _mesh_declares(name: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        return name in getattr(DeviceMesh, "__annotations__", {})
-
-    return probe
+    return DeviceMesh
 
 
 _C10D = "torch.distributed.distributed_c10d"
@@ -70,11 +46,16 @@ PROBES: dict[str, Callable[[], bool]] = {
     "torch.distributed._mesh_layout._FlatLayout": _module_attribute(
         "torch.distributed._mesh_layout", "_FlatLayout"
     ),
-    "DeviceMesh(_layout=..., _rank_map=..., _init_backend=...)": _mesh_init_takes(
-        "_layout", "_rank_map", "_init_backend"
+    "DeviceMesh(_layout=..., _rank_map=..., _init_backend=...)": lambda: (
+        {"_layout", "_rank_map", "_init_backend"}
+        <= set(inspect.signature(_device_mesh().__init__).parameters)
     ),
-    "DeviceMesh._dim_group_names": _mesh_get_group_reads("_dim_group_names"),
-    "DeviceMesh._pg_registry": _mesh_declares("_pg_registry"),
+    "DeviceMesh._dim_group_names": lambda: (
+        "_dim_group_names" in _device_mesh().get_group.__code__.co_names
+    ),
+    "DeviceMesh._pg_registry": lambda: (
+        "_pg_registry" in getattr(_device_mesh(), "__annotations__", {})
+    ),
     f"torch.distributed.set_timeout or {_C10D}._set_pg_timeout": lambda: (
         _module_attribute("torch.distributed", "set_timeout")()
         or _module_attribute(_C10D, "_set_pg_timeout")()
@@ -103,11 +84,11 @@ def check_torch(probes: Mapping[str, Callable[[], bool]] = PROBES) -> None:
     """Probe every private name in ``probes``.
 
     Raises:
-        UnsupportedTorchError: one line naming the torch version and the first missing name.
+        MeshconfError: one line naming the torch version and the first missing name.
     """
     for name, probe in probes.items():
         if not probe():
-            raise UnsupportedTorchError(
+            raise MeshconfError(
                 f"meshconf's runtime needs {name}, which torch {torch.__version__} does not "
                 f"have; meshconf is tested with torch {TESTED_TORCH}"
             )
