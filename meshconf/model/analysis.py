@@ -16,17 +16,17 @@ from meshconf.core.levels import Level, all_levels
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """The inputs of the rules, as plain values."""
+    """The inputs of the rules, as plain values; by default, those of no config's keys."""
 
-    world_size: int | None
-    gpus_per_node: int | None
-    inside_node: Mapping[str, int] | None
-    degrees: Mapping[str, int]
-    explicit_degrees: frozenset[str]
-    derived: Mapping[str, str]
-    user_derived: frozenset[str]
-    domains: Mapping[str, tuple[str, ...]]
-    user_domains: bool
+    world_size: int | None = None
+    gpus_per_node: int | None = None
+    inside_node: Mapping[str, int] | None = None
+    degrees: Mapping[str, int] = field(default_factory=dict)
+    explicit_degrees: frozenset[str] = frozenset()
+    derived: Mapping[str, str] = field(default_factory=dict)
+    user_derived: frozenset[str] = frozenset()
+    domains: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    user_domains: bool = False
     order: tuple[str, ...] | None = None
     #: The levels above the node, inner to outer (the node itself when gpus_per_node is None).
     levels: tuple[Level, ...] = ()
@@ -63,8 +63,7 @@ class Analysis:
 
     @property
     def brief(self) -> bool:
-        """Past the problems a config reports, messages skip their costly hints: only their
-        count is shown."""
+        """Past the problems a config reports (only counted), messages skip costly hints."""
         return len(self.problems) >= MAX_PROBLEMS
 
     def wait(self, check: str) -> None:

@@ -1,10 +1,7 @@
-"""The mesh config: a strict, frozen pydantic v2 model with every rule attached, over the
-sections of :mod:`meshconf.model.sections`.
-
-Field types (:mod:`meshconf.model.fields`) check types and ranges with messages written for people;
-one model validator then runs the formula rules of :mod:`meshconf.model.rules` and places each
-problem on the field it concerns.
-"""
+"""The mesh config: a strict, frozen pydantic v2 model over the sections of
+:mod:`meshconf.model.sections`. Field types (:mod:`meshconf.model.fields`) check types and
+ranges; one model validator then runs the formula rules of :mod:`meshconf.model.rules` and
+places each problem on the field it concerns."""
 
 from __future__ import annotations
 
@@ -112,14 +109,12 @@ class MeshConfig(FrozenModel):
         if self.domains is not None and not self.domains:
             raise validation_error(
                 "MeshConfig",
-                [
-                    FieldError(
-                        ("domains",),
-                        "domains_empty",
-                        "needs at least one domain (or leave it out for the defaults)",
-                        input={},
-                    )
-                ],
+                FieldError(
+                    ("domains",),
+                    "domains_empty",
+                    "needs at least one domain (or leave it out for the defaults)",
+                    input={},
+                ),
             )
         analysis = analyze(self.spec())
         if analysis.problems:
@@ -251,15 +246,13 @@ class MeshConfig(FrozenModel):
         if self.world_size is not None and self.world_size != world_size:
             raise validation_error(
                 "MeshConfig",
-                [
-                    FieldError(
-                        ("world_size",),
-                        "world_size_conflict",
-                        "the config says {mine}, but the world size is {given}",
-                        {"mine": self.world_size, "given": world_size},
-                        world_size,
-                    )
-                ],
+                FieldError(
+                    ("world_size",),
+                    "world_size_conflict",
+                    "the config says {mine}, but the world size is {given}",
+                    {"mine": self.world_size, "given": world_size},
+                    world_size,
+                ),
             )
         data = self.model_dump(exclude_unset=True)
         if self.degrees._dp_shard_defaulted:

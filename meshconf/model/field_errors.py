@@ -26,8 +26,9 @@ class FieldError:
     input: Any = None
 
 
-def validation_error(title: str, errors: list[FieldError]) -> ValidationError:
-    """A ``ValidationError`` of the model ``title`` holding ``errors``."""
+def validation_error(title: str, errors: FieldError | list[FieldError]) -> ValidationError:
+    """A ``ValidationError`` of the model ``title`` holding ``errors`` (one, or a list)."""
+    listed = [errors] if isinstance(errors, FieldError) else errors
     return ValidationError.from_exception_data(
         title,
         [
@@ -40,6 +41,6 @@ def validation_error(title: str, errors: list[FieldError]) -> ValidationError:
                 loc=error.loc,
                 input=error.input,
             )
-            for error in errors
+            for error in listed
         ],
     )

@@ -108,10 +108,6 @@ def _world_factor(value: Any) -> int:
     return _integer(value, minimum=1, auto=True)
 
 
-def _positive(value: Any) -> int:
-    return _integer(value, minimum=1, auto=False)
-
-
 def _expert_degree(value: Any) -> int:
     if value == AUTO and not isinstance(value, bool):
         raise PydanticCustomError(
@@ -120,7 +116,7 @@ def _expert_degree(value: Any) -> int:
             "expert degrees borrow their ranks from dp_shard * cp * tp",
             {"factors": ", ".join(WORLD_FACTORS)},
         )
-    return _positive(value)
+    return _integer(value, minimum=1, auto=False)
 
 
 def device_value(value: Any) -> Any:
@@ -135,16 +131,6 @@ def device_value(value: Any) -> Any:
             {"got": describe_value(value), "meant": meant},
         )
     return value
-
-
-def _timeout(value: Any) -> int:
-    return _integer(value, minimum=1, auto=False, limit="longer than any job should wait")
-
-
-def _gpus_per_node(value: Any) -> int:
-    return _integer(
-        value, minimum=1, auto=False, maximum=MAX_GPUS_PER_NODE, limit="more than any node holds"
-    )
 
 
 #: Per GPU; NVLink 5 gives 900 GB/s each way, so this is far past any link built.
@@ -256,10 +242,6 @@ def _order_list(value: Any) -> Any:
     return value
 
 
-def _integer_schema(maximum: int = MAX_WORLD_SIZE) -> dict[str, Any]:
-    return {"type": "integer", "minimum": 1, "maximum": maximum}
-
-
 # JSON Schema for each type (``meshconf schema``). It states the type and range; YAML 1.1
 # look-alikes and formulas are left to ``meshconf validate``.
 _AUTO_SCHEMA = {"const": AUTO, "description": "Fill the ranks the other degrees leave."}
@@ -272,17 +254,14 @@ _NAME_SCHEMA = {
 # What a formula may contain: names, integers, '*', '/', parentheses and spaces.
 _FORMULA_CHARACTERS = r"^[A-Za-z0-9_*/() \t]+$"
 
+_RANKS = {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE}
 WorldFactor = Annotated[
-    int,
-    BeforeValidator(_world_factor),
-    WithJsonSchema({"anyOf": [_integer_schema(), _AUTO_SCHEMA]}),
+    int, BeforeValidator(_world_factor), WithJsonSchema({"anyOf": [_RANKS, _AUTO_SCHEMA]})
 ]
-Positive = Annotated[int, BeforeValidator(_positive), WithJsonSchema(_integer_schema())]
-ExpertDegree = Annotated[int, BeforeValidator(_expert_degree), WithJsonSchema(_integer_schema())]
-GpusPerNode = Annotated[
-    int, BeforeValidator(_gpus_per_node), WithJsonSchema(_integer_schema(MAX_GPUS_PER_NODE))
-]
-TimeoutSeconds = Annotated[int, BeforeValidator(_timeout), WithJsonSchema(_integer_schema())]
+Positive = Annotated[int, IntegerBound(1, MAX_WORLD_SIZE, "the most ranks torch can number")]
+ExpertDegree = Annotated[int, BeforeValidator(_expert_degree), WithJsonSchema(_RANKS)]
+GpusPerNode = Annotated[int, IntegerBound(1, MAX_GPUS_PER_NODE, "more than any node holds")]
+TimeoutSeconds = Annotated[int, IntegerBound(1, MAX_WORLD_SIZE, "longer than any job should wait")]
 Name = Annotated[str, BeforeValidator(_name), WithJsonSchema(_NAME_SCHEMA)]
 BandwidthGBs = Annotated[
     float,

@@ -118,13 +118,5 @@ def describe_split(result: Analysis, indices: tuple[int, ...]) -> str:
 
 
 def placement_keys(spec: MeshSpec) -> str:
-    keys = [
-        key
-        for key, value in (
-            ("order", spec.order),
-            ("inside_node", spec.inside_node),
-            ("inside", spec.inside),
-        )
-        if value
-    ]
-    return " or ".join(keys)
+    given = {"order": spec.order, "inside_node": spec.inside_node, "inside": spec.inside}
+    return " or ".join(key for key, value in given.items() if value)

@@ -94,8 +94,10 @@ def _type(schema: dict[str, Any]) -> str:
     if "enum" in schema:
         return "one of " + ", ".join(_code(option) for option in schema["enum"])
     kind = schema.get("type")
+    if kind == "integer" and "minimum" in schema and "maximum" in schema:
+        return f"integer {schema['minimum']} to {schema['maximum']}"
     if kind == "integer":
-        return _integer(schema)
+        return f"integer >= {schema['minimum']}" if "minimum" in schema else "integer"
     if kind == "number":
         if "exclusiveMinimum" in schema:
             return f"number above {schema['exclusiveMinimum']}, at most {schema['maximum']}"
@@ -115,14 +117,6 @@ def _type(schema: dict[str, Any]) -> str:
         minimum = ", at least one entry" if schema.get("minProperties") else ""
         return f"mapping from {keys} to {_type(schema['additionalProperties'])}{minimum}"
     return str(kind)
-
-
-def _integer(schema: dict[str, Any]) -> str:
-    if "minimum" in schema and "maximum" in schema:
-        return f"integer {schema['minimum']} to {schema['maximum']}"
-    if "minimum" in schema:
-        return f"integer >= {schema['minimum']}"
-    return "integer"
 
 
 def _code(value: Any) -> str:

@@ -193,19 +193,13 @@ def check_derived(spec: MeshSpec, result: Analysis) -> None:
                 )
                 usable = False
             elif used not in all_names:
-                detail = (
-                    ""
-                    if result.brief
-                    else f"{did_you_mean(used, ordered_names)}; a formula may use the degrees "
-                    "and the derived dims defined before it: "
-                    + name_list(
-                        list(
-                            dict.fromkeys(
-                                n for n in ordered_names if n in DEGREE_NAMES or n in defined
-                            )
-                        )
+                detail = ""
+                if not result.brief:
+                    listed = [n for n in dict.fromkeys(ordered_names) if n in defined]
+                    detail = (
+                        f"{did_you_mean(used, ordered_names)}; a formula may use the degrees "
+                        f"and the derived dims defined before it: {name_list(listed)}"
                     )
-                )
                 result.fail(path, f"{text!r} uses unknown name {used!r}{detail}")
                 usable = False
         defined.add(name)

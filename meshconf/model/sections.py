@@ -1,9 +1,5 @@
 """The sections of a mesh config, each its own frozen model: the degrees, the part of each
-world factor inside a node, the topology levels and the runtime options.
-
-The degree and inside-node fields are generated from :mod:`meshconf.core.degrees`, so that a
-degree is declared once.
-"""
+world factor inside a node, the topology levels and the runtime options."""
 
 from __future__ import annotations
 
@@ -117,18 +113,20 @@ class _InsideNodeParts(FrozenModel):
         return frozenset(self.model_fields_set)
 
 
+def _with_fields(name: str, base: type[FrozenModel], fields: dict[str, Any]) -> Any:
+    return create_model(name, __base__=base, __module__=__name__, __doc__=base.__doc__, **fields)
+
+
 # The fields come from the degree table, so that a degree is declared once; the classes above
 # hold what the fields do not.
 if TYPE_CHECKING:
     Degrees = _DegreeValues
     InsideNode = _InsideNodeParts
 else:
-    Degrees = create_model(
+    Degrees = _with_fields(
         "Degrees",
-        __base__=_DegreeValues,
-        __module__=__name__,
-        __doc__=_DegreeValues.__doc__,
-        **{
+        _DegreeValues,
+        {
             degree.name: (
                 WorldFactor if degree.world_factor else ExpertDegree,
                 Field(degree.default, description=degree.meaning, examples=list(degree.examples)),
@@ -136,19 +134,13 @@ else:
             for degree in DEGREES
         },
     )
-    InsideNode = create_model(
+    InsideNode = _with_fields(
         "InsideNode",
-        __base__=_InsideNodeParts,
-        __module__=__name__,
-        __doc__=_InsideNodeParts.__doc__,
-        **{
+        _InsideNodeParts,
+        {
             degree.name: (
                 GpusPerNode,
-                Field(
-                    1,
-                    description=degree.inside_node,
-                    examples=[degree.inside_node_example],
-                ),
+                Field(1, description=degree.inside_node, examples=[degree.inside_node_example]),
             )
             for degree in DEGREES
             if degree.world_factor
@@ -207,13 +199,11 @@ class RuntimeOptions(FrozenModel):
         if self.backend == "nccl" and self.device == "cpu":
             raise validation_error(
                 "RuntimeOptions",
-                [
-                    FieldError(
-                        ("backend",),
-                        "backend_device",
-                        "nccl needs device cuda (or auto), not cpu",
-                        input=self.backend,
-                    )
-                ],
+                FieldError(
+                    ("backend",),
+                    "backend_device",
+                    "nccl needs device cuda (or auto), not cpu",
+                    input=self.backend,
+                ),
             )
         return self

@@ -1,8 +1,6 @@
-"""The config's ``training`` block: what the estimate of the layout reads, the model, the GPU
-and the batch, and how training uses the layout's dims (how far data parallelism shards, how
-the pipeline is split, how experts are reached). ``meshconf show``, ``measure`` and ``plan``
-read it, ``plan --emit`` writes it; the runtime builds the same meshes whatever it says. The
-choices and bounds are those of the command-line options (:mod:`meshconf.core.settings`)."""
+"""The config's ``training`` block: what the estimate of the layout reads. ``meshconf show``,
+``measure`` and ``plan`` read it, ``plan --emit`` writes it; the runtime builds the same
+meshes whatever it says. Its keys, bounds and choices are rows of :mod:`meshconf.core.settings`."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from meshconf.core.schedules import (
     SCHEDULE_BY_NAME,
 )
 from meshconf.core.setting_values import Bound, TrainingSetting
-from meshconf.core.settings import BY_ESTIMATE_NAME, SETTINGS, TRAINING_SETTINGS
+from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS
 from meshconf.model.field_errors import FieldError, validation_error
 from meshconf.model.fields import IntegerBound
 from meshconf.model.sections import FrozenModel
@@ -232,32 +230,20 @@ class TrainingOptions(_Keys):
         )
 
     def estimate_settings(self) -> dict[str, Any]:
-        """The keys set, by the estimate's setting names (:func:`setting_name`): ``model``
-        or ``model_file`` name the model, the others are settings of the estimate."""
+        """The keys set, by the estimate's setting names (``pp_schedule`` is ``schedule``):
+        ``model`` or ``model_file`` name the model, the others are settings of the estimate."""
         return {
-            setting_name(key): value
+            SETTINGS[key].attribute: value
             for key, value in self.model_dump().items()
             if value is not None
         }
 
 
 def refusal(settings: Mapping[str, Any], name: Callable[[str], str]) -> str | None:
-    """Why ``settings`` (by key, each already within its bound or choices) do not go
-    together, each key named by ``name`` (the command line's option, or the key and where
-    a file gives it); None when they do."""
+    """Why ``settings`` (by key, each within its bound or choices) do not go together, each
+    key named by ``name`` (an option, or the key and where a file gives it); None if they do."""
     try:
         TrainingOptions.model_validate(settings, context={"name": name})
     except ValidationError as error:
         return str(error.errors()[0]["msg"])
     return None
-
-
-def setting_name(key: str) -> str:
-    """The estimate's name for a key of the block: the same, but for ``pp_schedule`` and
-    ``activation_checkpointing`` (``schedule`` and ``checkpointing``)."""
-    return SETTINGS[key].attribute
-
-
-def block_key(name: str) -> str:
-    """The key of the block for the estimate's setting ``name``."""
-    return BY_ESTIMATE_NAME[name].key

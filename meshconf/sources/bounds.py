@@ -71,16 +71,13 @@ def check_plain(data: Any) -> None:
         for key, child in items:
             if key is None:
                 raise LimitError(path, "a key must be a name, not null")
-            if not isinstance(key, str | int) or isinstance(key, bool) or _too_long(key):
+            # an integer key Python could not write out as text (past 4,300 digits)
+            too_long = isinstance(key, int) and key.bit_length() > 100
+            if not isinstance(key, str | int) or isinstance(key, bool) or too_long:
                 raise LimitError(
                     path, f"a key must be a name, not {describe_value(key)}; write it as text"
                 )
             stack.append((child, (*path, key), inner))
-
-
-def _too_long(key: object) -> bool:
-    """An integer key that Python could not write out as text (past 4,300 digits)."""
-    return isinstance(key, int) and key.bit_length() > 100
 
 
 def _nesting(text: str) -> int:
@@ -110,12 +107,10 @@ def _references(text: str, path: KeyPath) -> list[tuple[str, ...]]:
 
 
 def check_interpolation(data: Any) -> None:
-    """Refuse ``${...}`` values that would expand past :data:`MAX_NODES` values or
-    :data:`MAX_RESOLVED_CHARS` characters, take more than :data:`MAX_RESOLUTIONS`
-    evaluations, chain through more than
-    :data:`MAX_INTERPOLATION_CHAIN` references, or nest ``${`` past
-    :data:`MAX_INTERPOLATION_NESTING`. Counts what each key expands to once (memoized), so
-    the check is linear however the references multiply. Raises :class:`LimitError`."""
+    """Refuse ``${...}`` values past the limits above: values, characters, evaluations,
+    references in a chain, or ``${`` nesting. Counts what each key expands to once
+    (memoized), so the check is linear however the references multiply. Raises
+    :class:`LimitError`."""
     index: dict[tuple[str, ...], tuple[KeyPath, Any]] = {}
     walk: list[tuple[KeyPath, Any]] = [((), data)]
     while walk:
@@ -133,6 +128,21 @@ def check_interpolation(data: Any) -> None:
 #: Values, characters, the longest chain of references and the ``${...}`` evaluations, of
 #: what a key resolves to.
 _Size = tuple[int, int, int, int]
+#: The most of each, and the message past it.
+_EXPANSION_LIMITS = (
+    (MAX_NODES, "expands to more than {} values through ${{...}} interpolation"),
+    (MAX_RESOLVED_CHARS, "expands to more than {} characters through ${{...}} interpolation"),
+    (
+        MAX_INTERPOLATION_CHAIN,
+        "more than {} ${{...}} references in a chain (this value names a value that names a "
+        "value ...)",
+    ),
+    (
+        MAX_RESOLUTIONS,
+        "resolving takes more than {} ${{...}} evaluations (a value is resolved again "
+        "wherever it is named)",
+    ),
+)
 
 
 def _with_environment(text: str) -> str:
@@ -196,26 +206,8 @@ def _measure(
         else:
             nodes += 1
             chars += 1
-        if nodes > MAX_NODES:
-            raise LimitError(
-                path, f"expands to more than {MAX_NODES} values through ${{...}} interpolation"
-            )
-        if chars > MAX_RESOLVED_CHARS:
-            raise LimitError(
-                path,
-                f"expands to more than {MAX_RESOLVED_CHARS} characters through ${{...}} "
-                "interpolation",
-            )
-        if chain > MAX_INTERPOLATION_CHAIN:
-            raise LimitError(
-                path,
-                f"more than {MAX_INTERPOLATION_CHAIN} ${{...}} references in a chain (this value "
-                "names a value that names a value ...)",
-            )
-        if work > MAX_RESOLUTIONS:
-            raise LimitError(
-                path,
-                f"resolving takes more than {MAX_RESOLUTIONS} ${{...}} evaluations (a value is "
-                "resolved again wherever it is named)",
-            )
-        sizes[key] = (nodes, chars, chain, work)
+        size = (nodes, chars, chain, work)
+        for amount, (limit, message) in zip(size, _EXPANSION_LIMITS, strict=True):
+            if amount > limit:
+                raise LimitError(path, message.format(limit))
+        sizes[key] = size

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Literal
 
 from meshconf.core.degrees import (
@@ -48,33 +49,23 @@ _PINNABLE = WORLD_FACTORS + EXPERT_DEGREES
 _Verdict = Literal["valid", "refused", "uneven"]
 
 
-class _Divisors:
-    """Divisors of the divisors of one world, computed from the world's own once."""
-
-    def __init__(self, world_size: int) -> None:
-        self._world = divisors(world_size)
-        self._cache: dict[int, list[int]] = {}
-
-    def of(self, number: int) -> list[int]:
-        found = self._cache.get(number)
-        if found is None:
-            found = [d for d in self._world if d <= number and number % d == 0]
-            self._cache[number] = found
-        return found
-
-
 def _assignments(request: Request) -> Iterator[Factors]:
     """Every tuple of world factors (in WORLD_FACTORS order) with product world_size that
     keeps the pins: nested loops over divisors, innermost factor (tp) outermost in the loops,
     and the outermost factor (pp) taking the ranks left."""
-    divisors = _Divisors(request.world_size)
+    world = divisors(request.world_size)
     pins = request.pins
     *outer, last = reversed(WORLD_FACTORS)
+
+    @cache
+    def divisors_of(number: int) -> list[int]:
+        """The divisors of a divisor of the world, from the world's own."""
+        return [d for d in world if d <= number and number % d == 0]
 
     def options(name: str, remaining: int) -> list[int]:
         pinned = pins.get(name)
         if pinned is None:
-            return [1] if BY_NAME[name].planned_when_pinned else divisors.of(remaining)
+            return [1] if BY_NAME[name].planned_when_pinned else divisors_of(remaining)
         return [pinned] if remaining % pinned == 0 else []
 
     def extend(chosen: tuple[int, ...], remaining: int) -> Iterator[Factors]:
@@ -99,20 +90,18 @@ class UnevenSplit:
 
 class ValidAssignments:
     """The assignments of a request that pass meshconf's expert rules and, with a model, the
-    model's own rules (:func:`~meshconf.features.plan.runnable.unrunnable`), as every degree.
+    model's own (:func:`~meshconf.features.plan.runnable.unrunnable`), as every degree; a
+    model with experts is planned at every ep that divides its routed experts and etp 1 or
+    tp, where not pinned.
 
-    A model with experts is planned at every ep that divides its routed experts and etp 1
-    or tp, where not pinned; meshconf's rules then keep those whose expert dims borrow
-    their ranks evenly. Iterating counts the assignments yielded (:attr:`seen`), those the
-    order alone leaves out (:attr:`left_out`, the first kept in :attr:`uneven` for the
-    message), those the model cannot run by reason (:attr:`unrunnable`, one of each reason
-    kept for the message: that of the smallest degree at fault, such as pp 1 rather than
-    pp 4096), and the ep and etp values of those yielded (:attr:`tried`); each iteration
-    counts afresh. The rules on ep and etp (``check_etp``, ``check_expert_borrow``) read
-    only the factors experts borrow (dp_shard, cp and tp); the even split under an order
-    also reads whether each other factor is 1 (a factor of one rank between two others lets
-    their digits run on). So each distinct (dp_shard, cp, tp, pp > 1, dp_replicate > 1, ep,
-    etp) is checked once, and the model's rules once per distinct (pp, cp, tp, ep, etp).
+    Each iteration counts afresh the assignments yielded (:attr:`seen`) and the ep and etp
+    values they take (:attr:`tried`), those the order alone leaves out (:attr:`left_out`),
+    and those the model cannot run, by reason (:attr:`unrunnable`, keeping for the message
+    the example of the smallest degree at fault: pp 1 rather than pp 4096). The expert
+    rules read only the factors experts borrow (dp_shard, cp and tp), and the even split
+    under an order whether each other factor is 1 (a factor of one rank between two others
+    lets their digits run on); so each distinct (dp_shard, cp, tp, pp > 1, dp_replicate > 1,
+    ep, etp) is checked once, and the model's rules once per distinct (pp, cp, tp, ep, etp).
     """
 
     def __init__(self, request: Request) -> None:
@@ -167,21 +156,18 @@ class ValidAssignments:
             self._examples[problem.reason] = (value, problem)
 
     def count(self) -> int:
-        """How many assignments iterating yields; the answers it finds are kept for the
-        iteration that follows."""
+        """How many assignments iterating yields; the answers found are kept for the next."""
         return sum(1 for _ in self)
 
     @property
     def explored(self) -> tuple[str, ...]:
-        """The expert degrees the plan chose values for: those a model with experts takes
-        that are not pinned."""
+        """The expert degrees of a model with experts that are not pinned."""
         if not self._explored:
             return ()
         return tuple(name for name in EXPERT_DEGREES if name not in self._request.pins)
 
     def _expert_options(self, factors: Factors) -> list[Experts]:
-        """The (ep, etp) pairs to try with an assignment: as pinned, or the model's ep
-        choices and etp 1 or tp."""
+        """The (ep, etp) pairs to try: as pinned, or the model's ep choices and etp 1 or tp."""
         pinned = self._request.pins.get("etp")
         if pinned is not None or not self._explored:
             etps: tuple[int, ...] = (BY_NAME["etp"].default if pinned is None else pinned,)
@@ -235,8 +221,7 @@ class ValidAssignments:
         return True
 
     def no_assignment_message(self) -> str:
-        """Why none is left, once the world-factor pins fit: the expert rules (ep * etp must
-        divide dp_shard * cp * tp, and an order must let the expert dims split evenly), or
+        """Why none is left once the world-factor pins fit, by the expert rules, the order or
         the model's rules; with the values of each pin that would give rows."""
         request = self._request
         pins = pins_text(request, _PINNABLE)
@@ -267,12 +252,11 @@ class ValidAssignments:
                 f"{subject} no layout {request.model.name} can run at --world-size "
                 f"{request.world_size}: {why}{others}"
             )
-        etp = request.etp
+        ep, etp = request.pins.get("ep", 1), request.pins.get("etp", 1)
         tp_note = "" if "tp" in request.pins or etp == 1 else f" (and tp = etp({etp}))"
         return (
             f"{pins} conflict at --world-size {request.world_size}: no assignment has "
-            f"ep({request.ep}) * etp({etp}) = {request.ep * etp} dividing dp_shard * cp * "
-            f"tp{tp_note}{others}"
+            f"ep({ep}) * etp({etp}) = {ep * etp} dividing dp_shard * cp * tp{tp_note}{others}"
         )
 
 
@@ -293,8 +277,7 @@ def _pinned_problem(request: Request) -> Unrunnable | None:
 
 
 def has_rows(request: Request) -> bool:
-    """Whether the request gives at least one row: its checks pass, and some assignment
-    passes meshconf's rules and the model's."""
+    """Whether the request passes its checks and some assignment passes every rule."""
     try:
         check_request(request)
     except PlanError:
@@ -303,9 +286,8 @@ def has_rows(request: Request) -> bool:
 
 
 def _alternatives(request: Request) -> str:
-    """For each pin that has them, the values that would give rows with the other pins
-    kept, as ``; with pp 16, ep may be 1, 2, 4 or 8``; none when trying each value would
-    list too many assignments."""
+    """Each pin's values that would give rows with the other pins kept (``; with pp 16, ep
+    may be 1, 2, 4 or 8``); none when trying each would list too many assignments."""
     pinned = [name for name in _PINNABLE if name in request.pins]
     if assignment_count(request) > MAX_ESTIMATED_ASSIGNMENTS:
         return ""

@@ -1,12 +1,9 @@
-"""The text and JSON of one layout's estimate: memory by part with the headroom and the
-largest term, the settings it used, the step and the communication; and, for ``--explain``,
-its memory by term, what each term holds under the settings and its source (docs/estimate.md
-has each term's check)."""
+"""The text and JSON of one layout's estimate; and, for ``--explain``, its memory by term,
+what each term holds under the settings and its source (docs/estimate.md has each check)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshconf.core.setting_values import GIB
@@ -27,22 +24,20 @@ def gib(value: float) -> float:
 
 
 #: What lowers each memory term, for a layout that does not fit.
-_REMEDIES: Mapping[str, str] = MappingProxyType(
-    {
-        "params": "shard the weights over more ranks (a larger dp_shard with --zero-stage 3) "
-        "or split them with tp or pp",
-        "grads": "shard the gradients over more ranks (a larger dp_shard with --zero-stage 2 "
-        "or 3) or split them with tp or pp",
-        "optimizer": "shard the optimizer state over more ranks (a larger dp_shard) or split "
-        "it with tp or pp",
-        "gathers": "reshard after each forward pass (--reshard-after-forward always), or hold "
-        "fewer layers per rank (a larger pp)",
-        "activations": "recompute more (--activation-checkpointing full, every block), run "
-        "shorter micro-batches, or split the sequence with tp or cp",
-        "runtime": "send over fewer communicators, or give the figures measured on your GPUs "
-        "(--runtime-gib, --nccl-communicator-gib)",
-    }
-)
+_REMEDIES: Mapping[str, str] = {
+    "params": "shard the weights over more ranks (a larger dp_shard with --zero-stage 3) or "
+    "split them with tp or pp",
+    "grads": "shard the gradients over more ranks (a larger dp_shard with --zero-stage 2 or 3) "
+    "or split them with tp or pp",
+    "optimizer": "shard the optimizer state over more ranks (a larger dp_shard) or split it "
+    "with tp or pp",
+    "gathers": "reshard after each forward pass (--reshard-after-forward always), or hold "
+    "fewer layers per rank (a larger pp)",
+    "activations": "recompute more (--activation-checkpointing full, every block), run "
+    "shorter micro-batches, or split the sequence with tp or cp",
+    "runtime": "send over fewer communicators, or give the figures measured on your GPUs "
+    "(--runtime-gib, --nccl-communicator-gib)",
+}
 
 
 def remedy(memory: Memory, term: str) -> str:
@@ -65,17 +60,9 @@ def memory_json(found: Estimate) -> dict[str, Any]:
     """The estimate of one layout as ``--format json`` gives it."""
     memory = found.memory
     return {
-        "memory_gib": {
-            **{part: gib(getattr(memory, part)) for part in MEMORY_PARTS},
-            "total": gib(memory.total),
-            "total_without_runtime": gib(memory.training_state),
-        },
+        "memory_gib": _memory_parts(memory, gib),
         # exact, for a model whose figures round to nothing in GiB
-        "memory_bytes": {
-            **{part: int(getattr(memory, part)) for part in MEMORY_PARTS},
-            "total": int(memory.total),
-            "total_without_runtime": int(memory.training_state),
-        },
+        "memory_bytes": _memory_parts(memory, int),
         "runtime_gib": _runtime_json(found),
         "memory_pp_rank": memory.pp_rank,
         "memory_peak_phase": memory.phase,
@@ -101,6 +88,12 @@ def memory_json(found: Estimate) -> dict[str, Any]:
     }
 
 
+def _memory_parts(memory: Memory, unit: Callable[[float], float]) -> dict[str, float]:
+    terms = {part: getattr(memory, part) for part in MEMORY_PARTS}
+    totals = {"total": memory.total, "total_without_runtime": memory.training_state}
+    return {name: unit(value) for name, value in {**terms, **totals}.items()}
+
+
 def _runtime_json(found: Estimate) -> dict[str, Any]:
     runtime = found.runtime
     if runtime.given is not None:
@@ -123,13 +116,11 @@ def settings_json(model: Architecture, training: Training) -> dict[str, Any]:
     return {"model": model.name, "training": dict(training.__dict__)}
 
 
-def parameters_text(count: int) -> str:
-    """``70.6B parameters`` from a billion on; below, every digit: ``3,660,032 parameters``."""
-    return f"{count / 1e9:.1f}B parameters" if count >= 10**9 else f"{count:,} parameters"
-
-
 def settings_line(model: Architecture, training: Training) -> str:
     """One line naming the model and the settings an estimate used."""
+    count = model.parameter_count()
+    # 70.6B from a billion on; below, every digit: 3,660,032
+    parameters = f"{count / 1e9:.1f}B" if count >= 10**9 else f"{count:,}"
     batch = training.global_batch_tokens
     batch_text = "one micro-batch per GPU" if batch is None else f"{batch} tokens per step"
     schedule: str = training.schedule
@@ -173,7 +164,7 @@ def settings_line(model: Architecture, training: Training) -> str:
     elif training.checkpoint_group is not None:
         every = f" in groups of {training.checkpoint_group} blocks"
     return (
-        f"model {model.name} ({parameters_text(model.parameter_count())}); seq "
+        f"model {model.name} ({parameters} parameters); seq "
         f"{training.seq_len}, micro-batch {training.micro_batch}, {batch_text}; "
         f"{training.checkpointing} checkpointing{every}, {schedule}; "
         f"{training.param_dtype} params, {training.grad_dtype} grads; "

@@ -38,11 +38,6 @@ def home_domain(name: str) -> str:
     return next(domain for domain, dims in DEFAULT_DOMAINS.items() if name in dims)
 
 
-def _inner_dims(name: str) -> tuple[str, ...]:
-    dims = DEFAULT_DOMAINS[home_domain(name)]
-    return dims[dims.index(name) + 1 :]
-
-
 class NodeLocality:
     """The locality of assignments of one world and one rank order: which nodes, and which
     units of the levels above them (``level_sizes``, inner to outer), their groups cross."""
@@ -60,7 +55,8 @@ class NodeLocality:
         self._sizes = () if gpus_per_node is None else (gpus_per_node, *level_sizes)
         self._order = tuple(order)
         self.dims = tuple(name for name in RANKED_DIMS if experts or name not in EXPERT_DIMS)
-        self._inner = {name: _inner_dims(name) for name in self.dims}
+        homes = {name: DEFAULT_DOMAINS[home_domain(name)] for name in self.dims}
+        self._inner = {name: dims[dims.index(name) + 1 :] for name, dims in homes.items()}
 
     def blocks(self, degrees: Mapping[str, int]) -> dict[str, int]:
         """Per ranked dim, the size times the stride of its outermost mode among the ranks:
@@ -101,12 +97,10 @@ class NodeLocality:
     def key(
         self, degrees: Mapping[str, int], flags: Mapping[str, int] | None = None
     ) -> tuple[int, ...]:
-        """Smaller is better: heavy dims inside a node (tp, cp, etp, ep in turn), then fewer
-        pipeline stages, then light dims inside a node (fsdp, efsdp, dp_replicate), then
-        fewer replicas, then fewer context-parallel ranks, then fewer FSDP shards: what is
-        left goes to tp, the innermost dim. Each flag is the number of levels the dim's
-        groups cross (1 across nodes, with levels above the node more);
-        ``flags`` are :meth:`crossings` of ``degrees`` when already known."""
+        """Smaller is better: the heavy dims' crossings, fewer pipeline stages, the light
+        dims' crossings, then fewer replicas, context-parallel ranks and FSDP shards: what is
+        left goes to tp, the innermost dim. ``flags`` are :meth:`crossings` of ``degrees``
+        when already known."""
         flags = self.crossings(degrees) if flags is None else flags
         heavy = tuple(int(flags[name]) for name in HEAVY_DIMS if name in flags)
         light = tuple(int(flags[name]) for name in LIGHT_DIMS if name in flags)

@@ -43,10 +43,9 @@ def merged_request(
     located: Source | None = None,
 ) -> tuple[Request, list[str]]:
     """What to plan for the model and settings ``modelled``: ``given`` over ``config``'s
-    values over the topology of the ``--gpu`` preset (else the config's ``training.gpu``);
-    and a note for each given value that replaces one of the config's, and for what the
-    plan takes from the preset or leaves out of the config. ``located`` places the config's
-    keys: each pin the config gives is then named by its key, file and line in messages.
+    values over the topology of the ``--gpu`` preset (else the config's ``training.gpu``),
+    with the notes; ``located`` places the config's keys, so that messages name each pin
+    the config gives by its key, file and line.
 
     Raises:
         PlanError: no world size is given; ``--level node=N`` and ``--gpus-per-node``

@@ -6,7 +6,6 @@ pins (``cp`` stays 1 unless pinned). Without a model it ranks them so that the d
 most traffic keep their groups inside a node; with one, layouts that fit in memory come
 first, by estimated tokens per second per GPU (``meshconf.features.plan.estimate``), node
 locality breaking ties; those that do not fit follow, closest to fitting first.
-This module is the pure logic: no torch, no command line, no I/O.
 
 Speed: a highly composite world has many assignments (65,536 = 2**16 has 969 with cp 1), so
 the ranking never builds a config per assignment: :class:`NodeLocality` answers locality
@@ -52,12 +51,9 @@ class Assignment:
 
 @dataclass(frozen=True)
 class Plan:
-    """The best assignments, best first, how many valid assignments exist in all, how many
-    fit (with a model), how many the order alone leaves out (its expert dims would split
-    world factors unevenly), how many the model cannot run, by reason
-    (:class:`~meshconf.features.plan.runnable.Unrunnable`), and the values of each expert
-    degree the plan chose (ep and etp of a model with experts, where not pinned) found in
-    its rows."""
+    """The best assignments, best first; how many are valid, fit (with a model), are left
+    out by the order alone (its expert dims would split world factors unevenly) and by the
+    model, by reason; and the values of each expert degree the plan chose in its rows."""
 
     request: Request
     total: int
@@ -70,8 +66,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class DimLocality:
-    """One dim of a row's rationale: its group size, whether its groups cross nodes, and
-    the levels they cross (the node first)."""
+    """One dim of a row's rationale; the levels its groups cross, the node first."""
 
     name: str
     size: int
@@ -82,9 +77,8 @@ class DimLocality:
 def make_plan(request: Request, count: int) -> Plan:
     """The ``count`` best assignments under ``request``, and the number of valid ones.
 
-    Raises :class:`PlanError` when the order is not a permutation of the world factors, the
-    pins or ranges admit no assignment (or none the model can run), or, with a model, there
-    are more than :data:`MAX_ESTIMATED_ASSIGNMENTS` to estimate."""
+    Raises :class:`PlanError` when the request fails its checks, no assignment is left (or
+    none the model can run), or there are too many to estimate."""
     check_request(request)
     locality = NodeLocality(
         request.world_size,
@@ -136,8 +130,8 @@ def make_plan(request: Request, count: int) -> Plan:
 
 
 def _check_estimated(request: Request, valid: ValidAssignments) -> None:
-    """The assignments a model's plan estimates, counted before any is: with the expert
-    degrees it explores, they can be many more than the world factors' assignments."""
+    """Counted before any is estimated: with the expert degrees a model explores, they can
+    be many more than the world factors' assignments."""
     count = valid.count()
     if count > MAX_ESTIMATED_ASSIGNMENTS:
         explored = " and ".join(valid.explored)
@@ -152,9 +146,7 @@ def _check_estimated(request: Request, valid: ValidAssignments) -> None:
 
 class _KeptInside:
     """The valid assignments whose config keeps the request's ``inside``: each built as a
-    config, so numbered in bands as meshconf numbers it and checked by every rule, its
-    dims' crossings read from its own layouts (:class:`NodeLocality` finds the others' by
-    arithmetic on the degrees)."""
+    config, checked by every rule, its dims' crossings read from its own layouts."""
 
     def __init__(self, request: Request, valid: ValidAssignments) -> None:
         self._request = request

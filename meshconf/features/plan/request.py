@@ -78,14 +78,6 @@ class Request:
             return True
         return any(name in self.pins for name in EXPERT_DEGREES)
 
-    @property
-    def ep(self) -> int:
-        return self.pins.get("ep", 1)
-
-    @property
-    def etp(self) -> int:
-        return self.pins.get("etp", 1)
-
 
 def node_warning(request: Request) -> str | None:
     """A note when the nodes do not tile the world; the plan is still made."""
@@ -104,9 +96,7 @@ def node_warning(request: Request) -> str | None:
 
 
 def check_request(request: Request) -> None:
-    """Raises :class:`PlanError` when a value is out of range, the order is not a
-    permutation of the world factors, the pins do not fit the world, or there are more
-    assignments than a plan ranks."""
+    """Raises :class:`PlanError`, naming the first check the request fails."""
     _check_ranges(request)
     _check_levels(request)
     _check_inside(request)
@@ -117,18 +107,7 @@ def check_request(request: Request) -> None:
 
 def rule_inputs(degrees: dict[str, int], order: tuple[str, ...] | None = None) -> MeshSpec:
     """The inputs of the degree and order rules, with none of a config's other keys."""
-    return MeshSpec(
-        world_size=None,
-        gpus_per_node=None,
-        inside_node=None,
-        degrees=degrees,
-        explicit_degrees=frozenset(degrees),
-        derived={},
-        user_derived=frozenset(),
-        domains={},
-        user_domains=False,
-        order=order,
-    )
+    return MeshSpec(degrees=degrees, explicit_degrees=frozenset(degrees), order=order)
 
 
 def level_text(level: Level) -> str:
@@ -146,7 +125,7 @@ def _check_levels(request: Request) -> None:
             f"--level {level_text(request.levels[0])} needs the node's size: add --level "
             "node=N (or --gpus-per-node N); a level holds whole nodes"
         )
-    spec = replace(rule_inputs({}), gpus_per_node=request.gpus_per_node, levels=request.levels)
+    spec = MeshSpec(gpus_per_node=request.gpus_per_node, levels=request.levels)
     result = Analysis()
     check_levels(spec, result)
     if result.problems:
@@ -157,7 +136,7 @@ def _check_levels(request: Request) -> None:
 
 
 def _check_inside(request: Request) -> None:
-    """``inside`` names levels of the request; the dims it names are checked with each row."""
+    """``inside`` names levels of the request; its dims are checked with each row."""
     names = [level.name for level in request.topology]
     for level in request.inside:
         if level not in names:
@@ -172,7 +151,7 @@ def _check_order(request: Request) -> None:
     """The order names every world factor once: the rule a config's ``order`` follows."""
     if request.order is None:
         return
-    spec = rule_inputs({}, request.order)
+    spec = MeshSpec(order=request.order)
     result = Analysis()
     check_order(spec, result)
     if result.problems:
@@ -228,9 +207,10 @@ def _check_pins_fit(request: Request) -> None:
             f"{pins_text(request, pinned)} do not fit --world-size {world}: {written} = "
             f"{product} != {world}, and no degree is left free to take the rest"
         )
-    if "tp" in request.pins and request.etp not in (1, request.pins["tp"]):
+    etp = request.pins.get("etp", 1)
+    if "tp" in request.pins and etp not in (1, request.pins["tp"]):
         raise PlanError(
-            f"{pins_text(request, ('tp', 'etp'))} conflict: etp({request.etp}) must be 1 or "
+            f"{pins_text(request, ('tp', 'etp'))} conflict: etp({etp}) must be 1 or "
             f"equal to tp({request.pins['tp']})"
         )
 

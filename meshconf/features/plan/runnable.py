@@ -65,10 +65,9 @@ def unrunnable(
     training: Training,
     world_size: int | None = None,
 ) -> list[Unrunnable]:
-    """Why ``arch`` cannot run with ``degrees`` under ``training``: at most one problem per
-    degree (the first rule it breaks, its message offering the values that pass every rule
-    of that degree, and divide ``world_size`` when it is given), in :data:`RULED_DEGREES`
-    order; empty when it can. A degree missing from ``degrees`` is 1. Raises nothing."""
+    """Why ``arch`` cannot run with ``degrees`` (1 where missing) under ``training``: the
+    first rule each degree breaks, in :data:`RULED_DEGREES` order, offering the values that
+    pass every rule of that degree and divide ``world_size`` when given. Raises nothing."""
     tp = degrees.get("tp", 1)
     return [
         problem
@@ -89,25 +88,29 @@ def _use(choices: tuple[int, ...], world_size: int | None) -> str:
     return either(fitting)
 
 
+def _broken(degree: str, value: int, what: str, use: str) -> Unrunnable:
+    """``degree``'s problem: ``tp does not divide ...`` as the reason, the value in its
+    place in the message, and the values to use."""
+    return Unrunnable(degree, f"{degree} {what}", f"{value} {what}; use {use}")
+
+
 @lru_cache(maxsize=256)
 def tp_choices(arch: Architecture) -> tuple[int, ...]:
     """Every tp that passes the model's tp rules: divisors of the heads."""
     return tuple(tp for tp in divisors(arch.attention.heads) if _tp_rule(arch, tp) is None)
 
 
-def _tp_rule(arch: Architecture, tp: int) -> tuple[str, str] | None:
-    """The first tp rule ``tp`` breaks, as (reason, the message's start), or None."""
+def _tp_rule(arch: Architecture, tp: int) -> str | None:
+    """What the first tp rule ``tp`` breaks says of it, or None."""
     name = arch.name
     heads = arch.attention.heads
     if heads % tp:
-        what = f"does not divide {name}'s {heads} attention heads"
-        return f"tp {what}", f"{tp} {what}"
+        return f"does not divide {name}'s {heads} attention heads"
     attention = arch.attention
     if isinstance(attention, GroupedQueryAttention):
         kv = attention.kv_heads
         if kv % tp and tp % kv:
-            what = f"{name}'s {kv} KV heads do not divide one another"
-            return f"tp and {what}", f"{tp} and {what}"
+            return f"and {name}'s {kv} KV heads do not divide one another"
     experts = arch.experts
     widths = []
     if experts is None or experts.dense_layers > 0:
@@ -116,22 +119,19 @@ def _tp_rule(arch: Architecture, tp: int) -> tuple[str, str] | None:
         widths.append(("shared-expert", experts.ffn * experts.shared))
     for kind, width in widths:
         if width % tp:
-            what = f"does not divide {name}'s {kind} feed-forward width of {width}"
-            return f"tp {what}", f"{tp} {what}"
+            return f"does not divide {name}'s {kind} feed-forward width of {width}"
     return None
 
 
 def _tp_problem(arch: Architecture, tp: int, world_size: int | None) -> Unrunnable | None:
-    broken = _tp_rule(arch, tp)
-    if broken is None:
+    what = _tp_rule(arch, tp)
+    if what is None:
         return None
-    reason, start = broken
-    return Unrunnable("tp", reason, f"{start}; use {_use(tp_choices(arch), world_size)}")
+    return _broken("tp", tp, what, _use(tp_choices(arch), world_size))
 
 
 def ep_choices(arch: Architecture) -> tuple[int, ...]:
-    """Every ep the model's experts allow: the divisors of the routed experts (1 alone
-    without experts)."""
+    """The divisors of the routed experts (1 alone without experts)."""
     experts = arch.experts
     return (1,) if experts is None else tuple(divisors(experts.routed))
 
@@ -141,18 +141,15 @@ def _ep_problem(arch: Architecture, ep: int, world_size: int | None) -> Unrunnab
     if ep == 1:
         return None
     if experts is None:
-        what = f"needs experts, and {arch.name} has none"
-        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use 1")
+        return _broken("ep", ep, f"needs experts, and {arch.name} has none", "1")
     if experts.routed % ep:
         what = f"does not divide {arch.name}'s {experts.routed} routed experts"
-        use = _use(ep_choices(arch), world_size)
-        return Unrunnable("ep", f"ep {what}", f"{ep} {what}; use {use}")
+        return _broken("ep", ep, what, _use(ep_choices(arch), world_size))
     return None
 
 
 def etp_choices(arch: Architecture, tp: int) -> tuple[int, ...]:
-    """Every etp meshconf's rule and the model's experts allow with ``tp``: 1 or tp, where
-    it divides the experts' feed-forward width."""
+    """The etp meshconf's rule allows, 1 or ``tp``, that divide the experts' width."""
     width = None if arch.experts is None else arch.experts.ffn
     return tuple(etp for etp in sorted({1, tp}) if width is None or width % etp == 0)
 
@@ -169,14 +166,13 @@ def _etp_problem(
     experts = arch.experts
     if experts is not None and experts.ffn % etp:
         what = f"does not divide {arch.name}'s expert feed-forward width of {experts.ffn}"
-        return Unrunnable("etp", f"etp {what}", f"{etp} {what}; use {use}")
+        return _broken("etp", etp, what, use)
     return None
 
 
 def pipeline_problem(arch: Architecture, pp: int, training: Training) -> str | None:
-    """Why ``pp`` pipeline ranks cannot split the model's layers under ``training``'s
-    first/last-stage and virtual-stage options, or its schedule cannot run over them, as the
-    estimate says it, or None."""
+    """Why ``pp`` pipeline ranks cannot split the model's layers under ``training``, or its
+    schedule cannot run over them, as the estimate says it, or None."""
     return _split_problem(arch, pp, training) or pipeline_ranks_problem(pp, training)
 
 
@@ -211,8 +207,7 @@ def _pp_problem(
 
 @lru_cache(maxsize=256)
 def cp_choices(seq_len: int) -> tuple[int, ...]:
-    """Every cp that splits a sequence of ``seq_len`` tokens into ``2 * cp`` equal chunks,
-    and 1."""
+    """Every cp that splits ``seq_len`` tokens into ``2 * cp`` equal chunks, and 1."""
     return tuple(divisors(seq_len // 2)) if seq_len % 2 == 0 else (1,)
 
 

@@ -16,6 +16,8 @@ HIGH_TRAFFIC = {
     "etp": "expert tensor parallelism exchanges activations in every expert layer",
     "cp": "context parallelism passes attention blocks around its ring in every layer",
 }
+#: The world factor whose placement decides each one's: etp sits where tp does.
+_PLACED_BY = {"tp": "tp", "etp": "tp", "cp": "cp"}
 
 
 def node_key(config: MeshConfig) -> str:
@@ -68,11 +70,6 @@ def topology_warnings(
     return warnings
 
 
-def _world_factor_of(dim: str) -> str:
-    """The world factor whose placement decides a high-traffic dim's: etp sits where tp does."""
-    return "tp" if dim == "etp" else dim
-
-
 def _placed_on_purpose(config: MeshConfig, dim: str) -> bool:
     """A dim whose world factor inside_node names, or that inside keeps in some level: the
     user chose where it goes already."""
@@ -80,7 +77,7 @@ def _placed_on_purpose(config: MeshConfig, dim: str) -> bool:
         return any(dim in kept for kept in config.inside.values())
     if config.inside_node is None:
         return False
-    return _world_factor_of(dim) in config.inside_node.explicit
+    return _PLACED_BY[dim] in config.inside_node.explicit
 
 
 def _high_traffic_warning(
@@ -98,7 +95,7 @@ def _high_traffic_warning(
         if size > gpus_per_node or gpus_per_node % size:
             fix = f"use a {dim} that divides {gpus_per_node}"
         elif config.inside_node is not None:
-            degree = _world_factor_of(dim)
+            degree = _PLACED_BY[dim]
             fix = (
                 f"give {degree} its part in inside_node: {degree}: {config.dim_sizes[degree]} "
                 f"puts it inside (shrink another part to keep their product {gpus_per_node}), "

@@ -13,7 +13,13 @@ from typing import Any
 
 from meshconf.core.errors import ConfigError, Diagnostic, SourceError
 from meshconf.core.levels import crossed_levels
-from meshconf.core.settings import GPU_SETTING, MODEL_SETTINGS, SETTINGS, TRAINING_SETTINGS
+from meshconf.core.settings import (
+    BY_ESTIMATE_NAME,
+    GPU_SETTING,
+    MODEL_SETTINGS,
+    SETTINGS,
+    TRAINING_SETTINGS,
+)
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
 from meshconf.features.plan.estimate.gpus import GPUS
@@ -25,7 +31,7 @@ from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.features.plan.request import PlanError
 from meshconf.features.plan.runnable import Unrunnable
 from meshconf.model.config import MeshConfig
-from meshconf.model.training import TrainingOptions, block_key, refusal, setting_name
+from meshconf.model.training import TrainingOptions, refusal
 from meshconf.sources.loading import load_located
 from meshconf.sources.reading import Source
 
@@ -40,8 +46,7 @@ DEFAULTS = Training()
 class Asked:
     """What the command line asks of an estimate, parsed; empty where it asks nothing."""
 
-    #: The model's preset or file and the GPU preset, by the key of the block each option
-    #: gives.
+    #: The model's preset or file and the GPU preset, by the block's key.
     named: Mapping[str, str] = field(default_factory=dict)
     #: The other settings the options give, by the estimate's name, each within its bounds.
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -57,10 +62,9 @@ class Asked:
 def model_origin(
     asked: Asked, config_settings: Mapping[str, Any], config_path: str | None
 ) -> tuple[str, str] | None:
-    """The model the options ask for, else the one ``config_settings`` (the training block
-    of the config at ``config_path``) names: the key that names it (a preset or a model
-    file) and its value, a relative path of the config read from the config's folder; None
-    without one."""
+    """The key that names the model (a preset or a model file) and its value: the options',
+    else the training block's of the config at ``config_path`` (a relative path read from
+    the config's folder); None without one."""
     for key in MODEL_SETTINGS:
         if key in asked.named:
             return key, asked.named[key]
@@ -79,22 +83,20 @@ def _from_config(config_path: str | None, path: str) -> str:
 def planned_block(
     asked: Asked, block: TrainingOptions | None, training: Training
 ) -> dict[str, Any]:
-    """The ``training`` block ``plan --emit`` writes: with a model, the model (a preset's
-    name, or the model file's absolute path, as the planner does not know where the config
-    will be saved), the GPU, the sequence, the micro-batch and the global batch, and every
-    other key that an option or the config's block gave, with the value ``training`` holds
-    for it; without a model, the config's block as it is."""
+    """The ``training`` block ``plan --emit`` writes: with a model, the model (a model file
+    by its absolute path: the planner does not know where the config will be saved), the
+    keys always emitted and those an option or the block gave, with ``training``'s values;
+    without a model, the config's block as it is."""
     written = {} if block is None else block.model_dump(exclude_none=True)
     origin = model_origin(asked, written, asked.config_path)
     if origin is None:
         return written
     kind, name = origin
     planned: dict[str, Any] = {kind: name if kind == _PRESET else os.path.abspath(name)}
-    for key in TrainingOptions.model_fields:
-        always = SETTINGS[key].always_emitted
-        given = key in asked.named or setting_name(key) in asked.settings
-        if key not in MODEL_SETTINGS and (always or key in written or given):
-            planned[key] = getattr(training, setting_name(key))
+    for row in TRAINING_SETTINGS:
+        given = row.key in asked.named or row.attribute in asked.settings
+        if row.key not in MODEL_SETTINGS and (row.always_emitted or row.key in written or given):
+            planned[row.key] = getattr(training, row.attribute)
     return TrainingOptions.model_validate(planned).model_dump(exclude_none=True)
 
 
@@ -137,8 +139,8 @@ def requested_settings(
 
 
 def _model(asked: Asked, origin: tuple[str, str], config_path: str | None) -> Architecture:
-    """The preset or the model file ``origin`` names (a preset's name is checked where it is
-    read: by ``--model``'s choices, or by the block's field).
+    """The preset or the model file ``origin`` names (a preset's name was checked where it
+    was read).
 
     Raises:
         PlanError: a model file that cannot be read.
@@ -186,7 +188,7 @@ def _replacement_notes(
         found.append((option, GPU_SETTING, config_settings[GPU_SETTING]))
     for setting, value in asked.settings.items():
         if config_settings.get(setting, value) != value:
-            key = block_key(setting)
+            key = BY_ESTIMATE_NAME[setting].key
             found.append((asked.words[setting], key, config_settings[setting]))
     return [
         f"{option} replaces training.{key} {_written(value)} of {config_path}"
@@ -215,10 +217,9 @@ def _refusal(
     asked: Asked, config_settings: Mapping[str, Any], config_path: str | None
 ) -> str | None:
     """Why the options' settings do not go with each other or with the config's block, as
-    the block's own rules say it: each setting named by its option, or by its key and where
-    the config gives it; None when they go together."""
-    configured = {block_key(name): value for name, value in config_settings.items()}
-    given = {block_key(name): value for name, value in asked.settings.items()}
+    the block's own rules say it (:func:`refusal`); None when they go together."""
+    configured = {BY_ESTIMATE_NAME[name].key: value for name, value in config_settings.items()}
+    given = {BY_ESTIMATE_NAME[name].key: value for name, value in asked.settings.items()}
     merged = {
         key: value for key, value in {**configured, **given}.items() if key not in MODEL_SETTINGS
     }
@@ -247,9 +248,8 @@ def _in_config(asked: Asked, config_path: str, key: str) -> str:
 
 
 def layout_estimate(model: Architecture, training: Training, config: MeshConfig) -> Estimate:
-    """The estimate of the config's layout for ``model`` under ``training``: each ranked
-    dim crosses the levels its home domain's groups cross (the first domain holding it where
-    the config has not its default domain)."""
+    """The estimate of the config's layout: each ranked dim crosses the levels its home
+    domain's groups cross (where the config has not that domain, the first holding it)."""
     topology = config.topology
     crosses: dict[str, int] = {}
     for name in RANKED_DIMS:
@@ -263,8 +263,7 @@ def layout_estimate(model: Architecture, training: Training, config: MeshConfig)
 
 
 def runnable_diagnostics(located: Source, problems: Sequence[Unrunnable]) -> list[Diagnostic]:
-    """Each degree of a config's layout that its model cannot run, placed at the degree's
-    key as the config's own problems are."""
+    """Each degree its model cannot run, placed at the degree's key as a config's problem."""
     return [
         located.diagnostic(("degrees", problem.degree), problem.message) for problem in problems
     ]
