@@ -18,11 +18,11 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-import meshconf.cli.estimate_options as estimate_options
+import meshconf.cli.model_options as model_options
 import meshconf.cli.plan as plan_cli
 import meshconf.cli.plan_report as plan_report
 from meshconf.cli import build_parser
-from meshconf.cli.estimate_options import model_request, planned_block
+from meshconf.cli.model_options import model_request, planned_block
 from meshconf.core.setting_values import GpuPreset, ModelPreset
 from meshconf.core.settings import TRAINING_BOUNDS
 from meshconf.features.plan.estimate.gpus import GPUS
@@ -50,7 +50,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     ``show`` estimated, as the commands computed them, under ``plan`` and ``show``."""
     found: dict[str, Any] = {}
     emitted_yaml = plan_report.emitted_yaml
-    config_estimate = estimate_options.config_estimate
+    config_estimate = model_options.config_estimate
 
     def emitting(plan: Any, index: int, *rest: Any) -> str:
         found["plan"] = (plan.request.model, plan.request.training, plan.best[index - 1].estimate)
@@ -61,7 +61,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return found["show"]
 
     monkeypatch.setattr(plan_cli, "emitted_yaml", emitting)
-    monkeypatch.setattr(estimate_options, "config_estimate", estimating)
+    monkeypatch.setattr(model_options, "config_estimate", estimating)
     return found
 
 

@@ -46,11 +46,6 @@ def build_parser(verbs: Sequence[str] = VERBS) -> Parser:
     return parser
 
 
-def _named_verb(argv: Sequence[str]) -> str | None:
-    """The verb ``argv`` names, when it starts with one."""
-    return argv[0] if argv and argv[0] in VERBS else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # A command validates and exits: looking for pydantic plugins would first read the metadata
     # of every installed package, which costs more than checking a config.
@@ -68,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from meshconf.core.messages import not_one_of
 
     arguments = list(sys.argv[1:] if argv is None else argv)
-    verb = _named_verb(arguments)
+    verb = arguments[0] if arguments and arguments[0] in VERBS else None
     if verb is None and arguments and not arguments[0].startswith("-"):
         # argparse's own message gives no nearest verb
         return usage_error(f"VERB: {not_one_of(arguments[0], VERBS)}")
@@ -77,9 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(VERBS if verb is None else (verb,))
     try:
         args = parser.parse_command_line(arguments)
-    except UsageError as error:
-        return usage_error(str(error))
-    try:
         refuse_overwrite(args)
         code: int = args.run(args)
     except (UsageError, SourceError) as error:

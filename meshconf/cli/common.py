@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -23,16 +24,14 @@ EXIT_USAGE = 2
 
 
 class UsageError(Exception):
-    """A command line meshconf cannot run. Its message is one line that names the option or
-    argument at fault; ``main`` prints it after ``meshconf: error:`` and exits with
-    :data:`EXIT_USAGE`, as it does for a config that cannot be read (``SourceError``)."""
+    """A command line meshconf cannot run: one line that names the option or argument at
+    fault, which ``main`` prints as it does a config that cannot be read."""
 
 
 class InvalidInput(Exception):
-    """Input other than the config that a command read and found invalid (a model file, the
-    build a run measures, a file to convert): ``main`` prints ``lines``, on standard error
-    when ``to_stderr`` or when the verb :func:`prints_data`, and exits with
-    :data:`EXIT_INVALID`."""
+    """Input other than the config that a command found invalid (a model file, the build a
+    run measures, a file to convert): ``main`` prints ``lines``, on standard error when
+    ``to_stderr`` or when the verb :func:`prints_data`."""
 
     def __init__(self, lines: Sequence[str], *, to_stderr: bool = False) -> None:
         super().__init__("\n".join(lines))
@@ -51,8 +50,6 @@ class Parser(argparse.ArgumentParser):
         self.verbs: dict[str, Parser] = {}
 
     def error(self, message: str) -> NoReturn:
-        """Raises UsageError with argparse's message (an argument missing, an option cut
-        short to a prefix of several)."""
         raise UsageError(message)
 
     def parse_command_line(self, words: Sequence[str]) -> argparse.Namespace:
@@ -86,33 +83,21 @@ class Parser(argparse.ArgumentParser):
         )
 
 
-class Choice:
-    """The type of an option that takes one of ``names``, which are in lower case: a name in
-    any case is read as the one in ``names`` (``--gpu GB200`` is gb200), as ``convert`` reads
-    torchtitan's schedule names."""
+def one_of(names: Iterable[str]) -> dict[str, Any]:
+    """The ``type`` and ``choices`` of an option that takes one of ``names`` in any case
+    (``--gpu GB200`` is gb200), as ``convert`` reads torchtitan's schedule names:
+    ``add_argument("--gpu", **one_of(GPUS))``."""
+    choices = tuple(names)
+    by_lower = {name.lower(): name for name in choices}
 
-    def __init__(self, names: Iterable[str]) -> None:
-        self.names = tuple(names)
-        self._by_lower = {name.lower(): name for name in self.names}
-
-    def __call__(self, text: str) -> str:
-        """The name ``text`` gives.
-
-        Raises:
-            argparse.ArgumentTypeError: ``text`` is none of the names; the message lists them
-                and gives the nearest.
-        """
-        name = self._by_lower.get(text.lower())
+    def choice(text: str) -> str:
+        """Raises argparse.ArgumentTypeError, with the names and the nearest, for none."""
+        name = by_lower.get(text.lower())
         if name is None:
-            raise argparse.ArgumentTypeError(not_one_of(text, self.names))
+            raise argparse.ArgumentTypeError(not_one_of(text, choices))
         return name
 
-
-def one_of(names: Iterable[str]) -> dict[str, Any]:
-    """The ``type`` and ``choices`` of an option that takes one of ``names``, in any case:
-    ``add_argument("--gpu", **one_of(GPUS))``. Its help lists the names as ``choices=`` does."""
-    choice = Choice(names)
-    return {"type": choice, "choices": choice.names}
+    return {"type": choice, "choices": choices}
 
 
 _INTEGER = re.compile(r"\s*([0-9]+)\s*")
@@ -132,15 +117,16 @@ def bounded_int(
     Raises:
         argparse.ArgumentTypeError: the message, for argparse's usage line.
     """
+    expected = f"expected an integer >= {minimum}, got {shorten(text)!r}"
     match = _INTEGER.fullmatch(text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {shorten(text)!r}")
+        raise argparse.ArgumentTypeError(expected)
     digits = match[1].lstrip("0") or "0"
     if len(digits) > len(str(maximum)) or int(digits) > maximum:
         shown = digits if len(digits) <= 20 else f"an integer of {len(digits):,} digits"
         raise argparse.ArgumentTypeError(f"{shown} is larger than {maximum}, {beyond}")
     if int(digits) < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {shorten(text)!r}")
+        raise argparse.ArgumentTypeError(expected)
     return int(digits)
 
 
@@ -162,16 +148,11 @@ def bounded_number(text: str, *, minimum: float, maximum: float, beyond: str) ->
     return value
 
 
-def positive_int(text: str) -> int:
-    return bounded_int(text)
-
-
-def non_negative_int(text: str) -> int:
-    return bounded_int(text, minimum=0)
-
-
-def gpus_per_node(text: str) -> int:
-    return bounded_int(text, maximum=MAX_GPUS_PER_NODE, beyond="more than any node holds")
+positive_int = bounded_int
+non_negative_int = functools.partial(bounded_int, minimum=0)
+gpus_per_node = functools.partial(
+    bounded_int, maximum=MAX_GPUS_PER_NODE, beyond="more than any node holds"
+)
 
 
 def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True) -> None:
@@ -181,6 +162,13 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
         metavar="N",
         help="world size to check against, when the config has none (must agree if it has one)",
     )
+    add_key_options(parser, "before validation (repeatable): degrees.tp=4, +key=v, ~key")
+    if formats:
+        add_format_option(parser, "text for people (default) or json for programs")
+
+
+def add_key_options(parser: argparse.ArgumentParser, when: str) -> None:
+    """``--key`` and ``-o``, whose help ends in ``when``: when an override applies."""
     parser.add_argument(
         "--key", metavar="K", help="dotted key of the meshconf block inside a larger file"
     )
@@ -191,22 +179,23 @@ def add_source_options(parser: argparse.ArgumentParser, *, formats: bool = True)
         default=[],
         metavar="KEY=VALUE",
         dest="overrides",
-        help="override a value before validation (repeatable): degrees.tp=4, +key=v, ~key",
+        help=f"override a value {when}",
     )
-    if formats:
-        parser.add_argument(
-            "--format",
-            **one_of(("text", "json")),
-            default="text",
-            help="text for people (default) or json for programs",
-        )
+
+
+def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--format", **one_of(("text", "json")), default="text", help=help)
+
+
+def add_rank_options(parser: argparse.ArgumentParser, rank_help: str) -> None:
+    parser.add_argument("path", metavar="PATH", help="the config file")
+    parser.add_argument("--rank", type=non_negative_int, default=0, metavar="R", help=rank_help)
 
 
 def refuse_overwrite(args: argparse.Namespace) -> None:
     """Check, before a command reads or writes anything, that its ``--out`` FILE is not its
-    input PATH: the same file however it is spelled (relative or absolute, ``./``, ``../``,
-    through a symbolic link to it or its folder, or a hard link). Writing there would replace
-    the input with what was made from it.
+    input PATH however either is spelled (``../``, through a symbolic or hard link): writing
+    there would replace the input with what was made from it.
 
     Raises:
         UsageError: ``--out`` names the input; the message names both as given.
@@ -226,28 +215,25 @@ def refuse_overwrite(args: argparse.Namespace) -> None:
 
 def prints_data(args: argparse.Namespace) -> bool:
     """Whether the command's standard output is data (a config, a schema, JSON) that a
-    program or ``> FILE`` takes: then its problems go to standard error, where they are
-    seen and never mistaken for data. A verb says so with the ``prints_data`` default of its
-    parser, a function of its arguments; ``validate``, whose output is the problems, as a
-    linter's is, says nothing and keeps them on standard output."""
+    program or ``> FILE`` takes: then its problems go to standard error, never mistaken for
+    data. A verb says so with its parser's ``prints_data`` default, a function of its
+    arguments; ``validate``, whose output is the problems, as a linter's is, says nothing."""
     says: Callable[[argparse.Namespace], bool] | None = getattr(args, "prints_data", None)
     return says is not None and says(args)
 
 
 def prints_json(args: argparse.Namespace) -> bool:
-    """The ``prints_data`` of a verb whose standard output is data with ``--format json``."""
     return bool(args.format == "json")
 
 
 def always_data(args: argparse.Namespace) -> bool:
-    """The ``prints_data`` of a verb whose standard output is always data."""
     return True
 
 
 def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -> None:
-    """Write ``content`` to a temporary file beside ``out`` (through a link, beside its
-    target), then rename it into place: a reader, or a write that fails midway, never sees a
-    partial file. Raises ``OSError``."""
+    """Write ``content`` beside ``out`` (through a link, beside its target), then rename it
+    into place: a reader, or a write that fails midway, never sees a partial file. Raises
+    ``OSError``."""
     target = os.path.realpath(out)
     folder = os.path.dirname(target)
     if create_folder:
@@ -273,8 +259,20 @@ def write_file(out: str, content: str | bytes, *, create_folder: bool = False) -
 
 
 def warnings_json(warnings: Sequence[Problem]) -> list[dict[str, str]]:
-    """Warnings as ``validate`` and ``show`` give them in JSON: the key and the message."""
     return [{"key": format_key(warning.path), "message": warning.message} for warning in warnings]
+
+
+def table_lines(rows: Sequence[Sequence[str]], right: range) -> list[str]:
+    """``rows`` in columns two spaces apart, each as wide as its widest cell; the columns in
+    ``right`` aligned right, the others left."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(width) if column in right else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def usage_error(message: str) -> int:
@@ -284,8 +282,6 @@ def usage_error(message: str) -> int:
 
 
 def invalid(lines: Sequence[str], *, to_stderr: bool = False) -> int:
-    """Print the problems of an invalid input, one line each, and return
-    :data:`EXIT_INVALID`."""
     text = "\n".join(lines)
     if to_stderr:
         print(text, file=sys.stderr)

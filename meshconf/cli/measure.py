@@ -1,7 +1,6 @@
-"""``meshconf measure PATH --build MODULE:FUNCTION``: run the user's own model-building and
-parallelizing function for one rank of the real world size, under fake tensors and torch's
-fake process group, and report the rank's memory by term at its peak, beside the estimate
-when a model is given (meshconf.runtime.step_memory)."""
+"""``meshconf measure PATH --build MODULE:FUNCTION``: one rank's memory by term at its peak
+in a step of the user's own build, under fake tensors, beside the estimate when a model is
+given (meshconf.runtime.step_memory)."""
 
 from __future__ import annotations
 
@@ -14,14 +13,13 @@ from meshconf.cli.common import (
     EXIT_OK,
     InvalidInput,
     UsageError,
+    add_rank_options,
     add_source_options,
     emit,
     load_for_rank,
-    non_negative_int,
     prints_json,
 )
-from meshconf.cli.estimate_options import config_estimate
-from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options
+from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options, config_estimate
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import Architecture
@@ -86,8 +84,8 @@ def _measure(args: argparse.Namespace, config: MeshConfig, world_size: int) -> M
 def _compare(
     config: MeshConfig, measured: MeasuredMemory, found: _Found, report: dict[str, Any]
 ) -> list[Mismatch]:
-    """Where the estimate's settings differ from what the build ran; adds the estimate and
-    those differences to ``report``."""
+    """Where the estimate's settings differ from what the build ran, also added to
+    ``report`` with the estimate."""
     from meshconf.runtime.step_mismatches import mismatches
 
     model, training, estimated = found
@@ -167,20 +165,13 @@ def add_parser(subparsers: Any) -> None:
         "into the estimate's terms, beside the estimate when a model is given "
         "(docs/estimate.md). Needs the torch extra.",
     )
-    parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(
         "--build",
         required=True,
         metavar="MODULE:FUNCTION",
         help="your build function (the current directory is searched first)",
     )
-    parser.add_argument(
-        "--rank",
-        type=non_negative_int,
-        default=0,
-        metavar="R",
-        help="the rank to measure (default: 0)",
-    )
+    add_rank_options(parser, "the rank to measure (default: 0)")
     add_source_options(parser)
     add_model_options(parser)
     parser.set_defaults(run=run, prints_data=prints_json)

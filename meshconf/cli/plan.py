@@ -12,13 +12,13 @@ from typing import Any
 from meshconf.cli.common import (
     EXIT_OK,
     UsageError,
+    add_format_option,
+    add_key_options,
     bounded_number,
     emit,
-    one_of,
     positive_int,
 )
-from meshconf.cli.estimate_options import model_request, planned_block
-from meshconf.cli.model_options import add_model_options, model_words
+from meshconf.cli.model_options import add_model_options, model_request, model_words, planned_block
 from meshconf.cli.plan_report import emitted_yaml, explained_row, json_report, print_table
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN
@@ -57,8 +57,8 @@ def _numbers(args: argparse.Namespace) -> dict[str, int]:
 
 
 def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]]:
-    """The ``--level NAME=SIZE[@GB/S]`` options: the node's (``--level node=N`` is
-    ``--gpus-per-node N``), if given, and the others.
+    """The ``--level`` options: the node's (``--gpus-per-node N`` as ``--level node=N``), if
+    given, and the others.
 
     Raises:
         UsageError: the first that is not a level, too many levels, the node given twice or
@@ -82,11 +82,7 @@ def _levels(args: argparse.Namespace) -> tuple[Level | None, tuple[Level, ...]]:
 
 
 def _level(text: str) -> Level:
-    """One ``--level NAME=SIZE[@GB/S]``.
-
-    Raises:
-        UsageError: ``text`` is not a level.
-    """
+    """One ``--level NAME=SIZE[@GB/S]``; raises UsageError when ``text`` is not one."""
     name, equals, rest = text.partition("=")
     size, at, bandwidth = rest.partition("@")
     if not equals or NAME_PATTERN.fullmatch(name) is None or len(name) > MAX_NAME_LENGTH:
@@ -95,16 +91,14 @@ def _level(text: str) -> Level:
             "nvlink=72@900 (NAME: letters, digits and '_')"
         )
     try:
-        gb_s = (
-            bounded_number(
+        gb_s = None
+        if at:
+            gb_s = bounded_number(
                 bandwidth,
                 minimum=MIN_BANDWIDTH_GB_S,
                 maximum=MAX_BANDWIDTH_GB_S,
                 beyond="far past any link built",
             )
-            if at
-            else None
-        )
         return Level(name, positive_int(size), gb_s)
     except argparse.ArgumentTypeError as error:
         raise UsageError(f"--level {shorten(text)!r}: {error}") from None
@@ -186,12 +180,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prints_data(args: argparse.Namespace) -> bool:
-    """Whether standard output is data: the config ``--emit`` prints, or the JSON report."""
     return args.emit is not None or bool(args.format == "json")
 
 
 def _replay_words(args: argparse.Namespace) -> list[str]:
-    """The config and model words that, with the request's own, print the plan again."""
+    """The config and model words that, with the request's, print the plan again."""
     words = [] if args.path is None else [args.path]
     if args.key is not None:
         words.append(f"--key {args.key}")
@@ -215,18 +208,7 @@ def add_parser(subparsers: Any) -> None:
         "writes (as pins) and its training block; an option given beside it replaces the "
         "config's value, with a note",
     )
-    parser.add_argument(
-        "--key", metavar="K", help="dotted key of the meshconf block inside a larger file"
-    )
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        dest="overrides",
-        help="override a value of CONFIG before it is read (repeatable): degrees.tp=4",
-    )
+    add_key_options(parser, "of CONFIG before it is read (repeatable): degrees.tp=4")
     _add_layout_options(parser)
     _add_output_options(parser)
     add_model_options(parser)
@@ -234,7 +216,6 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _add_layout_options(parser: argparse.ArgumentParser) -> None:
-    """The world, its levels, the pinned degrees and the rank order."""
     parser.add_argument(
         "--world-size", metavar="N", help="the number of ranks (required without CONFIG)"
     )
@@ -261,7 +242,6 @@ def _add_layout_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
-    """How many rows, one row as a config or explained, and the format."""
     parser.add_argument(
         "--limit", metavar="K", help=f"show the best K assignments (default {DEFAULT_LIMIT})"
     )
@@ -273,9 +253,4 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
         metavar="INDEX",
         help="with a model: assignment INDEX's memory by term, what each holds and its source",
     )
-    parser.add_argument(
-        "--format",
-        **one_of(("text", "json")),
-        default="text",
-        help="text: a table (default); json: the same as data",
-    )
+    add_format_option(parser, "text: a table (default); json: the same as data")

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from meshconf.cli.common import table_lines
 from meshconf.core.degrees import DEGREE_NAMES, EXPERT_DEGREES, WORLD_FACTORS
 from meshconf.core.levels import plural_units, unit_article
 from meshconf.core.setting_values import GIB
@@ -37,8 +38,8 @@ from meshconf.features.plan.request import Request, level_text, option_flag
 
 
 def _command_line(request: Request, index: int, model_words: list[str]) -> str:
-    """The command that prints this config again, options in a fixed order; ``model_words``
-    (the config, if any, and the model's options) follow the request's own."""
+    """The command that prints this config again: the request's options in a fixed order,
+    then ``model_words`` (the config, if any, and the model's options)."""
     words = ["meshconf plan", f"--world-size {request.world_size}"]
     if request.node_bandwidth_gb_s is not None:
         words += [f"--level {level_text(level)}" for level in request.topology]
@@ -62,7 +63,7 @@ def _dims_text(dims: Sequence[DimLocality]) -> str:
 
 def _split(dims: list[DimLocality], levels: int = 1) -> list[str]:
     """The dims of more than one rank by how many of ``levels`` levels their groups cross,
-    the most first: with nodes alone, those that cross nodes and those that stay in one."""
+    the most first."""
     used = [dim for dim in dims if dim.size > 1]
     return [
         _dims_text([dim for dim in used if len(dim.crossed) == count])
@@ -71,8 +72,8 @@ def _split(dims: list[DimLocality], levels: int = 1) -> list[str]:
 
 
 def _split_headings(request: Request) -> list[str]:
-    """The headings of :func:`_split`'s columns: ``groups cross nodes``, ``groups stay in a
-    node``, and with levels above the node, where between them the groups sit."""
+    """The headings of :func:`_split`'s columns, from ``groups cross nodes`` (or the
+    outermost level) to ``groups stay in a node``."""
     names = [level.name for level in request.topology]
     headings = [f"groups cross {plural_units(names[-1])}"]
     for count in reversed(range(1, len(names))):
@@ -93,22 +94,17 @@ _ConfigDumper.add_representer(list, _flow_list)
 
 def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[str, Any]) -> str:
     """Row ``index`` as a config, after comments that say why it ranks there and the command
-    that prints it again. Its ``inside`` keeps each dim inside the level the row keeps it in
-    (:func:`kept_inside`), so that the runtime checks the placement the row was ranked on."""
+    that prints it again. Its ``inside`` (:func:`kept_inside`) makes the runtime check the
+    placement the row was ranked on."""
     request = plan.request
     assignment = plan.best[index - 1]
     config = build_config(request, assignment.degrees)
     columns = _split(rationale(request, config), len(request.topology))
-    locality = (
-        "# groups "
-        + "; ".join(
-            f"{heading.removeprefix('groups ')}: {dims}"
-            for heading, dims in zip(_split_headings(request), columns, strict=True)
-        )
-        + "\n"
-        if request.gpus_per_node is not None
-        else ""
-    )
+    locality = ""
+    if request.gpus_per_node is not None:
+        headings = [heading.removeprefix("groups ") for heading in _split_headings(request)]
+        pairs = zip(headings, columns, strict=True)
+        locality = "# groups " + "; ".join(f"{where}: {dims}" for where, dims in pairs) + "\n"
     data = config_data(request, assignment.degrees, kept_inside(request, config))
     if training:
         data["training"] = training
@@ -120,14 +116,13 @@ def emitted_yaml(plan: Plan, index: int, model_words: list[str], training: dict[
 
 
 def explained_row(plan: Plan, index: int) -> list[str]:
-    """Row ``index`` with why it cannot run (if it cannot for a reason other than memory),
-    its memory by term, what each holds and its source, and what it delivers."""
+    """Row ``index``: its degrees and settings, its memory by term (what each holds and its
+    source) and what it delivers."""
     request = plan.request
     assignment = plan.best[index - 1]
     found = assignment.estimate
     assert request.model is not None and found is not None
-    shown = _shown_degrees(request)
-    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in shown)
+    degrees = " ".join(f"{name}={assignment.degrees[name]}" for name in _shown_degrees(request))
     return [
         f"assignment {index} of {plan.total}: {degrees}",
         settings_line(request.model, request.training),
@@ -138,8 +133,7 @@ def explained_row(plan: Plan, index: int) -> list[str]:
 
 
 def _throughput_line(request: Request, found: Estimate) -> str:
-    """What the row is ranked by among the rows that fit: the tokens its step runs, against
-    the batch asked for, over its time and the world."""
+    """What the rows that fit are ranked by: the step's tokens per second per GPU."""
     wanted = request.training.global_batch_tokens
     if wanted is None:
         against = ""
@@ -172,14 +166,11 @@ def _estimate_comment(assignment: Assignment) -> str:
 def _header(plan: Plan) -> list[str]:
     request = plan.request
     gpus = request.gpus_per_node
-    if gpus is None:
-        world = f"world_size {request.world_size}"
-    elif request.world_size % gpus == 0:
-        world = (
-            f"world_size {request.world_size} = {request.world_size // gpus} nodes x {gpus} GPUs"
-        )
-    else:
-        world = f"world_size {request.world_size}, {gpus} GPUs per node"
+    world = f"world_size {request.world_size}"
+    if gpus is not None and request.world_size % gpus == 0:
+        world += f" = {request.world_size // gpus} nodes x {gpus} GPUs"
+    elif gpus is not None:
+        world += f", {gpus} GPUs per node"
     pins = " ".join(f"{name}={value}" for name, value in request.pins.items()) or "none"
     order = "" if request.order is None else f"; order: {', '.join(request.order)}"
     shown = len(plan.best)
@@ -190,8 +181,7 @@ def _header(plan: Plan) -> list[str]:
         count = f"{plan.total} valid assignments; {which}, best first (ranking: docs/plan.md)"
     lines = [f"{world}; pinned: {pins}{order}"]
     if request.model is not None:
-        lines.append(settings_line(request.model, request.training))
-        lines.append(hardware_line(request.training))
+        lines += [settings_line(request.model, request.training), hardware_line(request.training)]
         fit = f"{plan.fitting} fit in {request.training.gpu_memory_gib:g} GiB"
         count = count.replace(";", f"; {fit};", 1) if ";" in count else f"{count}; {fit}"
     lines.append(count)
@@ -216,8 +206,7 @@ def _header(plan: Plan) -> list[str]:
 
 
 def _estimate_headings(request: Request) -> list[str]:
-    """The columns of a row's estimate; ``batch`` only when ``--global-batch-tokens`` asks
-    for a batch that a row can miss."""
+    """The columns of a row's estimate; ``batch`` with ``--global-batch-tokens``."""
     if request.model is None:
         return []
     batch = [] if request.training.global_batch_tokens is None else ["batch"]
@@ -225,16 +214,15 @@ def _estimate_headings(request: Request) -> list[str]:
 
 
 def _throughput_text(tokens_per_second: float) -> str:
-    """Tokens per second in whole tokens from 100 on, to three significant digits below."""
     if tokens_per_second >= 100:
         return f"{tokens_per_second:.0f}"
     return f"{tokens_per_second:.3g}"
 
 
 def _batch_difference_text(batch_tokens: int, wanted: int) -> str:
-    """``=`` when a row's step runs the batch asked for; otherwise how far from it, signed, in
-    percent of it: whole percents from 10% on, two significant digits below (``+0.024%``),
-    so that a batch that differs never shows as ``0%``."""
+    """``=``, or how far the step's batch is from the one asked for, in percent: two
+    significant digits below 10% (``+0.024%``), so that a batch that differs never shows as
+    ``0%``."""
     if batch_tokens == wanted:
         return "="
     percent = 100 * (batch_tokens - wanted) / wanted
@@ -246,8 +234,7 @@ def _batch_difference_text(batch_tokens: int, wanted: int) -> str:
 
 def _problem_marks(plan: Plan) -> dict[str, int]:
     """A number for each reason other than memory that a shown row cannot run for, in the
-    order the rows first give it: the table marks those rows with it and says the reason
-    once, below."""
+    order of the rows: the table marks the rows with it and gives the reason once, below."""
     marks: dict[str, int] = {}
     for assignment in plan.best:
         found = assignment.estimate
@@ -273,14 +260,12 @@ def _estimate_cells(plan: Plan, found: Estimate, marks: dict[str, int]) -> list[
 
 
 def _shown_degrees(request: Request) -> tuple[str, ...]:
-    """The degrees a row names: the world factors, and ep and etp where experts are
-    planned."""
     return WORLD_FACTORS + (EXPERT_DEGREES if request.experts else ())
 
 
 def _rows(plan: Plan, marks: dict[str, int]) -> list[list[str]]:
-    """The table, header first: index, degrees, the estimate, rationale; a row that cannot
-    run for a reason other than memory has its mark in ``marks`` as its headroom."""
+    """The table, header first: index, degrees, the estimate (with ``marks`` for headroom
+    where a row cannot run), rationale."""
     located = plan.request.gpus_per_node is not None
     shown = _shown_degrees(plan.request)
     header = ["#", *shown, *_estimate_headings(plan.request)]
@@ -299,19 +284,12 @@ def _rows(plan: Plan, marks: dict[str, int]) -> list[list[str]]:
 
 
 def print_table(plan: Plan) -> None:
-    """The plan's heading and its best rows as a table, best first, then why each marked row
-    cannot run."""
+    """The plan's heading, its best rows, then why each marked row cannot run."""
     print("\n".join(_header(plan)))
     marks = _problem_marks(plan)
     rows = _rows(plan, marks)
     numeric = 1 + len(_shown_degrees(plan.request)) + len(_estimate_headings(plan.request))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        cells = [
-            cell.rjust(width) if column < numeric else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip())
+    print("\n".join(table_lines(rows, range(numeric))))
     for problem, mark in marks.items():
         print(f"[{mark}] cannot run: {problem}")
 
@@ -339,7 +317,7 @@ def _json_entry(plan: Plan, index: int, assignment: Assignment) -> dict[str, Any
 
 
 def json_report(plan: Plan) -> dict[str, Any]:
-    """The request and the plan's best rows, with every figure of each, for ``--format json``."""
+    """The request and the plan's best rows with every figure of each."""
     request = plan.request
     report: dict[str, Any] = {
         "world_size": request.world_size,

@@ -10,24 +10,22 @@ from meshconf.cli.common import (
     EXIT_OK,
     UsageError,
     add_gpus_per_node_option,
+    add_rank_options,
     add_source_options,
     emit,
     load_for_rank,
-    non_negative_int,
     write_file,
 )
 from meshconf.core.levels import NODE
 from meshconf.core.messages import install_command
 from meshconf.features.render import draw_domain, to_png, to_svg
-from meshconf.model.config import MeshConfig
 
 _FORMATS = (".svg", ".png")
 _PREFERRED_DOMAIN = "dense"
 
 
 def _check_output(out: str) -> None:
-    """Raises UsageError when meshconf cannot draw into ``out``: its suffix, or PNG without
-    matplotlib."""
+    """Raises UsageError for a suffix meshconf cannot draw, or PNG without matplotlib."""
     suffix = Path(out).suffix.lower()
     if suffix not in _FORMATS:
         raise UsageError(f"--out {out}: the file name must end in .svg or .png")
@@ -46,18 +44,13 @@ def _has_matplotlib() -> bool:
     return True
 
 
-def _domain(config: MeshConfig, asked: str | None) -> str:
-    if asked is not None:
-        return asked
-    layouts = config.layouts
-    return _PREFERRED_DOMAIN if _PREFERRED_DOMAIN in layouts else next(iter(layouts))
-
-
 def run(args: argparse.Namespace) -> int:
     _check_output(args.out)
     config = load_for_rank(args)
     layouts = config.layouts
-    domain = _domain(config, args.domain)
+    domain = args.domain
+    if domain is None:
+        domain = _PREFERRED_DOMAIN if _PREFERRED_DOMAIN in layouts else next(iter(layouts))
     above_node = tuple(level for level in config.topology if level.name != NODE)
     drawing = draw_domain(layouts[domain], args.rank, config.node_size, above_node)
     out = Path(args.out)
@@ -66,13 +59,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"cannot write {args.out}: {error.strerror or error}") from None
     world_size = layouts[domain].world_size
-    if drawing.ranks_per_cell == 1:
-        what = f"{world_size} ranks in {drawing.columns} x {drawing.rows} cells"
-    else:
-        what = (
-            f"{world_size} ranks summarised in {drawing.columns} x {drawing.rows} cells "
-            f"of {drawing.ranks_per_cell} ranks"
-        )
+    cells = f"{drawing.columns} x {drawing.rows} cells"
+    what = f"{world_size} ranks in {cells}"
+    if drawing.ranks_per_cell > 1:
+        what = f"{world_size} ranks summarised in {cells} of {drawing.ranks_per_cell} ranks"
     emit(lambda: print(f"wrote {args.out}: domain {domain}, {what}, groups of rank {args.rank}"))
     return EXIT_OK
 
@@ -86,7 +76,6 @@ def add_parser(subparsers: Any) -> None:
         "coloured. Worlds of more than 4096 ranks are summarised, one cell per block of "
         "consecutive ranks.",
     )
-    parser.add_argument("path", metavar="PATH", help="the config file")
     parser.add_argument(
         "-O",
         "--out",
@@ -97,9 +86,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--domain", metavar="D", help="domain to draw (default: dense, else the first)"
     )
-    parser.add_argument(
-        "--rank", type=non_negative_int, default=0, metavar="R", help="whose groups to colour"
-    )
+    add_rank_options(parser, "whose groups to colour")
     add_gpus_per_node_option(parser, "to outline nodes")
     add_source_options(parser, formats=False)
     parser.set_defaults(run=run)

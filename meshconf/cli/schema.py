@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         if _committed(out) != text.encode("utf-8"):
             write_file(out, text, create_folder=True)
-    except (NotAFileError, TooLargeError) as error:
-        raise UsageError(f"{out}: {error}") from None
     except OSError as error:
         raise UsageError(f"{out}: cannot write: {error.strerror or error}") from None
     print(f"{out}: written")
@@ -58,24 +56,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _committed(path: str) -> bytes | None:
-    """What ``path`` holds now, None if nothing; only a regular file of at most
-    ``MAX_SCHEMA_BYTES`` is read (a FIFO would block, a device never end).
+    """What ``path`` holds now, None if nothing; only a regular file (a FIFO would block, a
+    device never end) of at most ``MAX_SCHEMA_BYTES``.
 
     Raises:
-        NotAFileError, TooLargeError, OSError: as ``read_limited``.
+        UsageError: ``path`` is not a regular file, or is larger.
+        OSError: as ``read_limited``.
     """
     try:
         return read_limited(path, MAX_SCHEMA_BYTES, "schema file")
     except FileNotFoundError:
         return None
+    except (NotAFileError, TooLargeError) as error:
+        raise UsageError(f"{path}: {error}") from None
 
 
 def _check(path: Path, text: str, command: str) -> int:
     try:
         raw = _committed(str(path))
         committed = None if raw is None else raw.decode("utf-8")
-    except (NotAFileError, TooLargeError) as error:
-        raise UsageError(f"{path}: {error}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(
             f"{path}: cannot read: {getattr(error, 'strerror', None) or error}"
@@ -91,13 +90,9 @@ def _check(path: Path, text: str, command: str) -> int:
 
 
 def _regenerate_command(args: argparse.Namespace, out: str) -> str:
-    parts = ["meshconf schema"]
-    if args.format != "json":
-        parts.append(f"--format {args.format}")
-    if args.flavor != "plain":
-        parts.append(f"--flavor {args.flavor}")
-    parts.append(f"--out {out}")
-    return " ".join(parts)
+    format_ = "" if args.format == "json" else f" --format {args.format}"
+    flavor = "" if args.flavor == "plain" else f" --flavor {args.flavor}"
+    return f"meshconf schema{format_}{flavor} --out {out}"
 
 
 def add_parser(subparsers: Any) -> None:

@@ -12,15 +12,15 @@ from meshconf.cli.common import (
     EXIT_OK,
     UsageError,
     add_gpus_per_node_option,
+    add_rank_options,
     add_source_options,
     emit,
     load_for_rank,
-    non_negative_int,
     prints_json,
+    table_lines,
     warnings_json,
 )
-from meshconf.cli.estimate_options import show_estimate
-from meshconf.cli.model_options import add_model_options
+from meshconf.cli.model_options import add_model_options, show_estimate
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count
@@ -36,8 +36,8 @@ MAX_FULL_GROUP = 1 << 20
 
 
 def _leading_ranks(group: RankGroup, count: int) -> list[int]:
-    """The first ``count`` ranks of ``group`` in its order (the last mode fastest), counted
-    in mixed radix so that nothing grows with the group."""
+    """The first ``count`` ranks of ``group`` (the last mode fastest), counted in mixed radix
+    so that nothing grows with the group."""
     modes = group.modes
     index = [0] * len(modes)
     ranks: list[int] = []
@@ -53,10 +53,6 @@ def _leading_ranks(group: RankGroup, count: int) -> list[int]:
     return ranks
 
 
-def _last_rank(group: RankGroup) -> int:
-    return group.base + sum((mode.size - 1) * mode.stride for mode in group.modes)
-
-
 def _dim_entry(
     layout: DomainLayout, name: str, rank: int, config: MeshConfig, listed: int
 ) -> dict[str, Any]:
@@ -64,12 +60,7 @@ def _dim_entry(
     gpus_per_node = config.node_size
     placement = None if gpus_per_node is None else layout.placement(name, gpus_per_node)
     group = layout.group(rank, name)
-    levels = (
-        {}
-        if config.levels is None
-        else {"crosses": list(crossed_levels(layout, name, config.topology))}
-    )
-    return {
+    entry = {
         "name": dim.name,
         "size": dim.size,
         "stride": dim.stride,
@@ -77,11 +68,13 @@ def _dim_entry(
         "num_groups": layout.num_groups(name),
         "group": _leading_ranks(group, listed),
         "group_size": group.size,
-        "group_last": _last_rank(group),
+        "group_last": group.base + sum((mode.size - 1) * mode.stride for mode in group.modes),
         "crosses_nodes": None if placement is None else placement != "intra-node",
         "placement": placement,
-        **levels,
     }
+    if config.levels is not None:
+        entry["crosses"] = list(crossed_levels(layout, name, config.topology))
+    return entry
 
 
 def build_report(
@@ -122,12 +115,8 @@ def build_report(
 
 
 def _bands(config: MeshConfig) -> list[dict[str, Any]] | None:
-    """Where inside puts each world factor's parts, inner band first."""
-    if config.inside is None:
-        return None
-    bands = config.placement_bands
-    assert bands is not None
-    return [{"place": place, "parts": parts} for place, parts in bands]
+    bands = None if config.inside is None else config.placement_bands
+    return None if bands is None else [{"place": place, "parts": parts} for place, parts in bands]
 
 
 def _ranks_text(dim: dict[str, Any]) -> str:
@@ -139,11 +128,9 @@ def _ranks_text(dim: dict[str, Any]) -> str:
 
 
 def left_out(config: MeshConfig, domains: list[str]) -> tuple[list[str], dict[str, str]]:
-    """What the text view leaves out as trivial without ``--all``: the dims of size 1 (a
-    rank's group along one is the rank alone), and the domains whose dims all have size 1 or
-    that hold the ``ep`` dim when ep is 1 (no expert is split across ranks, so expert layers
-    use the dense meshes). Returns the dims, and each domain with the reason, in config order.
-    """
+    """What the text view leaves out as trivial without ``--all``: the dims of size 1, and
+    each domain whose dims all have size 1 or that holds the ``ep`` dim when ep is 1 (expert
+    layers then use the dense meshes), with the reason; in config order."""
     layouts = config.layouts
     sizes = config.dim_sizes
     dims = [
@@ -167,8 +154,6 @@ def report_text(
     hidden: tuple[list[str], dict[str, str]] = ([], {}),
     extra: Sequence[str] = (),
 ) -> None:
-    """Print ``report`` as text, without the dims and domains in ``hidden``, then the
-    ``extra`` lines."""
     hidden_dims, hidden_domains = hidden
     rank = report["rank"]
     _print_layout(config, report)
@@ -191,8 +176,6 @@ def report_text(
 
 
 def _print_layout(config: MeshConfig, report: dict[str, Any]) -> None:
-    """The world, its nodes or levels, the degrees, the derived dims, the order, where the
-    degrees are placed, and the warnings."""
     nodes = "" if config.gpus_per_node is None else f", {config.gpus_per_node} GPUs per node"
     if config.levels is not None:
         nodes = ", levels " + " ".join(f"{level.name}={level.size}" for level in config.topology)
@@ -229,38 +212,25 @@ def _print_domain(
     coordinate: dict[str, int],
     hidden_dims: list[str],
 ) -> None:
-    """One domain's table: each dim shown, its size, strides, groups, where its groups sit,
-    and the rank's group; then the rank's coordinate."""
     shape = ", ".join(f"{dim['name']}={dim['size']}" for dim in all_dims)
     dims = [dim for dim in all_dims if dim["name"] not in hidden_dims]
     print(f"\ndomain {domain} [{shape}]")
     if not dims:
         print(f"  every dim has size 1: rank {rank} is alone in each of its groups")
         return
-    width = max(len("dim"), *(len(dim["name"]) for dim in dims))
-    # A dim placed partly inside and partly across nodes has one stride per part.
-    strides = {dim["name"]: ",".join(str(stride) for _, stride in dim["modes"]) for dim in dims}
-    stride_width = max(7, *(len(text) for text in strides.values()))
-    # With levels, where a group sits is the levels it crosses, not one word.
-    where = {
-        dim["name"]: ",".join(dim["crosses"]) or "none"
-        if "crosses" in dim
-        else dim["placement"] or "-"
-        for dim in dims
-    }
     heading = "crosses" if config.levels is not None else "placement"
-    where_width = max(10, *(len(text) for text in where.values()))
-    print(
-        f"  {'dim':<{width}}  {'size':>7}  {'stride':>{stride_width}}  {'groups':>7}  "
-        f"{heading:<{where_width}}  group of rank {rank}"
-    )
+    # The headings padded to the narrowest their columns are.
+    padded = [f"{'size':>7}", f"{'stride':>7}", f"{'groups':>7}", f"{heading:<10}"]
+    rows = [["dim", *padded, f"group of rank {rank}"]]
     for dim in dims:
-        stride = strides[dim["name"]]
-        print(
-            f"  {dim['name']:<{width}}  {dim['size']:>7}  {stride:>{stride_width}}  "
-            f"{dim['num_groups']:>7}  {where[dim['name']]:<{where_width}}  "
-            f"{_ranks_text(dim)}"
-        )
+        # A dim placed partly inside and partly across nodes has one stride per part.
+        strides = ",".join(str(stride) for _, stride in dim["modes"])
+        # With levels, where a group sits is the levels it crosses, not one word.
+        where = ",".join(dim["crosses"]) or "none" if "crosses" in dim else dim["placement"] or "-"
+        counts = [str(dim["size"]), strides, str(dim["num_groups"])]
+        rows.append([dim["name"], *counts, where, _ranks_text(dim)])
+    for line in table_lines(rows, range(1, 4)):
+        print(f"  {line}")
     shown = " ".join(f"{k}={v}" for k, v in coordinate.items() if k not in hidden_dims)
     print(f"  coordinate of rank {rank}: {shown}")
 
@@ -299,14 +269,7 @@ def add_parser(subparsers: Any) -> None:
         "groups, the rank's group and, given gpus_per_node, where the groups sit: inside one "
         "node, one rank per node, or mixed; and warn when tp, etp or cp groups leave a node.",
     )
-    parser.add_argument("path", metavar="PATH", help="the config file")
-    parser.add_argument(
-        "--rank",
-        type=non_negative_int,
-        default=0,
-        metavar="R",
-        help="the rank to show (default: 0)",
-    )
+    add_rank_options(parser, "the rank to show (default: 0)")
     parser.add_argument("--domain", metavar="D", help="show only this domain")
     parser.add_argument(
         "--all",

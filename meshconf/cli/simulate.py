@@ -30,8 +30,6 @@ from meshconf.model.config import MeshConfig
 
 @dataclass(frozen=True)
 class RankResult:
-    """What simulating one rank found: its domains' shapes, mismatches and group counters."""
-
     rank: int
     shapes: dict[str, str]
     problems: list[str]
@@ -39,8 +37,8 @@ class RankResult:
 
 
 def rank_list(text: str) -> list[int]:
-    """``--rank``'s value: one rank or several, separated by commas (``0,77,16383``), each
-    read as ``--rank`` is elsewhere (ASCII digits, bounded before conversion).
+    """``--rank``'s value: ranks separated by commas (``0,77,16383``), each read as
+    ``--rank`` is elsewhere.
 
     Raises:
         argparse.ArgumentTypeError: a part is not a rank.

@@ -16,8 +16,7 @@ from meshconf.cli.common import (
     emit,
     warnings_json,
 )
-from meshconf.cli.estimate_options import model_request
-from meshconf.cli.model_options import add_model_options
+from meshconf.cli.model_options import add_model_options, model_request
 from meshconf.core.degrees import AUTO
 from meshconf.core.errors import (
     ConfigError,
@@ -55,22 +54,17 @@ class FileResult:
         return EXIT_INVALID if failed else EXIT_OK
 
 
-@dataclass
-class Results:
-    files: list[FileResult] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return max((result.exit_code for result in self.files), default=EXIT_OK)
+def _exit_code(results: list[FileResult]) -> int:
+    return max((result.exit_code for result in results), default=EXIT_OK)
 
 
-def check(paths: list[str], args: argparse.Namespace) -> Results:
+def check(paths: list[str], args: argparse.Namespace) -> list[FileResult]:
     """Each file's problems and warnings; with a model, also each degree it cannot run.
 
     Raises:
         UsageError, InvalidInput: as the model options' ``model_request``.
     """
-    results = Results()
+    results = []
     for path in paths:
         result = FileResult(path, world_size_given=args.world_size is not None, strict=args.strict)
         try:
@@ -85,16 +79,15 @@ def check(paths: list[str], args: argparse.Namespace) -> Results:
             problems = _model_problems(args, config, located)
             result.config, result.diagnostics = config, tuple(problems)
             result.warnings = config_warnings(config)
-        results.files.append(result)
+        results.append(result)
     return results
 
 
 def _model_problems(
     args: argparse.Namespace, config: MeshConfig, located: Source
 ) -> list[Diagnostic]:
-    """The degrees of the config's layout that the model options' model cannot run (none
-    without a model), placed at each degree. Without a world size, the degrees the config
-    writes are checked."""
+    """The degrees of the config's layout (without a world size, those it writes) that the
+    model options' model cannot run, placed at each degree."""
     block = config.training
     settings = {} if block is None else block.estimate_settings()
     model, training = model_request(args, settings, located.name)
@@ -130,13 +123,12 @@ def _warned(result: FileResult) -> str:
     count = len(result.warnings)
     if not count:
         return ""
-    if count == 1:
-        return ", 1 warning (--strict fails on it)"
-    return f", {count} warnings (--strict fails on them)"
+    them = "it" if count == 1 else "them"
+    return f", {count} warning{'s' if count > 1 else ''} (--strict fails on {them})"
 
 
-def report_text(results: Results) -> None:
-    for result in results.files:
+def report_text(results: list[FileResult]) -> None:
+    for result in results:
         if result.source_error is not None:
             print(f"meshconf: error: {printable(result.source_error)}", file=sys.stderr)
         elif result.diagnostics:
@@ -173,9 +165,9 @@ def _diagnostic_json(diagnostic: Diagnostic) -> dict[str, Any]:
     }
 
 
-def report_json(results: Results) -> None:
+def report_json(results: list[FileResult]) -> None:
     files = []
-    for result in results.files:
+    for result in results:
         entry: dict[str, Any] = {"path": result.path, "valid": result.exit_code == EXIT_OK}
         if result.source_error is not None:
             entry["error"] = result.source_error
@@ -185,14 +177,14 @@ def report_json(results: Results) -> None:
             entry["pending_checks"] = list(result.config.pending_checks)
             entry["warnings"] = warnings_json(result.warnings)
         files.append(entry)
-    print(json.dumps({"valid": results.exit_code == EXIT_OK, "files": files}, indent=2))
+    print(json.dumps({"valid": _exit_code(results) == EXIT_OK, "files": files}, indent=2))
 
 
 def run(args: argparse.Namespace) -> int:
     results = check(args.paths, args)
     report = report_json if args.format == "json" else report_text
     emit(lambda: report(results))
-    return results.exit_code
+    return _exit_code(results)
 
 
 def add_parser(subparsers: Any) -> None:
