@@ -2,11 +2,9 @@
 config from one.
 
 accelerate's dims, the dims it flattens and what it refuses are in
-:mod:`meshconf.trainers.accelerate_mesh`. A ``ParallelismConfig`` whose ``device_mesh`` is set is
-used as it is, so :func:`parallelism_config` hands accelerate a mesh meshconf built:
-accelerate creates no process group, and the ranks are numbered as the config numbers them,
-its ``order``, ``levels`` and ``inside`` kept. :func:`parallelism_config` needs accelerate:
-the ``accelerate`` extra (``pip install ".[accelerate]"`` from a clone of meshconf).
+:mod:`meshconf.trainers.accelerate_mesh`. accelerate uses a ``ParallelismConfig``'s
+``device_mesh`` as it is, so the ranks are numbered as the config numbers them (its ``order``,
+``levels`` and ``inside`` kept). :func:`parallelism_config` needs the ``accelerate`` extra.
 """
 
 from __future__ import annotations
@@ -88,11 +86,8 @@ def parallelism_config(
     """accelerate's ``ParallelismConfig`` for ``context``: its sizes, and its ``device_mesh``
     set to a mesh meshconf built, with accelerate's dim names and its flattened dims, so
     that ``Accelerator(parallelism_config=...)`` (or ``TrainingArguments``) keeps it and
-    creates no group. ``fsdp2`` as :func:`check_config`.
-
-    On ranks without a GPU over more than one rank, it warns first (:data:`CPU_ONLY`); FSDP2
-    itself needs GPUs. The mesh is built all the same, for code that reads it without an
-    ``Accelerator``.
+    creates no group. ``fsdp2`` as :func:`check_config`. Without a GPU, over more than one
+    rank, it warns first (:data:`CPU_ONLY`), and builds the mesh all the same.
 
     Raises:
         ConfigError: as :func:`check_config`, before any mesh is built; ``context`` not an
@@ -124,13 +119,10 @@ def parallelism_config(
 def from_parallelism_config(
     parallelism: Any, *, world_size: int, gpus_per_node: int | None = None
 ) -> MeshConfig:
-    """The meshconf config of an accelerate ``ParallelismConfig`` for ``world_size`` ranks,
-    whose groups are accelerate's. As accelerate does, sizes that are all 1 replicate the
-    model over every rank.
-
-    ``parallelism``: accelerate's ``ParallelismConfig``, or any object with its four sizes
-    (and, optionally, ``sp_size``). A mapping, a string or None is refused rather than read
-    as all ones.
+    """The meshconf config of an accelerate ``ParallelismConfig`` (or any object with its
+    four sizes, and optionally ``sp_size``; not a mapping, a string or None, which would read
+    as all ones) for ``world_size`` ranks, whose groups are accelerate's. As accelerate does,
+    sizes that are all 1 replicate the model over every rank.
 
     Raises:
         ConfigError: ``parallelism`` without those sizes, sp_size above 1
@@ -141,11 +133,9 @@ def from_parallelism_config(
     if isinstance(parallelism, str | bytes) or not all(
         hasattr(parallelism, name) for name in SIZE_DEGREES
     ):
-        hint = (
-            "; for a mapping of sizes, pass ParallelismConfig(**sizes)"
-            if isinstance(parallelism, dict)
-            else ""
-        )
+        hint = ""
+        if isinstance(parallelism, dict):
+            hint = "; for a mapping of sizes, pass ParallelismConfig(**sizes)"
         raise refused(
             "parallelism",
             "expected accelerate's ParallelismConfig (or an object with its "

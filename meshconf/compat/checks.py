@@ -1,8 +1,7 @@
 """The checks every compat function makes of what it is given, before it reads it: a
 validated ``MeshConfig``, an open ``DistributedContext``, a switch, a world size. Each raises
-a ``ConfigError`` (Megatron's export error for ``compat.megatron``) naming the argument, what
-it takes and what it got, so that a wrong argument never surfaces as an ``AttributeError``
-deep inside.
+a ``ConfigError`` naming the argument, what it takes and what it got, so that a wrong argument
+never surfaces as an ``AttributeError`` deep inside.
 
 Needs no torch: a ``DistributedContext`` exists only once :mod:`meshconf.runtime` is loaded,
 so an argument is checked against it only then.
@@ -30,18 +29,18 @@ def refused(name: str, message: str, error: type[ConfigError] = ConfigError) -> 
     return error([Diagnostic((name,), message)])
 
 
-def mesh_config(value: object, error: type[ConfigError] = ConfigError) -> MeshConfig:
+def mesh_config(value: object) -> MeshConfig:
     """``value``, when it is a validated :class:`MeshConfig`.
 
     Raises:
-        ConfigError: (``error``) anything else: a path, a mapping, a context, None.
+        ConfigError: anything else: a path, a mapping, a context, None.
     """
     if isinstance(value, MeshConfig):
         return value
     hint = f"a path or a mapping goes through {MAKE_CONFIG} first"
     if _is_context(value):
         hint = "pass the context's config (config=context.config)"
-    raise refused("config", f"expected a MeshConfig, got {describe_value(value)}; {hint}", error)
+    raise refused("config", f"expected a MeshConfig, got {describe_value(value)}; {hint}")
 
 
 def open_context(value: object) -> DistributedContext:
@@ -53,14 +52,9 @@ def open_context(value: object) -> DistributedContext:
             whose ``close()`` has destroyed its groups.
     """
     if not _is_context(value):
-        hint = (
-            f"build one from it: {MAKE_CONTEXT}"
-            if isinstance(value, MeshConfig)
-            else f"build one with {MAKE_CONTEXT}"
-        )
-        raise refused(
-            "context", f"expected a DistributedContext, got {describe_value(value)}; {hint}"
-        )
+        how = "from it:" if isinstance(value, MeshConfig) else "with"
+        wrong = f"expected a DistributedContext, got {describe_value(value)}"
+        raise refused("context", f"{wrong}; build one {how} {MAKE_CONTEXT}")
     context: DistributedContext = value  # type: ignore[assignment]
     if context.closed:
         raise refused(
@@ -72,7 +66,6 @@ def open_context(value: object) -> DistributedContext:
 
 
 def _is_context(value: object) -> bool:
-    # Only a loaded runtime can have made a context; reading it otherwise would load torch.
     runtime = sys.modules.get("meshconf.runtime.context")
     return runtime is not None and isinstance(value, runtime.DistributedContext)
 

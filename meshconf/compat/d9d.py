@@ -32,6 +32,14 @@ EXPERT_DOMAIN = "expert"
 BATCH_DOMAIN = "batch"
 REGULAR_DOMAIN = "regular"
 FLAT_DOMAIN = "flat"
+#: d9d's domains, outer dim first, with d9d's dim names.
+_DOMAINS = {
+    DENSE_DOMAIN: ("pp", "dp_replicate", "dp_cp_shard", "cp_replicate", "tp"),
+    EXPERT_DOMAIN: ("pp", "ep_replicate", "ep_shard"),
+    BATCH_DOMAIN: ("pp", "dp", "cp", "tp"),
+    REGULAR_DOMAIN: ("pp", "dp_replicate", "dp_shard", "cp_shard", "cp_replicate", "tp"),
+    FLAT_DOMAIN: ("world",),
+}
 
 
 class DeviceMeshParameters(BaseModel):
@@ -146,20 +154,7 @@ class DeviceMeshParameters(BaseModel):
                 "ep_replicate": f"dp_replicate * dp_shard * cp * tp / {ep}",
                 "world": "pp * dp_replicate * dp_shard * cp * tp",
             },
-            "domains": {
-                DENSE_DOMAIN: ["pp", "dp_replicate", "dp_cp_shard", "cp_replicate", "tp"],
-                EXPERT_DOMAIN: ["pp", "ep_replicate", "ep_shard"],
-                BATCH_DOMAIN: ["pp", "dp", "cp", "tp"],
-                REGULAR_DOMAIN: [
-                    "pp",
-                    "dp_replicate",
-                    "dp_shard",
-                    "cp_shard",
-                    "cp_replicate",
-                    "tp",
-                ],
-                FLAT_DOMAIN: ["world"],
-            },
+            "domains": {name: list(dims) for name, dims in _DOMAINS.items()},
         }
 
     def to_mesh_config(self) -> MeshConfig:

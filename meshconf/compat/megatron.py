@@ -28,7 +28,7 @@ def parallel_state_arguments(config: MeshConfig) -> dict[str, Any]:
             responsible; ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
-    config = mesh_config(config, ConfigError)
+    config = mesh_config(config)
     return megatron_arguments(config, command_line=False).parallel_state
 
 
@@ -40,12 +40,11 @@ def initialize_model_parallel(config: MeshConfig, **options: Any) -> None:
 
     Raises:
         ConfigError: as :func:`parallel_state_arguments`, before any group exists; or the
-            config does not fit the default group's world size (Megatron-Core
-            would take its data-parallel size from the group, not from the config).
+            config does not fit the default group's world size (:func:`_world_mismatch`).
         RuntimeSetupError: no default process group exists.
         ImportError: megatron-core is not installed.
     """
-    config = mesh_config(config, ConfigError)
+    config = mesh_config(config)
     import torch.distributed as dist
 
     if not dist.is_initialized():

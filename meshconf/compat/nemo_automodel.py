@@ -4,9 +4,7 @@ NeMo AutoModel (0.7) takes meshes built elsewhere (``MeshContext.from_meshes``,
 ``from_pretrained(device_mesh=...)``), reading them by its ``MeshAxisName``s: a device mesh
 ``(pp, dp_replicate, dp_shard, cp, tp)`` with the flattened ``dp``, ``dp_shard_cp`` and
 ``dp_cp``, and, with experts, a MoE mesh ``(ep_shard, ep)`` over one pipeline stage's ranks.
-:func:`meshes` builds both
-from a context's groups, with the config's rank order; :func:`check_config` refuses, without
-torch, what NeMo AutoModel's FSDP2 strategy refuses or cannot hold.
+:func:`meshes` builds both from a context's groups, with the config's rank order.
 """
 
 from __future__ import annotations
@@ -38,30 +36,23 @@ def check_config(config: MeshConfig) -> None:
     """Refuse what NeMo AutoModel cannot run, at the meshconf key, with what to change.
 
     Raises:
-        ConfigError: etp above 1 with experts (NeMo AutoModel keeps
-            each expert whole on its rank), or dp_replicate above 1 without dp_shard (its
-            FSDP2 strategy refuses plain replication); ``config`` not a MeshConfig.
+        ConfigError: etp above 1 with experts, or dp_replicate above 1 without dp_shard;
+            ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
     config = mesh_config(config)
     degrees = config.resolved_degrees
     problems = []
     if degrees["ep"] > 1 and degrees["etp"] > 1:
-        problems.append(
-            Diagnostic(
-                ("degrees", "etp"),
-                "NeMo AutoModel keeps each expert whole on its rank; set degrees.etp to 1",
-            )
-        )
+        whole = "NeMo AutoModel keeps each expert whole on its rank; set degrees.etp to 1"
+        problems.append(Diagnostic(("degrees", "etp"), whole))
     if degrees["dp_replicate"] > 1 and degrees["dp_shard"] == 1:
-        problems.append(
-            Diagnostic(
-                ("degrees", "dp_replicate"),
-                "NeMo AutoModel's FSDP2 strategy refuses plain replication (dp_shard 1): set "
-                f"degrees.dp_shard to {degrees['dp_replicate']} and degrees.dp_replicate to 1, "
-                "or degrees.dp_shard above 1 as well (HSDP)",
-            )
+        replicated = (
+            "NeMo AutoModel's FSDP2 strategy refuses plain replication (dp_shard 1): set "
+            f"degrees.dp_shard to {degrees['dp_replicate']} and degrees.dp_replicate to 1, "
+            "or degrees.dp_shard above 1 as well (HSDP)"
         )
+        problems.append(Diagnostic(("degrees", "dp_replicate"), replicated))
     if problems:
         raise ConfigError(problems)
 

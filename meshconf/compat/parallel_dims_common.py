@@ -117,8 +117,6 @@ class ParallelDimsMeshes:
     def _mesh_exist(self, name: str, size: int) -> bool:
         raise NotImplementedError
 
-    # Meshes ------------------------------------------------------------------------------
-
     @property
     def config(self) -> MeshConfig:
         """The validated meshconf config these degrees describe."""
@@ -169,11 +167,10 @@ class ParallelDimsMeshes:
 
     def _names(self, dims: str | Sequence[str]) -> list[str]:
         names = [dims] if isinstance(dims, str) else [str(name) for name in dims]
-        valid = self._axes
         for name in names:
-            if name not in valid:
+            if name not in self._axes:
                 raise InvalidArgumentError(
-                    f"Invalid mesh dim {name!r}: the one-dim meshes are {', '.join(valid)}"
+                    f"Invalid mesh dim {name!r}: the one-dim meshes are {', '.join(self._axes)}"
                 )
         return names
 
@@ -199,7 +196,9 @@ class ParallelDimsMeshes:
             self._multi_dim_cache[key] = mesh
         return mesh
 
-    def _optional_mesh(self, dims: str | Sequence[str], include_singleton_axes: bool) -> Any:
+    def _optional_mesh(
+        self, dims: str | Sequence[str], include_singleton_axes: bool
+    ) -> DeviceMesh | None:
         names = self._names(dims)
         self.build_mesh()
         if not include_singleton_axes and not all(self._exists(name) for name in names):
@@ -213,7 +212,7 @@ class ParallelDimsMeshes:
             InvalidArgumentError: (a ValueError) an unknown dim, dims that no mesh holds together
                 or in that order, or a dim that does not exist in this layout.
         """
-        mesh: DeviceMesh | None = self._optional_mesh(dims, False)
+        mesh = self._optional_mesh(dims, False)
         if mesh is None:
             names = self._names(dims)
             off = [
@@ -225,8 +224,6 @@ class ParallelDimsMeshes:
                 "get_optional_mesh to get None instead"
             )
         return mesh
-
-    # Degrees ---------------------------------------------------------------------------
 
     @property
     def dp_enabled(self) -> bool:

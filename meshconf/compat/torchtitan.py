@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from meshconf.compat.checks import refused
 from meshconf.compat.parallel_dims_common import (
     ParallelDimsError,
     ParallelDimsMeshes,
@@ -53,6 +54,8 @@ _SPMD_DENSE_AXES = {
 _SPMD_SPARSE_AXES = ["dp_replicate", "efsdp", "ep"]
 #: Under these backends only these dims carry a DTensor placement; the rest stay outside.
 _IN_BAND = {"partial_dtensor": ("tp", "ep"), "spmd_types": ("dp", "cp", "tp", "ep")}
+#: Under full_dtensor, the logical dp is the two dims that store it.
+_STORED_AS = {"dp": ("dp_replicate", "dp_shard")}
 
 
 def _global_meshes(backend: str) -> dict[str, tuple[str, ...]]:
@@ -72,15 +75,6 @@ def _global_meshes(backend: str) -> dict[str, tuple[str, ...]]:
 def _axis_names(axes: Iterable[Any]) -> list[str]:
     """Axis names (strings or ``MeshAxisName`` members) as strings."""
     return [str(getattr(axis, "value", axis)) for axis in axes]
-
-
-def _unfold_dp(names: list[str]) -> list[str]:
-    """The logical ``dp`` written as the two dims that store it."""
-    return [
-        part
-        for name in names
-        for part in (("dp_replicate", "dp_shard") if name == "dp" else (name,))
-    ]
 
 
 @dataclass
@@ -123,15 +117,12 @@ class ParallelDims(ParallelDimsMeshes):
         fields = {name: degree for name, degree in TORCHTITAN_DEGREES.items() if degree != "etp"}
         missing = [name for name in fields if not hasattr(parallelism_config, name)]
         if missing or isinstance(parallelism_config, str | bytes):
-            raise ParallelDimsError(
-                [
-                    Diagnostic(
-                        ("parallelism_config",),
-                        "expected torchtitan's ParallelismConfig (job_config.parallelism), got "
-                        f"{describe_value(parallelism_config)}, which has no "
-                        f"{', '.join(missing or fields)}",
-                    )
-                ]
+            raise refused(
+                "parallelism_config",
+                "expected torchtitan's ParallelismConfig (job_config.parallelism), got "
+                f"{describe_value(parallelism_config)}, which has no "
+                f"{', '.join(missing or fields)}",
+                ParallelDimsError,
             )
         degrees = {degree: getattr(parallelism_config, name) for name, degree in fields.items()}
         return cls(
@@ -142,13 +133,10 @@ class ParallelDims(ParallelDimsMeshes):
 
     def __post_init__(self) -> None:
         if self.spmd_backend not in SPMD_BACKENDS:
-            raise ParallelDimsError(
-                [
-                    Diagnostic(
-                        ("spmd_backend",),
-                        f"expected one of {', '.join(SPMD_BACKENDS)}, got {self.spmd_backend!r}",
-                    )
-                ]
+            raise refused(
+                "spmd_backend",
+                f"expected one of {', '.join(SPMD_BACKENDS)}, got {self.spmd_backend!r}",
+                ParallelDimsError,
             )
         degrees = {name: getattr(self, name) for name in (*WORLD_FACTORS, "ep")}
         derived = {"dp": "dp_replicate * dp_shard"}
@@ -188,8 +176,7 @@ class ParallelDims(ParallelDimsMeshes):
             InvalidArgumentError: (a ValueError) an unknown dim, or dims that no mesh holds
                 together or in that order.
         """
-        mesh: DeviceMesh | None = self._optional_mesh(dims, include_singleton_axes)
-        return mesh
+        return self._optional_mesh(dims, include_singleton_axes)
 
     def get_all_one_dimensional_meshes(self) -> dict[str, DeviceMesh]:
         """Every existing one-dim mesh of more than one rank, by name (not ``efsdp`` when
@@ -200,8 +187,6 @@ class ParallelDims(ParallelDimsMeshes):
             for name, mesh in self._single_axis_meshes.items()
             if mesh.size() > 1 and self._mesh_exist(name, mesh.size())
         }
-
-    # SPMD helpers ------------------------------------------------------------------------
 
     def get_activated_mesh(self, axes: list[str]) -> DeviceMesh | None:
         """The mesh over those of ``axes`` that exist, or None when none does."""
@@ -261,7 +246,7 @@ class ParallelDims(ParallelDimsMeshes):
         """
         names = _axis_names(axes)
         if self.spmd_backend == "full_dtensor":
-            names = _unfold_dp(names)
+            names = [part for name in names for part in _STORED_AS.get(name, (name,))]
         else:
             names = [name for name in names if name in _IN_BAND[self.spmd_backend]]
         mesh = self.get_activated_mesh(names)

@@ -82,8 +82,7 @@ class ParallelDims(ParallelDimsMeshes):
             InvalidArgumentError: (a ValueError) an unknown dim, or dims that no mesh holds
                 together or in that order.
         """
-        mesh: DeviceMesh | None = self._optional_mesh(dims, False)
-        return mesh
+        return self._optional_mesh(dims, False)
 
     def get_all_one_dimensional_meshes(self) -> dict[str, DeviceMesh]:
         """Every one-dim mesh of more than one rank, by name (``efsdp`` too when ep is 1,

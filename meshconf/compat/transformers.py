@@ -4,10 +4,8 @@ transformers builds its meshes itself from a ``DistributedConfig``: a dense mesh
 ``(pp, dp_replicate, fsdp, tp)`` and an expert mesh ``(pp, dp_replicate, efsdp, ep)``, both
 row-major over the ranks. Those hold the groups of meshconf's ``dense`` and ``sparse``
 domains when the config numbers its ranks in the default order, so :func:`distributed_config`
-gives the sizes and refuses, at the meshconf key responsible, what transformers cannot
-build: context parallelism, tensor-parallel experts, a rank order of the config's own, and
-the layouts transformers itself refuses. Needs no torch; ``DistributedConfig`` needs
-transformers: the ``transformers`` extra (``pip install ".[transformers]"`` from a clone).
+gives the sizes, after :func:`check_config` refuses what transformers cannot build. Needs no
+torch; ``DistributedConfig`` needs the ``transformers`` extra.
 """
 
 from __future__ import annotations
@@ -36,13 +34,12 @@ SIZE_DEGREES = {
 
 def check_config(config: MeshConfig) -> None:
     """Refuse what transformers' meshes cannot hold, naming the meshconf key and what to
-    change. Needs no torch.
+    change.
 
     Raises:
-        ConfigError: cp or etp above 1; ranks numbered other than in
-            the default order; ep that is not a multiple of tp or does not divide
-            dp_shard * tp; data parallelism beside pipeline parallelism; ``config`` not a
-            MeshConfig.
+        ConfigError: cp or etp above 1; ranks numbered other than in the default order; ep
+            that is not a multiple of tp or does not divide dp_shard * tp; data parallelism
+            beside pipeline parallelism; ``config`` not a MeshConfig.
         WorldSizeUnknownError: a degree is -1 and the config has no world size.
     """
     config = mesh_config(config)
@@ -89,9 +86,8 @@ def check_config(config: MeshConfig) -> None:
 
 
 def distributed_config(config: MeshConfig) -> DistributedConfig:
-    """transformers' ``DistributedConfig`` with ``config``'s sizes, whose meshes hold the
-    groups of meshconf's ``dense`` and ``sparse`` domains. Other arguments (``tp_plan``,
-    ``fsdp_plan``, ...) can be set on the result.
+    """transformers' ``DistributedConfig`` with ``config``'s sizes; other arguments
+    (``tp_plan``, ``fsdp_plan``, ...) can be set on the result.
 
     Raises:
         ConfigError: as :func:`check_config`.

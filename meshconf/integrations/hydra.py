@@ -166,24 +166,15 @@ def instantiate(node: Any) -> MeshConfig:
         key = tuple(error.key.split(".")) if error.key else prefix
         raise HydraConfigError([Diagnostic(key, error.message)]) from None
     if not isinstance(values, dict):
-        raise HydraConfigError(
-            [
-                Diagnostic(
-                    prefix, f"expected a mapping of meshconf keys, got {type(values).__name__}"
-                )
-            ]
-        )
+        wrong = f"expected a mapping of meshconf keys, got {type(values).__name__}"
+        raise HydraConfigError([Diagnostic(prefix, wrong)])
     target = values.pop("_target_", TARGET)
     if target != TARGET:
-        raise HydraConfigError(
-            [
-                Diagnostic(
-                    (*prefix, "_target_"),
-                    f"{target!r} is not meshconf's {TARGET!r}; list {SCHEMA_NAME} in the "
-                    "option's defaults, or leave _target_ out",
-                )
-            ]
+        wrong = (
+            f"{target!r} is not meshconf's {TARGET!r}; list {SCHEMA_NAME} in the option's "
+            "defaults, or leave _target_ out"
         )
+        raise HydraConfigError([Diagnostic((*prefix, "_target_"), wrong)])
     try:
         return build_config(**values)
     except ConfigError as error:

@@ -109,7 +109,7 @@ class DistributedContext(MeshRequests):
         check_config(config)
         environ = environment(environ)
         launch = launch_of(environ)
-        self._open(config, launch, join(launch, environ, config.runtime.setup_timeout_s), environ)
+        self._open(config, launch, environ)
 
     @classmethod
     def from_yaml(
@@ -143,17 +143,11 @@ class DistributedContext(MeshRequests):
                 rendezvous.publish(f"rank {launch.rank} could not load the config: {error}")
             raise _told(error) from None
         context = cls.__new__(cls)
-        rendezvous = join(launch, environ, config.runtime.setup_timeout_s)
-        context._open(config, launch, rendezvous, environ)
+        context._open(config, launch, environ)
         return context
 
-    def _open(
-        self,
-        config: MeshConfig,
-        launch: Launch,
-        rendezvous: Rendezvous | None,
-        environ: Mapping[str, str],
-    ) -> None:
+    def _open(self, config: MeshConfig, launch: Launch, environ: Mapping[str, str]) -> None:
+        rendezvous = join(launch, environ, config.runtime.setup_timeout_s)
         owns_default_group = not dist.is_initialized()
         try:
             self._start(config, launch, rendezvous, owns_default_group, environ)
@@ -192,9 +186,9 @@ class DistributedContext(MeshRequests):
             torch.cuda.set_device(device)  # NCCL's lazy init then picks this rank's GPU
         if not owns_default_group:
             check_existing_default_group(launch)
-        if launch.source == "none" and not owns_default_group:
-            rank, size = dist.get_rank(), dist.get_world_size()
-            launch = Launch(rank, size, rank, size, "none")
+            if launch.source == "none":
+                rank, size = dist.get_rank(), dist.get_world_size()
+                launch = Launch(rank, size, rank, size, "none")
         check_launched_world(config, launch)
         self._prepare(config, launch, device, backend, owns_default_group)
         self.topology_warnings = node_warnings(
@@ -285,7 +279,7 @@ class DistributedContext(MeshRequests):
         if self.config.inside:
             self.topology_warnings += publish_units(self.config, rendezvous, environ, self.device)
         rendezvous.phase("joined", mine)
-        theirs = rendezvous.value_of("joined/0")
+        theirs = rendezvous.store.get("joined/0").decode()
         if theirs != mine:
             raise RankReasonError(
                 f"rank {self.rank} loaded another config than rank 0 (fingerprints "
@@ -295,8 +289,6 @@ class DistributedContext(MeshRequests):
         if self.config.inside:
             warn_topology(check_placement(self.config, rendezvous))
         rendezvous.phase("checked")
-
-    # Teardown ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Wait for every rank, then destroy the groups this context created, each once, and

@@ -56,8 +56,6 @@ class RankFacts:
     device: torch.device
     backend: str
 
-    # Launcher facts ------------------------------------------------------------------
-
     @property
     def rank(self) -> int:
         return self.launch.rank
@@ -101,8 +99,6 @@ class RankFacts:
         local = self.local_world_size
         return None if local is None else -(-self.world_size // local)
 
-    # Synchronisation -------------------------------------------------------------------
-
     def wait_world(self) -> None:
         """Block until every rank of the world gets here (a barrier on the default group)."""
         self._barrier().wait()
@@ -138,8 +134,6 @@ class RankFacts:
         finally:
             if goes_first:
                 self.wait_world()
-
-    # Coordinates, logging, seeds --------------------------------------------------------
 
     def coordinate(self, domain: str) -> dict[str, int]:
         """This rank's index along every dim of a domain (from the layout; no torch call)."""

@@ -135,9 +135,8 @@ class MeshCache:
         layout = self.config.layouts[domain]
         if tuple(names) == layout.dim_names:
             return self.domain(domain)
-        # Built from the layout rather than sliced from the domain's mesh: torch would build
-        # the domain's mesh first, and every DeviceMesh costs O(world). Both share the rank
-        # map, so the meshes compose (FSDP with TP) as slices of one mesh would.
+        # Not sliced from the domain's mesh, which torch would build first at O(world); the
+        # shared rank map lets the meshes compose (FSDP with TP) as slices of one would.
         groups = dict(zip(layout.dim_names, self.groups(domain), strict=True))
         return layout_mesh(
             [layout.dim(name) for name in names],
@@ -153,8 +152,7 @@ class MeshCache:
         outside: tuple[str, ...],
     ) -> DeviceMesh:
         """The mesh :meth:`~meshconf.runtime.requests.MeshRequests.named_mesh` describes, each
-        name in ``dims`` mapped to the meshconf dims it joins, over the registry's groups, with
-        ``flattened`` in its flatten mapping as torch's ``_flatten`` leaves it. Built once."""
+        name in ``dims`` mapped to the meshconf dims it joins. Built once."""
         key = ("named", *(f"{k}={'*'.join(v)}" for k, v in dims.items()), *outside)
         key += tuple(f"{k}={'*'.join(v)}" for k, v in flattened.items())
         mesh = self.slices.get(key)

@@ -43,6 +43,12 @@ PHASES = ("joined", "checked", "built")
 _FAILED = "failed"
 _FAILURE, _TIMEOUT = "failure", "timeout"
 _MISSING_SHOWN = 8  # ranks named in a message; the rest are counted
+#: What ranks that did not get through a phase in time did not do.
+_NOT_THROUGH = {
+    "joined": "{ranks} did not join {rule}: did every rank start?",
+    "checked": "{ranks} did not finish checking the config {rule}",
+    "built": "{ranks} did not finish creating their process groups {rule}",
+}
 # A waiting rank asks the store again after 1 ms, then after twice as long each time, up to a
 # pause that grows with the world (50 ms at least, 1 s at most): W ranks pausing W * 50 us
 # send one store at most 40,000 requests a second (two per pause: a failure, then the keys),
@@ -109,8 +115,6 @@ class Rendezvous:
             if now == str(mine) or int(now) >= mine:
                 return
             seen = now
-
-    # Waiting ---------------------------------------------------------------------------
 
     def check_failures(self) -> None:
         """Raise the first failure if there is one.
@@ -193,19 +197,13 @@ class Rendezvous:
             self.wait_for([f"{name}/done"], f"{name}")
         except SetupTimeoutError:
             missing = [r for r in range(world_size) if not self.store.check([f"{name}/{r}"])]
-            message = self._missing_text(name, missing)
+            message = _NOT_THROUGH.get(name, _NOT_THROUGH["built"]).format(
+                ranks=ranks_named(missing),
+                rule=f"within {self.timeout_s:g} s (runtime.setup_timeout_s)",
+            )
             raise failure_error(self.publish(message, kind=_TIMEOUT, gone=missing)) from None
         if self.store.get(f"{name}/done") == b"failed":
             self._raise_failure()
-
-    def _missing_text(self, phase: str, missing: list[int]) -> str:
-        rule = f"within {self.timeout_s:g} s (runtime.setup_timeout_s)"
-        ranks = ranks_named(missing)
-        if phase == "joined":
-            return f"{ranks} did not join {rule}: did every rank start?"
-        if phase == "checked":
-            return f"{ranks} did not finish checking the config {rule}"
-        return f"{ranks} did not finish creating their process groups {rule}"
 
     def closed(self) -> None:
         """After the closing barrier: wait, within the bound, until every rank has left it.
@@ -217,11 +215,6 @@ class Rendezvous:
         """
         with contextlib.suppress(RuntimeSetupError):
             self.phase("closed")
-
-    def value_of(self, key: str) -> str:
-        return str(self.store.get(key).decode())
-
-    # Failing ---------------------------------------------------------------------------
 
     def publish(self, reason: str, *, kind: str = _FAILURE, gone: Iterable[int] = ()) -> str:
         """Publish a failure for every other rank to raise, wake them, and, if this rank

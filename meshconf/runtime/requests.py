@@ -158,17 +158,11 @@ class MeshRequests(RankFacts):
         """
         self._check_open()
         request = (dims,) if isinstance(dims, str) else tuple(dims)
-        try:
-            return self._requests[request]
-        except KeyError:
-            pass
-        names = list(request)
-        domain = domain_of(self.config, names)
-        mesh = None
-        if all(self._enabled(name) for name in names):
-            mesh = self._meshes.dims(domain, request)
-        self._requests[request] = mesh
-        return mesh
+        if request not in self._requests:
+            domain = domain_of(self.config, list(request))
+            enabled = all(self._enabled(name) for name in request)
+            self._requests[request] = self._meshes.dims(domain, request) if enabled else None
+        return self._requests[request]
 
     def get_mesh(self, dims: str | Sequence[str]) -> DeviceMesh:
         """Like get_optional_mesh, but a dim of size 1 is an error.

@@ -19,7 +19,6 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -36,29 +35,19 @@ from meshconf.runtime.torch_support import MEASURE_PROBES, check_torch
 #: could not attribute, shown only when not zero).
 TERMS = ("params", "grads", "optimizer", "gathers", "activations", "other")
 
-#: The estimate's term of each kind of tensor the trackers tell apart (by the enum member's
-#: name: ``_MemRefType`` and ``_FSDPRefType``). Buffers (rotary tables, say) sit with the
-#: parameters; what FSDP gathers, and the all-gather and reduce-scatter buffers, are the
-#: estimate's ``gathers``; the inputs and temporaries sit with the activations, as the loss's
-#: fp32 copies do in the estimate.
-_TERM_OF_KIND: Mapping[str, str] = MappingProxyType(
-    {
-        "PARAM": "params",
-        "SHARDED_PARAM": "params",
-        "BUFFER": "params",
-        "GRAD": "grads",
-        "SHARDED_GRAD": "grads",
-        "OPT": "optimizer",
-        "UNSHARDED_PARAM": "gathers",
-        "UNSHARDED_GRAD": "gathers",
-        "ALL_GATHER": "gathers",
-        "REDUCE_SCATTER": "gathers",
-        "ACT": "activations",
-        "TEMP": "activations",
-        "INP": "activations",
-        "OTH": "other",
-    }
-)
+#: The kinds of tensor the trackers tell apart (by the enum member's name: ``_MemRefType`` and
+#: ``_FSDPRefType``) that each term of the estimate holds; any other kind is ``other``. Buffers
+#: (rotary tables, say) sit with the parameters; what FSDP gathers, and the all-gather and
+#: reduce-scatter buffers, are the estimate's ``gathers``; the inputs and temporaries sit with
+#: the activations, as the loss's fp32 copies do in the estimate.
+_KINDS_OF_TERM: Mapping[str, tuple[str, ...]] = {
+    "params": ("PARAM", "SHARDED_PARAM", "BUFFER"),
+    "grads": ("GRAD", "SHARDED_GRAD"),
+    "optimizer": ("OPT",),
+    "gathers": ("UNSHARDED_PARAM", "UNSHARDED_GRAD", "ALL_GATHER", "REDUCE_SCATTER"),
+    "activations": ("ACT", "TEMP", "INP"),
+}
+_TERM_OF_KIND = {kind: term for term, kinds in _KINDS_OF_TERM.items() for kind in kinds}
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,7 @@ def connect(address: Address, *, hosts: bool, world_size: int | None, timeout_s:
         except (RuntimeError, dist.DistError) as error:
             result.append(error)
 
-    # In a thread, so that a listener that never answers as a store (torch's client then
-    # waits without end) cannot hold this rank past the bound.
+    # In a thread, so that a listener that never answers as a store cannot hold this rank.
     opener = threading.Thread(target=open_store, name="meshconf-store-connect", daemon=True)
     opener.start()
     opener.join(max(deadline - time.monotonic(), 0) + 1)

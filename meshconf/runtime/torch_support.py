@@ -31,6 +31,11 @@ def _module_attribute(module: str, name: str) -> Callable[[], bool]:
     return probe
 
 
+def _attributes(*paths: str) -> dict[str, Callable[[], bool]]:
+    """A probe for each ``module.name`` of ``paths``, under that path."""
+    return {path: _module_attribute(*path.rsplit(".", 1)) for path in paths}
+
+
 def _device_mesh() -> Any:
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -40,11 +45,8 @@ def _device_mesh() -> Any:
 _C10D = "torch.distributed.distributed_c10d"
 #: What the runtime uses, and the probe that says whether this torch has it.
 PROBES: dict[str, Callable[[], bool]] = {
-    "torch.distributed._mesh_layout._MeshLayout": _module_attribute(
-        "torch.distributed._mesh_layout", "_MeshLayout"
-    ),
-    "torch.distributed._mesh_layout._FlatLayout": _module_attribute(
-        "torch.distributed._mesh_layout", "_FlatLayout"
+    **_attributes(
+        "torch.distributed._mesh_layout._MeshLayout", "torch.distributed._mesh_layout._FlatLayout"
     ),
     "DeviceMesh(_layout=..., _rank_map=..., _init_backend=...)": lambda: (
         {"_layout", "_rank_map", "_init_backend"}
@@ -60,24 +62,20 @@ PROBES: dict[str, Callable[[], bool]] = {
         _module_attribute("torch.distributed", "set_timeout")()
         or _module_attribute(_C10D, "_set_pg_timeout")()
     ),
-    f"{_C10D}._get_default_group": _module_attribute(_C10D, "_get_default_group"),
-    f"{_C10D}._get_default_store": _module_attribute(_C10D, "_get_default_store"),
-    "torch.testing._internal.distributed.fake_pg.FakeStore": _module_attribute(
-        "torch.testing._internal.distributed.fake_pg", "FakeStore"
+    **_attributes(
+        f"{_C10D}._get_default_group",
+        f"{_C10D}._get_default_store",
+        "torch.testing._internal.distributed.fake_pg.FakeStore",
     ),
 }
 
 
 #: What ``meshconf measure`` uses besides (its memory trackers), probed when it runs: importing
 #: them costs more than every other probe together.
-MEASURE_PROBES: dict[str, Callable[[], bool]] = {
-    "torch.distributed._tools.mem_tracker.MemTracker": _module_attribute(
-        "torch.distributed._tools.mem_tracker", "MemTracker"
-    ),
-    "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker": _module_attribute(
-        "torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"
-    ),
-}
+MEASURE_PROBES = _attributes(
+    "torch.distributed._tools.mem_tracker.MemTracker",
+    "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker",
+)
 
 
 def check_torch(probes: Mapping[str, Callable[[], bool]] = PROBES) -> None:

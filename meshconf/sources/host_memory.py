@@ -23,8 +23,9 @@ class Headroom:
     bound: str
 
 
-def _meminfo_available(meminfo: Path) -> int | None:
-    match = re.search(r"^MemAvailable:\s+(\d+) kB$", _read(meminfo) or "", re.MULTILINE)
+def _kib_field(path: Path, name: str) -> int | None:
+    """The bytes of a ``/proc`` file's ``<name>: <n> kB`` line."""
+    match = re.search(rf"^{name}:\s+(\d+) kB$", _read(path) or "", re.MULTILINE)
     return int(match.group(1)) * 1024 if match else None
 
 
@@ -49,11 +50,8 @@ def address_space_limit() -> int | None:
 
 
 def _address_space_headroom(status: Path) -> int | None:
-    limit = address_space_limit()
-    match = re.search(r"^VmSize:\s+(\d+) kB$", _read(status) or "", re.MULTILINE)
-    if limit is None or match is None:
-        return None
-    return max(0, limit - int(match.group(1)) * 1024)
+    limit, size = address_space_limit(), _kib_field(status, "VmSize")
+    return None if limit is None or size is None else max(0, limit - size)
 
 
 def _read(path: Path) -> str | None:
@@ -68,7 +66,7 @@ def headroom() -> Headroom | None:
     ``/proc``)."""
     proc = Path("/proc")
     found = [
-        (_meminfo_available(proc / "meminfo"), "this machine has available"),
+        (_kib_field(proc / "meminfo", "MemAvailable"), "this machine has available"),
         (
             _cgroup_headroom(Path("/sys/fs/cgroup"), proc / "self" / "cgroup"),
             "this process's cgroup allows",
