@@ -9,10 +9,4 @@ from meshconf.features.render.png import to_png
 from meshconf.features.render.shapes import Drawing
 from meshconf.features.render.svg import render_svg, to_svg
 
-__all__ = [
-    "Drawing",
-    "draw_domain",
-    "render_svg",
-    "to_png",
-    "to_svg",
-]
+__all__ = ["Drawing", "draw_domain", "render_svg", "to_png", "to_svg"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -98,10 +99,8 @@ def cell_digits(digits: Sequence[Digit], per_cell: int) -> list[Digit]:
 
 def fold(digit: Digit, inner: int) -> list[Digit]:
     """A digit as an inner part of ``inner`` values and an outer part."""
-    outer = Digit(
-        digit.dim, digit.size // inner, digit.stride * inner, digit.step * inner, digit.span
-    )
-    return [replace(digit, size=inner), outer]
+    outer = replace(digit, size=digit.size // inner, stride=digit.stride * inner)
+    return [replace(digit, size=inner), replace(outer, step=digit.step * inner)]
 
 
 def fold_options(digit: Digit, units: Sequence[int]) -> list[list[Digit]]:
@@ -154,9 +153,7 @@ def _oblong(digits: Sequence[Digit]) -> float:
 
 
 def mark_solo(digits: Sequence[Digit]) -> list[Digit]:
-    counts: dict[str, int] = {}
-    for digit in digits:
-        counts[digit.dim] = counts.get(digit.dim, 0) + 1
+    counts = Counter(digit.dim for digit in digits)
     return [replace(digit, solo=counts[digit.dim] == 1) for digit in digits]
 
 

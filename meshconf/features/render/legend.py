@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshconf.core.layout import DomainLayout
-from meshconf.core.levels import NODE, Level
+from meshconf.core.levels import NODE
 from meshconf.features.render.grid import FULL_LIMIT, Axis, Grid, rank_digits
 from meshconf.features.render.shapes import (
     LINE_PX,
@@ -20,12 +19,6 @@ from meshconf.features.render.shapes import (
 )
 
 
-def _locality(layout: DomainLayout, name: str, gpus_per_node: int | None) -> str:
-    if gpus_per_node is None:
-        return ""
-    return f", {layout.placement(name, gpus_per_node)}"
-
-
 @dataclass(frozen=True)
 class _LegendLine:
     text: str
@@ -38,58 +31,49 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _legend_lines(grid: Grid, colours: dict[str, str]) -> list[_LegendLine]:
-    layout, rank = grid.layout, grid.rank
+    layout, rank, per_node = grid.layout, grid.rank, grid.gpus_per_node
     coordinate = " ".join(f"{k}={v}" for k, v in layout.coordinate(rank).items())
     where = "" if grid.per_cell == 1 else " (its cell)"
     lines = [_LegendLine(f"rank {rank}{where}: {coordinate}", RANK_FILL)]
     drawn = {digit.dim for digit in grid.digits}
     for dim in layout.dims:
         strides = " and ".join(str(mode.stride) for mode in dim.modes)
+        placed = "" if per_node is None else f", {layout.placement(dim.name, per_node)}"
         facts = (
             f"{dim.name}: size {dim.size}, stride{'s' if len(dim.modes) > 1 else ''} {strides}, "
-            f"{_plural(layout.num_groups(dim.name), 'group')}"
-            f"{_locality(layout, dim.name, grid.gpus_per_node)}"
+            f"{_plural(layout.num_groups(dim.name), 'group')}{placed}"
         )
         if dim.size == 1:
             lines.append(_LegendLine(f"{facts}; groups of one rank"))
-        elif dim.name not in drawn:
-            text = f"{facts}; rank {rank}'s group lies inside its cell"
-            lines.append(_LegendLine(text, colours[dim.name]))
-        else:
+        elif dim.name in drawn:
             text = f"{facts}; coloured: rank {rank}'s group"
             lines.append(_LegendLine(text, colours[dim.name]))
-    lines.append(_node_line(grid))
+        else:
+            text = f"{facts}; rank {rank}'s group lies inside its cell"
+            lines.append(_LegendLine(text, colours[dim.name]))
+    if per_node is None:
+        lines.append(_LegendLine("nodes: unknown (set gpus_per_node or pass --gpus-per-node)"))
+    else:
+        lines.append(_unit_line(grid, NODE, "node", per_node, NODE_STROKE))
     outlined = grid.outlined_levels
     for level in grid.levels:
         stroke = level_stroke(outlined.index(level)) if level in outlined else ""
-        lines.append(_level_line(grid, level, stroke))
+        lines.append(_unit_line(grid, level.name, f"{level.name} domain", level.size, stroke))
     return lines
 
 
-def _level_line(grid: Grid, level: Level, stroke: str) -> _LegendLine:
-    units = _plural(-(-grid.layout.world_size // level.size), f"{level.name} domain")
-    what = f"{units} of {_plural(level.size, 'GPU')}"
-    if level.name in grid.repeated:
-        return _LegendLine(f"{what}; not outlined: each is {grid.repeated[level.name]}")
-    if grid.cells_per_unit(level.size) is not None:
-        return _LegendLine(f"outlined: {what}", outline=stroke)
-    return _LegendLine(f"{what}; not outlined: cells of {grid.per_cell} ranks cut across them")
-
-
-def _node_line(grid: Grid) -> _LegendLine:
-    per_node = grid.gpus_per_node
-    if per_node is None:
-        return _LegendLine("nodes: unknown (set gpus_per_node or pass --gpus-per-node)")
-    count = -(-grid.layout.world_size // per_node)
-    nodes = f"{_plural(count, 'node')} of {_plural(per_node, 'GPU')}"
-    if NODE in grid.repeated:
-        return _LegendLine(f"{nodes}; not outlined: each is {grid.repeated[NODE]}")
-    if grid.cells_per_node is not None:
-        return _LegendLine(f"outlined: {nodes}", outline=NODE_STROKE)
-    if grid.per_cell % per_node == 0:
-        whole = _plural(grid.per_cell // per_node, "whole node")
-        return _LegendLine(f"{nodes}; not outlined: each cell is {whole}")
-    return _LegendLine(f"{nodes}; not outlined: cells of {grid.per_cell} ranks cut across nodes")
+def _unit_line(grid: Grid, name: str, noun: str, size: int, stroke: str) -> _LegendLine:
+    """The legend's line for the units of ``size`` GPUs of the node or a level (``name``)."""
+    units = f"{_plural(-(-grid.layout.world_size // size), noun)} of {_plural(size, 'GPU')}"
+    if name in grid.repeated:
+        return _LegendLine(f"{units}; not outlined: each is {grid.repeated[name]}")
+    if grid.cells_per_unit(size) is not None:
+        return _LegendLine(f"outlined: {units}", outline=stroke)
+    if name == NODE and grid.per_cell % size == 0:
+        whole = _plural(grid.per_cell // size, "whole node")
+        return _LegendLine(f"{units}; not outlined: each cell is {whole}")
+    across = "nodes" if name == NODE else "them"
+    return _LegendLine(f"{units}; not outlined: cells of {grid.per_cell} ranks cut across {across}")
 
 
 def summary_note(grid: Grid) -> str | None:

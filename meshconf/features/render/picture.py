@@ -27,6 +27,8 @@ from meshconf.features.render.shapes import (
 
 _MARGIN = 14.0
 _MIN_HEADER_PX = 7.0
+#: The smallest font a unit's tab is written in.
+_MIN_TAB_PX = 6.0
 
 
 def _fit_font(text: str, room: float, size: float) -> float | None:
@@ -52,11 +54,9 @@ def _cell_shapes(grid: Grid, colours: dict[str, str], left: float, top: float) -
         classes = ["cell", *(["selected"] if selected else []), *(f"group-{g}" for g in groups)]
         css = " ".join(classes)
         first = index * grid.per_cell
-        if grid.per_cell == 1:
-            data = (("data-rank", str(first)),)
-        else:
-            data = (("data-ranks", f"{first}-{first + grid.per_cell - 1}"),)
-        tooltip = None if label_font is not None else _cell_tooltip(grid, first)
+        ranks = f"{first}-{first + grid.per_cell - 1}"
+        data = (("data-rank", str(first)),) if grid.per_cell == 1 else (("data-ranks", ranks),)
+        tooltip = None if label_font is not None else _cell_tooltip(grid, first, ranks)
         shapes.append(
             Rect(x + inset, y + inset, box, box, fill, css_class=css, data=data, tooltip=tooltip)
         )
@@ -68,9 +68,9 @@ def _cell_shapes(grid: Grid, colours: dict[str, str], left: float, top: float) -
     return shapes
 
 
-def _cell_tooltip(grid: Grid, first: int) -> str:
+def _cell_tooltip(grid: Grid, first: int, ranks: str) -> str:
     if grid.per_cell > 1:
-        return f"ranks {first}-{first + grid.per_cell - 1}"
+        return f"ranks {ranks}"
     coordinate = " ".join(f"{k}={v}" for k, v in grid.layout.coordinate(first).items())
     return f"rank {first}: {coordinate}"
 
@@ -183,17 +183,10 @@ class _UnitOutlines:
         ]
 
 
-#: The smallest font a unit's tab is written in.
-_MIN_TAB_PX = 6.0
-
-
 def _slot_edges(starts: list[float], cell: float) -> list[float]:
     """The edges of the alternating cell and gap slots along an axis whose cells start at
     ``starts``: slot ``2 i`` is cell ``i``, slot ``2 i + 1`` the gap after it."""
-    edges = []
-    for position in starts:
-        edges += [position, position + cell]
-    return edges
+    return [edge for position in starts for edge in (position, position + cell)]
 
 
 def _joined(runs: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -243,12 +236,8 @@ def _header_style(digit: Digit, room: float, font: float) -> tuple[int, float] |
 
 
 def _row_header_widths(grid: Grid) -> list[float]:
-    font = _header_font(grid)
-    widths = []
-    for digit in grid.y.digits:
-        longest = max((digit.label(v)[0] for v in range(digit.size)), key=len)
-        widths.append(text_width(longest, font) + 8)
-    return widths
+    longest = (max((d.label(v)[0] for v in range(d.size)), key=len) for d in grid.y.digits)
+    return [text_width(label, _header_font(grid)) + 8 for label in longest]
 
 
 def _row_headers(grid: Grid, left: float, top: float) -> list[Shape]:

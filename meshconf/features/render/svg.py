@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 from meshconf.core.layout import DomainLayout
@@ -16,26 +15,27 @@ def _number(value: float) -> str:
     return "0" if text in ("", "-0") else text
 
 
-def _attributes(pairs: Sequence[tuple[str, str]]) -> str:
-    return "".join(f" {name}={quoteattr(value)}" for name, value in pairs)
+def _element(
+    tag: str,
+    pairs: list[tuple[str, str]],
+    css_class: str,
+    data: tuple[tuple[str, str], ...] = (),
+    inner: str | None = None,
+) -> str:
+    """An element with ``pairs`` for attributes, then its class and ``data-`` attributes."""
+    if css_class:
+        pairs.append(("class", css_class))
+    attributes = "".join(f" {name}={quoteattr(value)}" for name, value in (*pairs, *data))
+    return f"<{tag}{attributes}/>" if inner is None else f"<{tag}{attributes}>{inner}</{tag}>"
 
 
 def _svg_rect(rect: Rect) -> str:
-    pairs = [
-        ("x", _number(rect.x)),
-        ("y", _number(rect.y)),
-        ("width", _number(rect.width)),
-        ("height", _number(rect.height)),
-        ("fill", rect.fill),
-    ]
+    pairs = [(name, _number(getattr(rect, name))) for name in ("x", "y", "width", "height")]
+    pairs.append(("fill", rect.fill))
     if rect.stroke is not None:
         pairs += [("stroke", rect.stroke), ("stroke-width", _number(rect.stroke_width))]
-    if rect.css_class:
-        pairs.append(("class", rect.css_class))
-    pairs += rect.data
-    if rect.tooltip is None:
-        return f"<rect{_attributes(pairs)}/>"
-    return f"<rect{_attributes(pairs)}><title>{escape(rect.tooltip)}</title></rect>"
+    tooltip = None if rect.tooltip is None else f"<title>{escape(rect.tooltip)}</title>"
+    return _element("rect", pairs, rect.css_class, rect.data, tooltip)
 
 
 def _svg_text(text: Text) -> str:
@@ -50,9 +50,7 @@ def _svg_text(text: Text) -> str:
         pairs.append(("fill", text.fill))
     if text.bold:
         pairs.append(("font-weight", "bold"))
-    if text.css_class:
-        pairs.append(("class", text.css_class))
-    return f"<text{_attributes(pairs)}>{escape(text.text)}</text>"
+    return _element("text", pairs, text.css_class, inner=escape(text.text))
 
 
 def _svg_lines(lines: Lines) -> str:
@@ -67,10 +65,7 @@ def _svg_lines(lines: Lines) -> str:
         ("stroke-width", _number(lines.stroke_width)),
         ("stroke-linecap", "square"),
     ]
-    if lines.css_class:
-        pairs.append(("class", lines.css_class))
-    pairs += lines.data
-    return f"<path{_attributes(pairs)}/>"
+    return _element("path", pairs, lines.css_class, lines.data)
 
 
 def to_svg(drawing: Drawing) -> str:

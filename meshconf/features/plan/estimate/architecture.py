@@ -92,7 +92,6 @@ class Architecture:
     tied_embeddings: bool = False
 
     def kind(self, layer: int) -> LayerKind:
-        """``moe`` for a layer with experts, ``dense`` otherwise."""
         experts = self.experts
         return "moe" if experts is not None and layer >= experts.dense_layers else "dense"
 

@@ -1,10 +1,8 @@
 """What a GPU holds beside the training state: the CUDA context, NCCL's buffers for each
 communicator a rank sends over, and the caching allocator's reserve above the tensors. None
-of them can be measured without a GPU; each figure is a published measurement, cited beside
-it (the reserve a published ratio of reserved to allocated memory), and each
-can be replaced (``--cuda-context-gib``, ``--nccl-communicator-gib``, ``--allocator-gib``, or
-all at once ``--runtime-gib``). docs/estimate.md says which are published and which
-measured.
+of them can be measured without a GPU: each figure is a published one, cited beside it, that
+``--cuda-context-gib``, ``--nccl-communicator-gib``, ``--allocator-gib`` or, for all three,
+``--runtime-gib`` replaces. docs/estimate.md says which are published and which measured.
 
 Pure Python.
 """
@@ -126,11 +124,9 @@ def runtime_memory(training: Training, communicators: Mapping[str, int], tensors
 
 
 def allocator_reserve(tensors: int) -> int:
-    """The caching allocator's reserve above ``tensors`` bytes allocated at the peak, at the
-    published ratio of reserved to allocated memory (:data:`RESERVED_RATIO`)."""
+    """The caching allocator's reserve above ``tensors`` bytes allocated at the peak."""
     return round(tensors * (RESERVED_RATIO - 1))
 
 
 def _given(gib: float | None, published: int) -> int:
-    """Bytes of a term: as given in GiB, else the published figure."""
     return published if gib is None else round(gib * GIB)

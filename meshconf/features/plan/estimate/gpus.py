@@ -40,7 +40,6 @@ class Gpu:
 
     @property
     def summary(self) -> str:
-        """``gb200: 186 GiB, 2500 TFLOP/s bf16, 900 GB/s NVLink, 50 GB/s network``."""
         return (
             f"{self.name}: {self.memory_gib:g} GiB, {self.peak_tflops:g} TFLOP/s dense bf16, "
             f"{self.scale_up_gb_s:g} GB/s inside a node, {self.network_gb_s:g} GB/s across"

@@ -107,8 +107,7 @@ def estimate_memory(arch: Architecture, par: Parallelism, training: Training) ->
 def rank_memory(
     arch: Architecture, par: Parallelism, training: Training, stage: RankStage
 ) -> Memory:
-    layers = stage.layers
-    shard = _rank_shard(arch, par, layers, stage.first, stage.last)
+    shard = _rank_shard(arch, par, stage)
     # ZeRO 3 (FSDP) keeps a shard of everything; 2 the parameters whole (after tp/ep/etp),
     # 1 the gradients too, and 0 the optimizer state as well.
     whole = shard.elements if training.zero_stage == 3 else sum(_stage(arch, par, stage, unsharded))
@@ -176,18 +175,12 @@ def _phases(
     return phases
 
 
-def _rank_shard(
-    arch: Architecture, par: Parallelism, layers: dict[LayerKind, int], first: bool, last: bool
-) -> Shard:
-    elements = tensors = 0
-    for kind, count in layers.items():
-        if count:
-            shard = _block_shard(arch, kind, par)
-            elements += count * shard.elements
-            tensors += count * shard.tensors
-    ends = end_weights(arch, first, last)
-    shard = local_shard(ends, par)
-    return Shard(elements + shard.elements, tensors + shard.tensors)
+def _rank_shard(arch: Architecture, par: Parallelism, stage: RankStage) -> Shard:
+    ends = local_shard(end_weights(arch, stage.first, stage.last), par)
+    counted = [(1, ends)]
+    counted += [(n, _block_shard(arch, kind, par)) for kind, n in stage.layers.items() if n]
+    elements = sum(count * shard.elements for count, shard in counted)
+    return Shard(elements, sum(count * shard.tensors for count, shard in counted))
 
 
 @lru_cache(maxsize=4096)

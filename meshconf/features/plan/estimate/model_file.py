@@ -153,16 +153,9 @@ class ModelFile(BaseModel):
         else:
             built = LatentAttention(**attention.model_dump(exclude={"kind"}))
         experts = None if self.experts is None else Experts(**self.experts.model_dump())
-        return Architecture(
-            self.name,
-            self.layers,
-            self.hidden,
-            self.ffn,
-            self.vocab,
-            built,
-            experts,
-            self.tied_embeddings,
-        )
+        # the other fields are the Architecture's, under the same names
+        sizes = self.model_dump(exclude={"attention", "experts"})
+        return Architecture(attention=built, experts=experts, **sizes)
 
 
 def load_model_file(path: str) -> Architecture:
@@ -204,17 +197,11 @@ def load_model_file(path: str) -> Architecture:
         diagnostics = []
         for item in error.errors(include_url=False):
             located = _located(tuple(item["loc"]), document.positions)
-            position = document.positions.get(located)
-            diagnostics.append(
-                Diagnostic(
-                    located,
-                    _message(item),
-                    path,
-                    position.line if position else None,
-                    position.column if position else None,
-                )
-            )
-        raise ConfigError(sorted(diagnostics, key=_in_file_order)) from None
+            where = document.positions.get(located)
+            line, column = (where.line, where.column) if where else (None, None)
+            diagnostics.append(Diagnostic(located, _message(item), path, line, column))
+        diagnostics.sort(key=lambda found: (found.line or 0, found.column or 0))
+        raise ConfigError(diagnostics) from None
 
 
 def model_schema_text() -> str:
@@ -229,10 +216,6 @@ def _located(loc: KeyPath, positions: dict[KeyPath, Any]) -> KeyPath:
     while path and path not in positions:
         path = path[:-1]
     return path
-
-
-def _in_file_order(diagnostic: Diagnostic) -> tuple[int, int]:
-    return (diagnostic.line or 0, diagnostic.column or 0)
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel]:

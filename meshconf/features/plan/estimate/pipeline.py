@@ -1,8 +1,5 @@
-"""How a model's layers are cut into pipeline chunks, and what each pipeline rank holds:
-the even split (the first and last chunks the smaller), an explicit first and last chunk,
-the split that counts the embedding and the output as layers, the splits that cannot be
-made, the chunks' places on the ranks (in rounds, in a V, or mirrored), and the ranks that
-can need the most memory.
+"""How a model's layers are cut into pipeline chunks, where the chunks go on the ranks, and
+what each pipeline rank holds.
 
 Pure Python. Formulas and sources in docs/plan.md ("Pipeline stages").
 """

@@ -125,10 +125,6 @@ def _overlapped_bubble(pp: int, m: int, v: int, flops: PassFlops) -> float:
     return (pp * v / 2 - 1) * (f + 2 * b - w) / (v * m * flops.total)
 
 
-def _no_problem(pp: int, m: int, schedule: PipelineSchedule) -> str | None:
-    return None
-
-
 def _overlapped_problem(pp: int, m: int, schedule: PipelineSchedule) -> str | None:
     """DualPipe sends half the micro-batches from each end, an even count of at least
     ``2 pp``; torch's ``ScheduleDualPipeV`` refuses fewer than ``2 pp``."""
@@ -155,8 +151,9 @@ class OrderCosts:
     in_flight: Callable[[int, int, int, int, int | None], int]
     #: The time a rank waits in a step over the time it computes: ``(pp, m, v, flops)``.
     bubble: Callable[[int, int, int, PassFlops], float]
-    #: Why the order cannot run ``m`` micro-batches over ``pp`` ranks, or None.
-    problem: Callable[[int, int, PipelineSchedule], str | None] = _no_problem
+    #: Why the order cannot run ``m`` micro-batches over ``pp`` ranks, or None; None where
+    #: it runs any count.
+    problem: Callable[[int, int, PipelineSchedule], str | None] | None = None
 
 
 ORDERS: Mapping[Order, OrderCosts] = {
@@ -228,7 +225,8 @@ def schedule_problem(pp: int, microbatches: int, training: Training) -> str | No
             f"Interleaved1F1B runs them in {rounds} rounds of equal size, which {m} is not a "
             "multiple of"
         )
-    return ORDERS[schedule.order].problem(pp, m, schedule)
+    problem = ORDERS[schedule.order].problem
+    return None if problem is None else problem(pp, m, schedule)
 
 
 def _group_problem(pp: int, microbatches: int, group: int) -> str | None:

@@ -1,7 +1,5 @@
-"""How many elements of a model's weights a rank holds: after tensor and expert parallelism
-(:func:`unsharded`), as FSDP shards them, each weight's dim 0 padded to the group
-(:func:`local_shard`), and as an FSDP all-gather rebuilds them (:func:`gathered`); a block's
-weights split into its dense linear weights and the rest, or its experts and the rest.
+"""How many elements of a model's weights a rank holds: after tensor and expert parallelism,
+as FSDP shards them, and as an FSDP all-gather rebuilds them.
 
 Pure Python. Formulas and sources in docs/plan.md ("Weights and model state per rank").
 """
@@ -32,10 +30,7 @@ def local_shard(weights: Sequence[Weight], par: Parallelism) -> Shard:
     """The weights' local shard after tp (etp and ep for experts), then FSDP over ``fsdp``
     (``efsdp`` for experts), which splits dim 0 into equal parts, padding the last: each
     rank allocates ``ceil(rows / n)`` rows."""
-    elements = 0
-    for weight in weights:
-        elements += _sharded(weight, par)
-    return Shard(elements, len(weights))
+    return Shard(sum(_sharded(weight, par) for weight in weights), len(weights))
 
 
 def unsharded(weights: Sequence[Weight], par: Parallelism) -> int:

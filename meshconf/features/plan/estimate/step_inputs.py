@@ -11,12 +11,7 @@ from typing import Any
 
 from meshconf.core.degrees import DEGREE_NAMES, world_product
 from meshconf.core.domains import DEFAULT_SIZE_OF
-from meshconf.core.schedules import (
-    SCHEDULE_BY_NAME,
-    PipelineSchedule,
-    Placement,
-    Schedule,
-)
+from meshconf.core.schedules import SCHEDULE_BY_NAME, PipelineSchedule, Placement, Schedule
 from meshconf.core.setting_values import (
     DTYPE_BYTES,
     FP8_BYTES,

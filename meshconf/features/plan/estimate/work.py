@@ -1,7 +1,5 @@
-"""What a pipeline rank runs per micro-batch, and the FLOPs it does: the rank the pipeline's
-pace is set by (the most FLOPs), its layers and weights, the FLOPs per token of its forward
-pass and its backward passes for the inputs and for the weights, and the FLOPs of every rank
-of a layout per step, exact.
+"""What a pipeline rank runs per micro-batch, and the FLOPs it does: per token of each pass,
+and per step.
 
 Pure Python. Formulas and sources in docs/plan.md ("Step time").
 """
@@ -20,14 +18,9 @@ from meshconf.features.plan.estimate.architecture import (
     GroupedQueryAttention,
     LayerKind,
 )
-from meshconf.features.plan.estimate.pipeline import (
-    KINDS,
-    RankStage,
-    rank_stage,
-    rank_stages,
-)
+from meshconf.features.plan.estimate.pipeline import KINDS, RankStage, rank_stage, rank_stages
 from meshconf.features.plan.estimate.schedule import PassFlops
-from meshconf.features.plan.estimate.sizing import block_split, linear_split, unsharded
+from meshconf.features.plan.estimate.sizing import block_split, end_weights, linear_split, unsharded
 from meshconf.features.plan.estimate.step_inputs import (
     Parallelism,
     Training,
@@ -63,14 +56,8 @@ def busiest_stage(arch: Architecture, par: Parallelism, training: Training) -> S
     with fewer; ``training`` resolved for the model (:meth:`Training.for_model`)."""
     # only tp, ep and etp split the weights before FSDP: rows share the stages
     split = Parallelism(pp=par.pp, tp=par.tp, ep=par.ep, etp=par.etp)
-    works = _stage_works(
-        arch,
-        split,
-        training.chunks_per_stage,
-        training.stage_ends,
-        _recomputation(training),
-        training.placement,
-    )
+    v, ends, placement = training.chunks_per_stage, training.stage_ends, training.placement
+    works = _stage_works(arch, split, v, ends, _recomputation(training), placement)
     return max(works, key=lambda work: group_passes(arch, training, work).total)
 
 
@@ -109,9 +96,7 @@ def stage_work(
             dense += count * block_dense
             expert += count * block_experts
             linear += count * linear_split(arch, kind, par)[0]
-    lookup = unsharded(arch.embedding_weights(), par) if stage.first else 0
-    output = unsharded(arch.output_weights(), par) if stage.last else 0
-    dense += lookup + output
+    dense += unsharded(end_weights(arch, stage.first, stage.last), par)
     chunks = recomputed_blocks(stage.chunk_sizes, *recomputation)
     recomputed = {kind: sum(chunk[index] for chunk in chunks) for index, kind in enumerate(KINDS)}
     return StageWork(
@@ -156,12 +141,8 @@ def pass_flops(
     the rank's chunks' work: each micro-batch passes through one of them."""
     group = group_passes(arch, training, work)
     share = training.chunk_share(par.pp) / par.tp
-    return PassFlops(
-        share * group.forward,
-        share * group.backward_input,
-        share * group.backward_weight,
-        share * group.recomputed,
-    )
+    counts = (group.forward, group.backward_input, group.backward_weight, group.recomputed)
+    return PassFlops(*(share * count for count in counts))
 
 
 def step_flops(
@@ -186,20 +167,12 @@ def pipeline_flops(
     resolved, _ = training.for_model(arch.layers, par.pp)
     m = microbatches(par, resolved)
     recomputation = _recomputation(resolved)
-    found = []
-    for rank in range(par.pp):
-        stage = rank_stage(
-            arch,
-            par.pp,
-            resolved.chunks_per_stage,
-            rank,
-            resolved.stage_ends,
-            resolved.placement,
-        )
-        found.append(
-            step_flops(arch, par, resolved, stage_work(arch, par, stage, recomputation), m)
-        )
-    return tuple(found)
+    v, ends, placement = resolved.chunks_per_stage, resolved.stage_ends, resolved.placement
+    stages = (rank_stage(arch, par.pp, v, rank, ends, placement) for rank in range(par.pp))
+    return tuple(
+        step_flops(arch, par, resolved, stage_work(arch, par, stage, recomputation), m)
+        for stage in stages
+    )
 
 
 def group_passes(arch: Architecture, training: Training, work: StageWork) -> GroupPasses:
