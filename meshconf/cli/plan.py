@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         levels=levels,
         pins={name: numbers[name] for name in DEGREE_NAMES if name in numbers},
         order=None if args.order is None else tuple(args.order.split(",")),
-        gpu=args.gpu,
+        gpu_preset=args.gpu,
     )
     wanted = numbers.get("emit", numbers.get("explain", numbers.get("limit", DEFAULT_LIMIT)))
     try:

@@ -33,7 +33,7 @@ class Given:
     pins: Mapping[str, int] = field(default_factory=dict)
     order: tuple[str, ...] | None = None
     #: The ``--gpu`` preset, whose datasheet gives the levels when nothing else does.
-    gpu: str | None = None
+    gpu_preset: str | None = None
 
 
 def merged_request(
@@ -123,7 +123,7 @@ def _topology(
     node = node or configured_node
     above = given.levels or configured_above
     block = None if config is None else config.training
-    named = given.gpu or (None if block is None else block.gpu)
+    named = given.gpu_preset or (None if block is None else block.gpu)
     if node is None and not above and named is not None:
         gpu = GPUS[named]
         node = Level(NODE, gpu.gpus_per_node)
@@ -132,7 +132,7 @@ def _topology(
         placed = " and ".join(level_text(level) for level in (node, *above))
         where = (
             f"--gpu {gpu.name}"
-            if given.gpu is not None
+            if given.gpu_preset is not None
             else f"training.gpu {gpu.name} of {given.path}"
         )
         notes.append(f"{where}: levels {placed}, as its datasheet gives them")
