@@ -139,6 +139,21 @@ def block_activations(tracker: Any, blocks: str) -> tuple[list[int], int]:
     return ends, last_backward
 
 
+def tracked_step(
+    model: torch.nn.Module, tokens: torch.Tensor, blocks: str
+) -> tuple[list[int], int]:
+    """:func:`block_activations` of a ``MemTracker`` over one forward and backward pass of
+    ``model`` on ``tokens``, the cross-entropy of its logits in fp32 as the loss."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        logits = model(tokens).float()
+        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+    return block_activations(tracker, blocks)
+
+
 def _step(model: torch.nn.Module, arch: Architecture = ARCH, batch: int = BATCH) -> TrainingStep:
     optimizer = torch.optim.AdamW(model.parameters())
     tokens = torch.randint(0, arch.vocab, (batch, SEQ))

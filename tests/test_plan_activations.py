@@ -20,9 +20,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from llama_like import LlamaLike
-from measure_builds import block_activations, checkpointed, cpu_norm_extra
+from measure_builds import checkpointed, cpu_norm_extra, tracked_step
 from routed_moe import RoutedMoE
 
 from meshconf.features.plan.estimate import activations
@@ -71,19 +70,13 @@ def _tracked(
     block's backward pass, in bytes; the run of one model is tracked once, for the tests of
     what its blocks store and of its peak alike."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     # real tensors for experts: the meta kernel of the grouped products takes bf16 only
     with FakeTensorMode() if arch.experts is None else contextlib.nullcontext():
         torch.manual_seed(0)
         model = _model(arch, mode, fp8, None if wrapped is None else list(wrapped))
         tokens = torch.randint(0, arch.vocab, (BATCH, SEQ))
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            logits = model(tokens).float()
-            F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-    ends, last_backward = block_activations(tracker, "LlamaLike.layers")
+        ends, last_backward = tracked_step(model, tokens, "LlamaLike.layers")
     assert len(ends) == arch.layers
     return ends, last_backward
 

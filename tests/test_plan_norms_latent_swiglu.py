@@ -34,7 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike
-from measure_builds import block_activations
+from measure_builds import tracked_step
 from torch import nn
 
 from meshconf.features.plan.estimate import activations
@@ -326,8 +326,6 @@ class LatentModel(LlamaLike):
 
 @pytest.fixture(scope="module")
 def tracked() -> tuple[list[int], int]:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -336,13 +334,9 @@ def tracked() -> tuple[list[int], int]:
     finally:
         torch.set_default_dtype(default)
     tokens = torch.randint(0, ARCH.vocab, (BATCH, SEQ))
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        logits = model(tokens).float()
-        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+    found = tracked_step(model, tokens, "LatentModel.layers")
     assert all(p.grad is not None for p in model.parameters())
-    return block_activations(tracker, "LatentModel.layers")
+    return found
 
 
 def _stored(kind: LayerKind) -> int:

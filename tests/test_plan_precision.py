@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from llama_like import LlamaLike
-from measure_builds import block_activations
+from measure_builds import tracked_step
 from torch import nn
 
 from meshconf.features.plan.estimate import activations
@@ -130,15 +130,8 @@ def _model(eager: bool, fp8: bool) -> LlamaLike:
 
 
 def _stores(model: nn.Module) -> tuple[list[int], int]:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     tokens = torch.randint(0, ARCH.vocab, (BATCH, SEQ))
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        logits = model(tokens).float()
-        F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-    return block_activations(tracker, "LlamaLike.layers")
+    return tracked_step(model, tokens, "LlamaLike.layers")
 
 
 def _tracked(eager: bool, fp8: bool) -> list[int]:
@@ -211,7 +204,6 @@ def _grouped_peak(group: int) -> int:
     checkpoint as Megatron-LM's ``CheckpointFunction`` is, which runs the group's forward
     pass again and then its backward pass."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         checkpoint_wrapper,
@@ -229,12 +221,7 @@ def _grouped_peak(group: int) -> int:
             for start in range(0, len(layers), group)
         )
         tokens = torch.randint(0, GROUP_ARCH.vocab, (BATCH, GROUP_SEQ))
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            logits = model(tokens).float()
-            F.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-    ends, last_backward = block_activations(tracker, "LlamaLike.layers")
+        ends, last_backward = tracked_step(model, tokens, "LlamaLike.layers")
     tokens_bytes = BATCH * GROUP_SEQ * GROUP_ARCH.hidden * 4
     # each group keeps its input, one hidden width a token
     assert [later - earlier for earlier, later in itertools.pairwise(ends)] == [tokens_bytes] * (

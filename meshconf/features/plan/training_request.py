@@ -22,11 +22,10 @@ from meshconf.core.settings import (
 )
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.communication import level_bandwidths
-from meshconf.features.plan.estimate.gpus import GPUS
 from meshconf.features.plan.estimate.model_file import load_model_file
 from meshconf.features.plan.estimate.presets import PRESETS
 from meshconf.features.plan.estimate.step import Estimate, estimate
-from meshconf.features.plan.estimate.step_inputs import Parallelism, Training
+from meshconf.features.plan.estimate.step_inputs import Parallelism, Training, gpu_settings
 from meshconf.features.plan.locality import RANKED_DIMS, home_domain
 from meshconf.features.plan.request import PlanError
 from meshconf.features.plan.runnable import Unrunnable
@@ -201,16 +200,6 @@ def _written(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def gpu_settings(name: str | None) -> dict[str, Any]:
-    """The training settings a ``--gpu`` preset gives (none without one)."""
-    if name is None:
-        return {}
-    gpu = GPUS[name]
-    return {
-        row.attribute: getattr(gpu, row.gpu_figure) for row in TRAINING_SETTINGS if row.gpu_figure
-    }
 
 
 def _refusal(

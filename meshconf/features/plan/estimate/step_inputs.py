@@ -36,14 +36,22 @@ from meshconf.features.plan.estimate.pipeline import (
     weights_problem,
 )
 
+
+def gpu_settings(name: str | None) -> dict[str, Any]:
+    """The training settings a ``--gpu`` preset gives (none without one)."""
+    if name is None:
+        return {}
+    gpu = GPUS[name]
+    return {
+        row.attribute: getattr(gpu, row.gpu_figure) for row in TRAINING_SETTINGS if row.gpu_figure
+    }
+
+
 #: Each setting's default, by the estimate's name: its row's, or for a figure of the GPU
 #: preset, the default GPU's.
 _DEFAULTS: Mapping[str, Any] = {
-    row.attribute: getattr(GPUS[SETTINGS["gpu"].default], row.gpu_figure)
-    if row.gpu_figure not in ("", "name")
-    else row.default
-    for row in TRAINING_SETTINGS
-}
+    row.attribute: row.default for row in TRAINING_SETTINGS
+} | gpu_settings(SETTINGS["gpu"].default)
 
 
 @dataclass(frozen=True)
@@ -141,25 +149,7 @@ class Training:
         """These settings resolved for a model of ``layers`` layers over ``pp`` ranks, as
         the estimators take them: the chunks per rank that ``layers_per_stage`` gives and
         the end chunks' layers the ends' weights leave; with why they cannot be, or None."""
-        resolved, problem = self, None
-        if self.layers_per_stage is not None:
-            per_rank, problem = chunks_from_layers(
-                layers, pp, self.layers_per_stage, self.split_weights or (0, 0), self.schedule
-            )
-            virtual = per_rank if self.pipeline_schedule.looped else 1
-            resolved = replace(self, layers_per_stage=None, virtual_stages=virtual)
-        chunks = pp * resolved.chunks_per_stage
-        weights = self.split_weights
-        if weights is None or chunks < 2:
-            return resolved, problem
-        first, last = weighted_ends(layers, chunks, *weights)
-        return replace(
-            resolved,
-            embedding_as_layers=None,
-            output_as_layers=None,
-            first_stage_layers=first,
-            last_stage_layers=last,
-        ), problem or weights_problem(layers, chunks, *weights)
+        return _for_model(self, layers, pp)
 
     @property
     def stage_ends(self) -> Ends:
@@ -189,6 +179,34 @@ class Training:
         """The share of a rank's chunks each micro-batch passes through: half mirrored,
         where half the micro-batches enter at each end of the pipeline."""
         return 0.5 if self.placement == "mirror" and pp > 1 else 1.0
+
+
+# a plan resolves the settings for each of its layouts, which share a few pipeline degrees
+@lru_cache(maxsize=256)
+def _for_model(training: Training, layers: int, pp: int) -> tuple[Training, str | None]:
+    resolved, problem = training, None
+    if training.layers_per_stage is not None:
+        per_rank, problem = chunks_from_layers(
+            layers,
+            pp,
+            training.layers_per_stage,
+            training.split_weights or (0, 0),
+            training.schedule,
+        )
+        virtual = per_rank if training.pipeline_schedule.looped else 1
+        resolved = replace(training, layers_per_stage=None, virtual_stages=virtual)
+    chunks = pp * resolved.chunks_per_stage
+    weights = training.split_weights
+    if weights is None or chunks < 2:
+        return resolved, problem
+    first, last = weighted_ends(layers, chunks, *weights)
+    return replace(
+        resolved,
+        embedding_as_layers=None,
+        output_as_layers=None,
+        first_stage_layers=first,
+        last_stage_layers=last,
+    ), problem or weights_problem(layers, chunks, *weights)
 
 
 #: Blocks of each kind, chunk by chunk, of one pipeline rank.
