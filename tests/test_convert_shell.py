@@ -211,7 +211,7 @@ def test_the_launch_line_is_the_one_bash_runs(
 
 def refusal(script: str) -> str:
     with pytest.raises(ConversionError) as caught:
-        list(commands(script, []))
+        list(commands(script, environments=[]))
     (problem,) = caught.value.problems
     return problem.render("job.sh")
 
@@ -312,6 +312,18 @@ def test_env_options_meshconf_does_not_follow_are_refused_at_their_word(
     assert refusal(script) == message
 
 
+def test_accelerate_s_reader_refuses_env_that_clears_the_exported_sizes() -> None:
+    script = (
+        "export PARALLELISM_CONFIG_TP_SIZE=2\nenv -i accelerate launch --num_processes 2 train.py\n"
+    )
+    with pytest.raises(ConversionError) as caught:
+        read_accelerate(script, ".sh")
+    (problem,) = caught.value.problems
+    assert problem.render("job.sh").startswith(
+        "job.sh:2:5: env -i starts the command with an empty environment"
+    )
+
+
 def test_env_options_do_not_matter_to_a_reader_of_words() -> None:
     script = "env -i -u HOME -C /tmp A=1 torchrun --nproc-per-node 8 pretrain_gpt.py\n"
     (line,) = commands(script)
@@ -320,10 +332,10 @@ def test_env_options_do_not_matter_to_a_reader_of_words() -> None:
 
 def test_an_assignment_before_a_command_is_that_commands_alone() -> None:
     script = "TP=2\nTP=8 X=$TP echo $TP\necho $TP $X\nA=1 B=$A\necho $B\n"
-    assigned: list[Word] = []
-    lines = [[word.text for word in line] for line in commands(script, assigned)]
+    environments: list[list[Word]] = []
+    lines = [[word.text for word in line] for line in commands(script, environments)]
     assert lines == [["echo", "2"], ["echo", "2", "$X"], ["echo", "1"]]
-    assert [word.text for word in assigned] == ["TP=2", "TP=8", "X=8", "A=1", "B=1"]
+    assert [[word.text for word in words] for words in environments] == [["TP=8", "X=8"], [], []]
 
 
 @pytest.mark.parametrize(("times", "column"), [(18, 26), (19, 3), (40, 3)])

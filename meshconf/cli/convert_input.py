@@ -21,6 +21,7 @@ from meshconf.features.convert import (
     looks_like,
     recognise,
 )
+from meshconf.features.convert.arguments import YAML_SUFFIXES
 from meshconf.sources.files import NotAFileError, TooLargeError, read_limited
 from meshconf.sources.yaml_reader import MAX_BYTES, too_large
 from meshconf.sources.yaml_schema import MAX_INT_DIGITS
@@ -147,7 +148,7 @@ def _read_toml(path: str, text: str | None = None) -> dict[str, Any]:
 
 
 #: Suffixes of files that are never TOML: read by the sources that are not.
-_NOT_TOML = (".yaml", ".yml", ".json", ".sh", ".bash")
+_NOT_TOML = (*YAML_SUFFIXES, ".sh", ".bash")
 
 
 def _recognise(path: str) -> tuple[Source, str, dict[str, Any] | None]:

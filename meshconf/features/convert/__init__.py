@@ -19,7 +19,7 @@ from typing import Any
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.accelerate_input import read_accelerate, recognises_accelerate
 from meshconf.features.convert.accelerate_layout import ACCELERATE, convert_accelerate
-from meshconf.features.convert.arguments import yaml_document
+from meshconf.features.convert.arguments import YAML_SUFFIXES, yaml_document
 from meshconf.features.convert.draft import (
     Conversion,
     ConversionError,
@@ -158,7 +158,7 @@ def recognise(text: str, suffix: str, document: Mapping[str, Any] | None) -> lis
 def _meshconf_config(text: str, suffix: str) -> bool:
     """Whether a YAML file (``suffix`` ``.yaml``, ``.yml`` or ``.json``) is a meshconf
     config."""
-    if suffix.lower() not in (".yaml", ".yml", ".json"):
+    if suffix.lower() not in YAML_SUFFIXES:
         return False
     try:
         data = yaml_document(text).data
@@ -170,7 +170,7 @@ def _meshconf_config(text: str, suffix: str) -> bool:
 def looks_like(text: str, suffix: str) -> str:
     """What a file no source recognises seems to be, for the message that asks for
     ``--from``."""
-    if suffix.lower() in (".yaml", ".yml", ".json"):
+    if suffix.lower() in YAML_SUFFIXES:
         if _meshconf_config(text, suffix):
             return (
                 "a meshconf config already (`meshconf validate` checks it; `--to megatron` "

@@ -8,11 +8,12 @@ refuses, or would not hand the training script, is refused at the option respons
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from meshconf.core.errors import describe_value
 from meshconf.features.convert.arguments import (
+    PYTHON_SCRIPT,
+    YAML_SUFFIXES,
     Setting,
     located,
     nothing_found,
@@ -32,7 +33,6 @@ _PREFIX = "parallelism_config_"
 #: The config's integers, which accelerate uses as YAML types them.
 _INTEGERS = ("num_processes", "num_machines")
 _CONFIG_FILE = "config_file"
-_SCRIPT = re.compile(r".*\.py$")
 
 
 def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
@@ -43,7 +43,7 @@ def read_accelerate(text: str, suffix: str) -> dict[str, Setting]:
         ConversionError: the file cannot be read, has nothing of accelerate's in it, an
             option lacks its value, or the launch line is one ``accelerate launch`` refuses.
     """
-    if suffix.lower() in (".yaml", ".yml", ".json"):
+    if suffix.lower() in YAML_SUFFIXES:
         return _read_config_file(text)
     return _read_launch(text)
 
@@ -72,7 +72,7 @@ def recognises_accelerate(text: str, suffix: str) -> bool:
     (``suffix`` ``.yaml``, ``.yml`` or ``.json``), or a script or command line with an
     ``accelerate launch`` line."""
     try:
-        if suffix.lower() in (".yaml", ".yml", ".json"):
+        if suffix.lower() in YAML_SUFFIXES:
             return _is_accelerate_config(yaml_document(text).data)
         return any(_is_launch(line) for line in commands(text))
     except ConversionError:
@@ -256,7 +256,7 @@ def _launcher_words(line: list[Word]) -> list[Word]:
     start = texts.index("launch") + 1 if "launch" in texts else 0
     words = []
     for word in line[start:]:
-        if _SCRIPT.fullmatch(word.text) or word.text in ("-m", "--module"):
+        if PYTHON_SCRIPT.fullmatch(word.text) or word.text in ("-m", "--module"):
             break
         words.append(word)
     return words

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from math import prod
 
 from meshconf.core.degrees import AUTO, MAX_WORLD_SIZE
-from meshconf.features.convert.arguments import Setting, integer_setting
+from meshconf.features.convert.arguments import Setting, integer_setting, settings_draft
 from meshconf.features.convert.draft import Conversion, Draft, validate, world_size_note
 from meshconf.trainers.accelerate_mesh import (
     SIZE_DEGREES,
@@ -41,8 +41,7 @@ def convert_accelerate(
 
     Raises :class:`ConversionError` with every problem, each at the setting it concerns.
     """
-    draft = Draft("", world_size, gpus_per_node)
-    draft.positions = {s.key: s.position for s in settings.values() if s.position is not None}
+    draft = settings_draft(settings, world_size, gpus_per_node)
     keys = {name: setting.key for name, setting in settings.items()}
     sizes = {name: 1 for name in (*SIZE_DEGREES, SP_SIZE)}
     for name in sizes:

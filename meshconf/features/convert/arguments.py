@@ -5,6 +5,7 @@ reads them; shared by the readers of Megatron-LM's and accelerate's settings.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from meshconf.sources.yaml_reader import YamlDocument, YamlError, read_yaml
 
 #: A size as an argument parser reads it: ASCII digits, with an optional plus.
 _DIGITS = re.compile(r"\+?([0-9]+)")
+#: Suffixes of the files read as YAML (JSON is YAML), not as a script or command line.
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
+#: A training script's word, where a launcher's own options end.
+PYTHON_SCRIPT = re.compile(r".*\.py$")
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,24 @@ class Setting:
     position: tuple[int, int] | None
 
 
+def settings_draft(
+    settings: Mapping[str, Setting], world_size: int | None, gpus_per_node: int | None
+) -> Draft:
+    """A draft of settings read as text, which have no table: a problem with a setting is
+    placed where it was written."""
+    positions = {s.key: s.position for s in settings.values() if s.position is not None}
+    return Draft("", world_size, gpus_per_node, positions=positions)
+
+
 def destination(flag: str) -> str:
     """The name argparse stores an option under, and NeMo's YAML writes: ``--tp-size`` is
     ``tp_size``."""
     return flag[2:].replace("-", "_")
+
+
+def option(name: str) -> str:
+    """The option argparse stores under ``name``: ``tp_size`` is ``--tp-size``."""
+    return f"--{name.replace('_', '-')}"
 
 
 def settings_from_words(
@@ -92,17 +111,27 @@ def settings_from_words(
     return found
 
 
+@functools.lru_cache(maxsize=1)
+def _parsed(text: str) -> YamlDocument | YamlError:
+    """``text`` read as YAML, or why it cannot be: a file given without ``--from`` is read
+    by every source that might recognise it, and then converted, from one parse."""
+    try:
+        return read_yaml(text)
+    except YamlError as error:
+        return error
+
+
 def yaml_document(text: str, what: str | None = None) -> YamlDocument:
     """``text`` read as YAML, with its positions; when ``what`` names it, a mapping.
 
     Raises :class:`ConversionError` for YAML that cannot be read, at its line and column, or
     that is not ``what``.
     """
-    try:
-        document = read_yaml(text)
-    except YamlError as error:
-        position = None if error.position is None else (error.position.line, error.position.column)
-        raise source_error(None, f"invalid YAML: {error.message}", position) from None
+    document = _parsed(text)
+    if isinstance(document, YamlError):
+        at = document.position
+        position = None if at is None else (at.line, at.column)
+        raise source_error(None, f"invalid YAML: {document.message}", position)
     if what is not None and not isinstance(document.data, Mapping):
         got = describe_value(document.data)
         raise source_error(None, f"expected {what}, a mapping, got {got}", (1, 1))

@@ -21,6 +21,7 @@ from meshconf.core.errors import ConfigError, Diagnostic, KeyPath
 from meshconf.core.schedules import megatron_schedule
 from meshconf.core.setting_values import Spelling
 from meshconf.core.settings import SETTINGS
+from meshconf.features.convert.arguments import option
 from meshconf.features.convert.draft import ConversionError
 from meshconf.features.convert.megatron_grid import DEFAULT_ORDER, TP_PP_DP_ORDER
 from meshconf.features.convert.megatron_input import (
@@ -76,8 +77,7 @@ def megatron_arguments(config: MeshConfig, *, command_line: bool = True) -> Mega
     degrees = config.resolved_degrees
     problems: list[Diagnostic] = []
     arguments: list[tuple[str, str | None]] = [
-        (f"--{name.replace('_', '-')}", str(degrees[degree]))
-        for name, degree in SIZE_DEGREES.items()
+        (option(name), str(degrees[degree])) for name, degree in SIZE_DEGREES.items()
     ]
     arguments += _training_arguments(config, problems)
     orders = _candidate_orders(config, problems, command_line=command_line)

@@ -17,10 +17,12 @@ from typing import Any
 from meshconf.core.setting_values import UNSET
 from meshconf.core.settings import SETTINGS, TRAINING_SETTINGS as TRAINING_ROWS
 from meshconf.features.convert.arguments import (
+    PYTHON_SCRIPT,
     Setting,
     destination,
     located,
     nothing_found,
+    option,
     settings_from_words,
     yaml_document,
 )
@@ -130,7 +132,6 @@ _VALUED = (
 #: Options that take any number of values.
 _LISTED = (RECOMPUTE_MODULES,)
 _LAUNCHERS = re.compile(r"(.*/)?(torchrun|torch\.distributed\.(run|launch))$")
-_SCRIPT = re.compile(r".*\.py$")
 #: A Megatron-LM training script: ``pretrain_gpt.py``, ``pretrain_mamba.py``, ...
 _MEGATRON_SCRIPT = re.compile(r"(.*/)?pretrain_[A-Za-z0-9_]+\.py$")
 _COMMAND_LINE = (
@@ -158,7 +159,8 @@ def read_command_line(text: str) -> dict[str, Setting]:
             command
             for command in commands
             if any(
-                _LAUNCHERS.fullmatch(word.text) or _SCRIPT.fullmatch(word.text) for word in command
+                _LAUNCHERS.fullmatch(word.text) or PYTHON_SCRIPT.fullmatch(word.text)
+                for word in command
             )
         ),
         None,
@@ -166,7 +168,7 @@ def read_command_line(text: str) -> dict[str, Setting]:
     if launch is None and len(commands) > 1:
         raise nothing_found(*_COMMAND_LINE)
     launch = launch or (commands[0] if commands else [])
-    script = next((i for i, word in enumerate(launch) if _SCRIPT.fullmatch(word.text)), -1)
+    script = next((i for i, word in enumerate(launch) if PYTHON_SCRIPT.fullmatch(word.text)), -1)
     settings = settings_from_words(
         launch[script + 1 :], _VALUED, FLAG_SETTINGS, tool="Megatron-LM", listed=_LISTED
     )
@@ -187,7 +189,7 @@ def recognises_megatron(text: str, suffix: str) -> bool:
         lines = list(shell_commands(text))
     except ConversionError:
         return False
-    sizes = {f"--{name.replace('_', '-')}" for name in SIZE_DEGREES}
+    sizes = {option(name) for name in SIZE_DEGREES}
     return any(
         _runs_megatron(word) or word.text.split("=", 1)[0] in sizes
         for line in lines

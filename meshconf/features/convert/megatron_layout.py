@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.domains import DEFAULT_DOMAINS, SPARSE
 from meshconf.core.errors import describe_value
-from meshconf.features.convert.arguments import Setting, integer_setting
+from meshconf.features.convert.arguments import Setting, integer_setting, settings_draft
 from meshconf.features.convert.draft import (
     DEFAULT_DEGREES,
     Conversion,
@@ -144,8 +144,7 @@ def convert_megatron(
 
     Raises :class:`ConversionError` with every problem, each at the argument it concerns.
     """
-    draft = Draft("", world_size, gpus_per_node)
-    draft.positions = {s.key: s.position for s in settings.values() if s.position is not None}
+    draft = settings_draft(settings, world_size, gpus_per_node)
     keys = {name: setting.key for name, setting in settings.items()}
     if "order" not in keys and "use_tp_pp_dp_mapping" in keys:
         keys["order"] = keys["use_tp_pp_dp_mapping"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from meshconf.core.errors import describe_value
 from meshconf.core.schedules import megatron_schedule
-from meshconf.features.convert.arguments import Setting, integer_setting
+from meshconf.features.convert.arguments import Setting, integer_setting, option
 from meshconf.features.convert.draft import Draft, boolean_problem
 from meshconf.features.convert.megatron_input import (
     EP_OVERLAP_SWITCH,
@@ -96,7 +96,7 @@ def _moments(draft: Draft, settings: Mapping[str, Setting]) -> None:
         missing = next(name for name in MOMENT_DTYPE_SETTINGS if name not in settings)
         draft.fail(
             given[0].key,
-            f"the estimate keeps both moments in one dtype: give --{missing.replace('_', '-')} "
+            f"the estimate keeps both moments in one dtype: give {option(missing)} "
             f"{given[0].value} as well",
         )
         return

@@ -36,16 +36,11 @@ _ENV_CHANGING = {
 }
 
 
-def commands(
-    text: str,
-    assignments: list[Word] | None = None,
-    environments: list[list[Word]] | None = None,
-) -> Iterator[list[Word]]:
-    """The script's commands, each after the assignments before it took effect. Each
-    assignment word (``NAME=value``, expanded) goes to ``assignments`` when given; the
-    environment each command starts with, as the assignment words that set it (the
-    variables exported so far, then the command's own), goes to ``environments`` when given,
-    before the command is yielded.
+def commands(text: str, environments: list[list[Word]] | None = None) -> Iterator[list[Word]]:
+    """The script's commands, each after the assignments before it took effect. The
+    environment each command starts with, as the assignment words that set it (the variables
+    exported so far, then the command's own), goes to ``environments`` when given, before the
+    command is yielded: that caller reads the environment.
 
     Raises:
         ConversionError: the script or its expansions pass a bound of this module, bash
@@ -80,10 +75,8 @@ def commands(
         elif env_options is not None and not command:
             if _assignment(word):
                 environment.prefix.append(word)
-                if assignments is not None:
-                    assignments.append(word)
             elif env_options and word.text.startswith("-"):
-                env_options = _env_option(word, tokens, reads_environment=assignments is not None)
+                env_options = _env_option(word, tokens, reads_environment=environments is not None)
             else:
                 command.append(word)
         elif command:
@@ -111,8 +104,6 @@ def commands(
                 pending[name] = elements
                 continue
             environment.prefix.append(word)
-            if assignments is not None:
-                assignments.append(word)
             if following is not None:
                 pushed.append(following)
         elif declaring:
