@@ -19,7 +19,8 @@ from meshconf.cli.common import (
     load_for_rank,
     prints_json,
 )
-from meshconf.cli.model_options import MODEL_OPTIONS, add_model_options, config_estimate
+from meshconf.cli.model_arguments import MODEL_OPTIONS, add_model_options
+from meshconf.cli.model_options import config_estimate
 from meshconf.core.errors import MeshconfError, printable
 from meshconf.core.setting_values import GIB
 from meshconf.features.plan.estimate.architecture import Architecture

@@ -1,6 +1,6 @@
-"""The model and training options of ``plan``, ``show``, ``measure`` and ``validate``, one
-for each row of :data:`~meshconf.core.settings.TRAINING_SETTINGS`: declared, read as the
-settings they give, and the estimate of a config's layout they ask for."""
+"""The model and training options of ``plan``, ``show``, ``measure`` and ``validate``
+(declared in :mod:`meshconf.cli.model_arguments`) read as the settings they give, and the
+estimate of a config's layout they ask for."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from meshconf.cli.common import InvalidInput, UsageError, bounded_int, bounded_number, one_of
-from meshconf.core.errors import ConfigError
-from meshconf.core.setting_values import TrainingSetting
-from meshconf.core.settings import (
-    BY_ESTIMATE_NAME,
-    GPU_SETTING,
-    MODEL_SETTINGS,
-    TRAINING_SETTINGS,
-)
+from meshconf.cli.common import InvalidInput, UsageError, bounded_int, bounded_number
+from meshconf.cli.model_arguments import DEPRECATED_GBPS, FLAGS, MODEL_OPTIONS
+from meshconf.core.degrees import AUTO
+from meshconf.core.errors import ConfigError, Diagnostic
+from meshconf.core.settings import BY_ESTIMATE_NAME, GPU_SETTING, MODEL_SETTINGS
 from meshconf.features.plan import training_request
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.step import Estimate
@@ -34,7 +30,6 @@ from meshconf.features.plan.estimate_text import (
 from meshconf.features.plan.request import PlanError
 from meshconf.features.plan.runnable import unrunnable
 from meshconf.features.plan.training_request import (
-    DEFAULTS,
     MODEL_OPTIONS_TEXT,
     Asked,
     layout_estimate,
@@ -44,61 +39,7 @@ from meshconf.features.plan.training_request import (
 from meshconf.model.config import MeshConfig
 from meshconf.model.training import TrainingOptions
 from meshconf.sources.loading import load_located
-
-
-def _gbps_name(row: TrainingSetting) -> str:
-    return row.gbps_option[2:].replace("-", "_")
-
-
-#: The options that took bandwidths in Gb/s, by the GB/s setting that replaces each; they
-#: still work, converted, with a note, until the next release.
-DEPRECATED_GBPS: Mapping[str, str] = MappingProxyType(
-    {_gbps_name(row): row.attribute for row in TRAINING_SETTINGS if row.gbps_option}
-)
-#: The option of each setting, by its destination, in the order ``plan --emit`` gives them.
-MODEL_OPTIONS: Mapping[str, str] = MappingProxyType(
-    {
-        name: option
-        for row in TRAINING_SETTINGS
-        for name, option in (
-            (row.attribute, row.option),
-            *([(_gbps_name(row), row.gbps_option)] if row.gbps_option else []),
-        )
-    }
-)
-#: Switches: given, they are true.
-FLAGS = tuple(row.attribute for row in TRAINING_SETTINGS if row.kind == "switch")
-
-
-def _argument(row: TrainingSetting) -> dict[str, Any]:
-    """What ``add_argument`` takes for a row: its help with the estimate's default, its
-    choices (any case; a number's compared as text, as int() would take "٣" or "0_3" for 3),
-    its switch or its placeholder."""
-    default = getattr(DEFAULTS, row.attribute, row.default)
-    choices = ", ".join(str(choice) for choice in row.choices)
-    settings: dict[str, Any] = {"help": row.help.format(default=default, choices=choices)}
-    if row.choices:
-        settings.update(one_of(str(choice) for choice in row.choices))
-    if row.kind == "switch":
-        settings.update(action="store_const", const=True)
-    if row.metavar is not None:
-        settings["metavar"] = row.metavar
-    return settings
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """An option for each training setting, and each deprecated Gb/s option after its
-    GB/s one."""
-    group = parser.add_argument_group("model (memory and step-time estimates: docs/plan.md)")
-    for row in TRAINING_SETTINGS:
-        group.add_argument(row.option, dest=row.attribute, **_argument(row))
-        if row.gbps_option:
-            group.add_argument(
-                row.gbps_option,
-                dest=_gbps_name(row),
-                metavar="GBPS",
-                help=f"deprecated: {row.option} in Gb/s",
-            )
+from meshconf.sources.reading import Source
 
 
 def _given(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
@@ -256,6 +197,34 @@ def config_estimate(
     if model is None:
         return None
     return model, training, layout_estimate(model, training, config)
+
+
+def unrunnable_degrees(
+    args: argparse.Namespace, config: MeshConfig, located: Source
+) -> list[Diagnostic]:
+    """For ``validate``: the degrees of the config's layout (without a world size, those it
+    writes) that the model options' model cannot run, placed at each degree; none without a
+    model.
+
+    Raises:
+        UsageError, InvalidInput: as :func:`model_request`.
+    """
+    block = config.training
+    settings = {} if block is None else block.estimate_settings()
+    model, training = model_request(args, settings, located.name)
+    if model is None:
+        return []
+    if config.resolved_world_size is not None:
+        degrees = config.resolved_degrees
+    else:
+        written = config.degrees
+        degrees = {
+            name: getattr(written, name)
+            for name in written.explicit
+            if getattr(written, name) != AUTO
+        }
+    problems = unrunnable(model, degrees, training, config.resolved_world_size)
+    return runnable_diagnostics(located, problems)
 
 
 def show_estimate(

@@ -18,7 +18,8 @@ from meshconf.cli.common import (
     emit,
     positive_int,
 )
-from meshconf.cli.model_options import add_model_options, model_request, model_words, planned_block
+from meshconf.cli.model_arguments import add_model_options
+from meshconf.cli.model_options import model_request, model_words, planned_block
 from meshconf.cli.plan_report import emitted_yaml, explained_row, json_report, print_table
 from meshconf.core.degrees import DEGREE_NAMES, WORLD_FACTORS
 from meshconf.core.domains import MAX_NAME_LENGTH, NAME_PATTERN

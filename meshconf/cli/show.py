@@ -20,7 +20,8 @@ from meshconf.cli.common import (
     table_lines,
     warnings_json,
 )
-from meshconf.cli.model_options import add_model_options, show_estimate
+from meshconf.cli.model_arguments import add_model_options
+from meshconf.cli.model_options import show_estimate
 from meshconf.core.degrees import WORLD_FACTORS
 from meshconf.core.hierarchy import split_degrees
 from meshconf.core.layout import DomainLayout, RankGroup, process_group_count

@@ -16,8 +16,7 @@ from meshconf.cli.common import (
     emit,
     warnings_json,
 )
-from meshconf.cli.model_options import add_model_options, model_request
-from meshconf.core.degrees import AUTO
+from meshconf.cli.model_arguments import MODEL_OPTIONS, add_model_options
 from meshconf.core.errors import (
     ConfigError,
     Diagnostic,
@@ -26,9 +25,7 @@ from meshconf.core.errors import (
     format_key,
     printable,
 )
-from meshconf.features.plan.runnable import unrunnable
 from meshconf.features.plan.topology import config_warnings
-from meshconf.features.plan.training_request import runnable_diagnostics
 from meshconf.model.config import MeshConfig
 from meshconf.sources.loading import load_located
 from meshconf.sources.reading import Source
@@ -86,24 +83,17 @@ def check(paths: list[str], args: argparse.Namespace) -> list[FileResult]:
 def _model_problems(
     args: argparse.Namespace, config: MeshConfig, located: Source
 ) -> list[Diagnostic]:
-    """The degrees of the config's layout (without a world size, those it writes) that the
-    model options' model cannot run, placed at each degree."""
+    """The degrees of the config's layout that the model options' model cannot run, placed
+    at each degree; none where no option is given and the config names no model."""
     block = config.training
-    settings = {} if block is None else block.estimate_settings()
-    model, training = model_request(args, settings, located.name)
-    if model is None:
+    named = block is not None and (block.model is not None or block.model_file is not None)
+    if not named and all(getattr(args, name) is None for name in MODEL_OPTIONS):
         return []
-    if config.resolved_world_size is not None:
-        degrees = config.resolved_degrees
-    else:
-        written = config.degrees
-        degrees = {
-            name: getattr(written, name)
-            for name in written.explicit
-            if getattr(written, name) != AUTO
-        }
-    problems = unrunnable(model, degrees, training, config.resolved_world_size)
-    return runnable_diagnostics(located, problems)
+    # Imported only here: pre-commit runs validate on each file, and the estimator's modules
+    # would add a third to its start-up.
+    from meshconf.cli.model_options import unrunnable_degrees
+
+    return unrunnable_degrees(args, config, located)
 
 
 def _world_size_note(result: FileResult) -> str:
