@@ -153,7 +153,7 @@ def measure_memory(
     finally:
         context.close()
     terms = _terms(snapshot)
-    observed = watch.observed(terms["params"], step.model)
+    observed = watch.observed(terms["params"])
     return MeasuredMemory(rank, world_size, name, torch.__version__, terms, observed)
 
 
@@ -213,8 +213,8 @@ class _Watch:
             if parameter.grad is not None:
                 self.grad_dtypes.add(parameter.grad.dtype)
 
-    def observed(self, parameter_bytes: int, model: nn.Module) -> Observed:
-        sizes = {parameter.element_size() for parameter in model.parameters()}
+    def observed(self, parameter_bytes: int) -> Observed:
+        sizes = {parameter.element_size() for parameter in self._model.parameters()}
         return Observed(
             frozenset(self.calls),
             _dtype_name(self.compute_dtypes),
