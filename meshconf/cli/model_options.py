@@ -13,7 +13,6 @@ from typing import Any
 
 from meshconf.cli.common import InvalidInput, UsageError, bounded_int, bounded_number
 from meshconf.cli.model_arguments import DEPRECATED_GBPS, FLAGS, MODEL_OPTIONS
-from meshconf.core.degrees import AUTO
 from meshconf.core.errors import ConfigError, Diagnostic
 from meshconf.core.settings import BY_ESTIMATE_NAME, GPU_SETTING, MODEL_SETTINGS
 from meshconf.features.plan import training_request
@@ -214,15 +213,8 @@ def unrunnable_degrees(
     model, training = model_request(args, settings, located.name)
     if model is None:
         return []
-    if config.resolved_world_size is not None:
-        degrees = config.resolved_degrees
-    else:
-        written = config.degrees
-        degrees = {
-            name: getattr(written, name)
-            for name in written.explicit
-            if getattr(written, name) != AUTO
-        }
+    known = config.resolved_world_size is not None
+    degrees = config.resolved_degrees if known else config.degrees.pinned
     problems = unrunnable(model, degrees, training, config.resolved_world_size)
     return runnable_diagnostics(located, problems)
 

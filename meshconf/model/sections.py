@@ -16,6 +16,8 @@ from pydantic import (
 )
 
 from meshconf.core.degrees import (
+    AUTO,
+    DEGREE_NAMES,
     DEGREES,
     EXPERT_DEGREES,
     WORLD_FACTORS,
@@ -69,6 +71,16 @@ class _DegreeValues(FrozenModel):
         if self._dp_shard_defaulted:
             written.discard("dp_shard")
         return frozenset(written)
+
+    @property
+    def pinned(self) -> dict[str, int]:
+        """The degrees the user wrote with a value (not ``-1``), in the registry's order."""
+        explicit = self.explicit
+        return {
+            name: getattr(self, name)
+            for name in DEGREE_NAMES
+            if name in explicit and getattr(self, name) != AUTO
+        }
 
     @property
     def auto(self) -> str | None:

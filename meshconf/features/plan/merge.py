@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshconf.core.degrees import AUTO, DEGREE_NAMES
+from meshconf.core.degrees import DEGREE_NAMES
 from meshconf.core.levels import NODE, NVLINK, Level
 from meshconf.features.plan.estimate.architecture import Architecture
 from meshconf.features.plan.estimate.gpus import GPUS
@@ -149,14 +149,7 @@ def _pins(
 ) -> tuple[dict[str, int], dict[str, str]]:
     """The pinned degrees, the given over the config's, and where each of the config's
     comes from."""
-    pins: dict[str, int] = {}
-    if config is not None:
-        degrees = config.degrees
-        pins = {
-            name: getattr(degrees, name)
-            for name in DEGREE_NAMES
-            if name in degrees.explicit and getattr(degrees, name) != AUTO
-        }
+    pins = {} if config is None else config.degrees.pinned
     origins = (
         {} if located is None else {name: _key_origin(located, name, pins[name]) for name in pins}
     )
