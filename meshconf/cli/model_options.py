@@ -73,7 +73,6 @@ def asked(args: argparse.Namespace) -> Asked:
         named=_given(args, (*MODEL_SETTINGS, GPU_SETTING)),
         settings=settings,
         words=words,
-        config_path=getattr(args, "path", None),
         overrides=getattr(args, "overrides", ()),
         key=getattr(args, "key", None),
     )
@@ -83,7 +82,7 @@ def planned_block(
     args: argparse.Namespace, block: TrainingOptions | None, training: Training
 ) -> dict[str, Any]:
     """The ``training`` block ``plan --emit`` writes."""
-    return training_request.planned_block(asked(args), block, training)
+    return training_request.planned_block(asked(args), block, training, args.path)
 
 
 def model_request(

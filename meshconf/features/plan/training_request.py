@@ -51,9 +51,8 @@ class Asked:
     settings: Mapping[str, Any] = field(default_factory=dict)
     #: Each of those settings as the command line wrote it (``--seq-len 4096``).
     words: Mapping[str, str] = field(default_factory=dict)
-    #: Where the config's keys are read again to place them in a refusal: its path, its
-    #: ``-o`` overrides and its ``--key``.
-    config_path: str | None = None
+    #: How the config's keys are read again to place them in a refusal: its ``-o``
+    #: overrides and its ``--key``.
     overrides: Sequence[str] = ()
     key: str | None = None
 
@@ -80,14 +79,14 @@ def _from_config(config_path: str | None, path: str) -> str:
 
 
 def planned_block(
-    asked: Asked, block: TrainingOptions | None, training: Training
+    asked: Asked, block: TrainingOptions | None, training: Training, config_path: str | None
 ) -> dict[str, Any]:
     """The ``training`` block ``plan --emit`` writes: with a model, the model (a model file
     by its absolute path: the planner does not know where the config will be saved), the
     keys always emitted and those an option or the block gave, with ``training``'s values;
     without a model, the config's block as it is."""
     written = {} if block is None else block.model_dump(exclude_none=True)
-    origin = model_origin(asked, written, asked.config_path)
+    origin = model_origin(asked, written, config_path)
     if origin is None:
         return written
     kind, name = origin
